@@ -1,0 +1,52 @@
+// Options of the three roles. Each field says its default; REQUIRES marks fields without one.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace gradlink {
+
+using Clock = std::chrono::steady_clock;
+
+namespace transport {
+class Fabric;  // src/transport/transport.h
+}
+
+struct SchedulerOptions {
+  std::string host = "127.0.0.1";  // address to listen on
+  uint16_t port = 0;               // 0 picks a free port (see Scheduler::port())
+  uint32_t num_workers = 1;        // REQUIRES >= 1: members the job waits for
+  uint32_t num_servers = 1;        // REQUIRES >= 1
+  std::string job = "default";     // job name; members of another job are refused
+  // Every expected member must have registered within this time, or the job fails.
+  std::chrono::milliseconds join_timeout{60000};
+};
+
+struct ServerOptions {
+  std::string scheduler;        // REQUIRES: "host:port" of the scheduler
+  std::string job = "default";  // must equal the scheduler's
+  uint32_t engine_threads = 2;  // threads that sum pushes, sharded by key; >= 1
+  bool single_lane = false;     // answer pulls on the push lane (comparison mode)
+  // Transport: "ucx" (default), or "inproc" with `fabric` set (threads as ranks, for tests).
+  std::string transport = "ucx";
+  std::shared_ptr<transport::Fabric> fabric;
+  std::chrono::milliseconds connect_timeout{30000};  // to join the job
+  std::string host_name;  // how this process is named in errors; default: the hostname
+};
+
+struct WorkerOptions {
+  std::string scheduler;        // REQUIRES: "host:port" of the scheduler
+  std::string job = "default";  // must equal the scheduler's
+  int32_t rank = -1;            // rank to claim (e.g. torchrun's RANK); -1: assigned on join
+  uint64_t partition_bytes = 4u << 20;       // tensors are cut into partitions of this size
+  uint64_t max_bytes_in_flight = 32u << 20;  // pushed but not yet pulled; at least 1 partition
+  bool single_lane = false;  // push and pull on one lane (comparison mode)
+  std::string transport = "ucx";
+  std::shared_ptr<transport::Fabric> fabric;
+  std::chrono::milliseconds connect_timeout{30000};
+  std::string host_name;
+};
+
+}  // namespace gradlink

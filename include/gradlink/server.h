@@ -1,0 +1,47 @@
+// The aggregation server: sums the pushes of every worker per (key, partition) and answers
+// each worker's pull with the round's result.
+//
+// Pushes land in per-rank staging buffers on the push lane's progress thread and are summed on
+// engine threads (sharded by key), always in rank order: bit-identical results whatever order
+// pushes arrive in. fp16/bf16 accumulate in fp32. Rounds r and r+1 of a partition are held at
+// once (double-buffered accumulator), so a fast worker's next round never touches the result
+// a slow worker is still pulling.
+//
+// Threads: all methods are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+
+#include "gradlink/options.h"
+#include "gradlink/status.h"
+
+namespace gradlink {
+
+struct ServerStats {
+  uint64_t rounds_completed = 0;   // (key, partition) rounds summed and sent
+  uint64_t bytes_reduced = 0;      // bytes of pushes summed
+  uint64_t protocol_errors = 0;    // bad frames (connection closed) and bad pushes (refused)
+  uint64_t mismatches = 0;         // pushes that disagreed with the declaration or each other
+};
+
+class Server {
+ public:
+  // Joins the job through the scheduler; returns once the address book has arrived.
+  static Result<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  virtual ~Server() = default;
+
+  virtual uint32_t id() const = 0;
+
+  // Blocks until the scheduler ends the job: OK on a clean shutdown, the failure on kAbort or a
+  // lost scheduler, kTimeout at the deadline (the server keeps serving).
+  virtual Status Wait(std::chrono::steady_clock::time_point deadline) = 0;
+
+  // Leaves the job and joins the threads. Idempotent.
+  virtual void Stop() = 0;
+
+  virtual ServerStats stats() const = 0;
+};
+
+}  // namespace gradlink

@@ -1,0 +1,59 @@
+// A thread that runs posted closures in order. Used for the server's engine threads.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace gradlink {
+
+class WorkQueue {
+ public:
+  WorkQueue() : thread_([this] { Loop(); }) {}
+  ~WorkQueue() { Stop(); }
+  WorkQueue(const WorkQueue&) = delete;
+  WorkQueue& operator=(const WorkQueue&) = delete;
+
+  // False once stopped: the closure is dropped.
+  bool Post(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return false;
+    queue_.push_back(std::move(fn));
+    cv_.notify_one();
+    return true;
+  }
+
+  // Runs what is queued, then joins. Idempotent.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+      cv_.notify_one();
+    }
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [this] { return stopped_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      auto fn = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stopped_ = false;
+  std::thread thread_;  // last: starts after the members it uses exist
+};
+
+}  // namespace gradlink

@@ -1,0 +1,444 @@
+#include "gradlink/scheduler.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/log.h"
+#include "common/naming.h"
+#include "scheduler/placement.h"
+#include "transport/control_channel.h"
+#include "wire/messages.h"
+
+namespace gradlink {
+namespace {
+
+using transport::ControlChannel;
+using transport::Frame;
+using wire::MsgType;
+using wire::Role;
+
+constexpr auto kRegisterTimeout = std::chrono::seconds(10);
+constexpr auto kPoll = std::chrono::milliseconds(100);
+
+std::string RoleName(Role r) { return r == Role::kWorker ? "worker" : "server"; }
+
+struct Connection {
+  std::shared_ptr<ControlChannel> channel;
+  std::thread reader;
+  bool registered = false;
+  bool left = false;  // said goodbye
+  Role role = Role::kWorker;
+  uint32_t id = 0;  // valid once the job has started
+  wire::RegisterMsg reg;
+};
+
+// One declared key: what each worker declared, and whether it has been answered.
+struct Declaration {
+  std::string name;
+  DataType dtype{};
+  uint64_t count = 0;
+  uint64_t partition_bytes = 0;
+  std::map<uint32_t, std::pair<wire::Header, wire::DeclareMsg>> by_rank;
+  bool planned = false;
+  Status status;  // kMismatch when the workers disagree
+  wire::Header assign_header;
+  std::vector<std::byte> assign_payload;
+  std::set<uint32_t> acks;  // servers that have the plan
+};
+
+class SchedulerImpl final : public Scheduler {
+ public:
+  SchedulerImpl(const SchedulerOptions& o, std::unique_ptr<transport::Listener> l)
+      : opts_(o), job_hash_(wire::JobHash(o.job)), listener_(std::move(l)), placer_(o.num_servers) {
+    started_at_ = transport::Clock::now();
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~SchedulerImpl() override { Stop(); }
+
+  uint16_t port() const override { return listener_->port(); }
+  uint64_t protocol_errors() const override { return protocol_errors_.load(); }
+
+  Status Wait(Clock::time_point deadline) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [this] { return finished_; })) {
+      return Timeout("job '" + opts_.job + "' still running");
+    }
+    return result_;
+  }
+
+  void Stop() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      if (!finished_) FinishLocked(Aborted("scheduler stopped"));
+    }
+    if (acceptor_.joinable()) acceptor_.join();
+    std::vector<std::shared_ptr<Connection>> conns;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      conns = conns_;
+    }
+    for (auto& c : conns) c->channel->Close();
+    for (auto& c : conns) {
+      if (c->reader.joinable()) c->reader.join();
+    }
+    listener_->Close();
+  }
+
+ private:
+  wire::Header MakeHeader(MsgType t) const {
+    wire::Header h;
+    h.type = t;
+    h.job = job_hash_;
+    h.sender = wire::kSchedulerId;
+    return h;
+  }
+
+  void AcceptLoop() {
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_) return;
+        if (!started_ && !finished_ && transport::Clock::now() - started_at_ > opts_.join_timeout) {
+          FinishLocked(Timeout("only " + std::to_string(registered_workers_) + " of " +
+                               std::to_string(opts_.num_workers) + " workers and " +
+                               std::to_string(registered_servers_) + " of " +
+                               std::to_string(opts_.num_servers) + " servers joined within " +
+                               std::to_string(opts_.join_timeout.count()) + " ms"));
+        }
+      }
+      auto ch = listener_->Accept(transport::Clock::now() + kPoll);
+      if (!ch.ok()) {
+        if (ch.status().code() == Code::kTimeout) continue;
+        GL_LOG(kWarn) << "scheduler: accept failed: " << ch.status().ToString();
+        std::this_thread::sleep_for(kPoll);
+        continue;
+      }
+      auto conn = std::make_shared<Connection>();
+      conn->channel = std::shared_ptr<ControlChannel>(std::move(ch).value());
+      std::lock_guard<std::mutex> lock(mu_);
+      conns_.push_back(conn);
+      conn->reader = std::thread([this, conn] { ReadLoop(conn); });
+    }
+  }
+
+  void ReadLoop(std::shared_ptr<Connection> c) {
+    const auto register_deadline = transport::Clock::now() + kRegisterTimeout;
+    while (true) {
+      auto f = c->channel->Receive(transport::Clock::now() + kPoll);
+      if (!f.ok()) {
+        if (f.status().code() == Code::kTimeout) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (stopping_) return;
+          if (!c->registered && transport::Clock::now() > register_deadline) {
+            GL_LOG(kWarn) << "scheduler: " << c->channel->peer_name()
+                          << " did not register in time; closing";
+            c->channel->Close();
+            return;
+          }
+          continue;
+        }
+        if (f.status().code() == Code::kProtocolError) protocol_errors_++;
+        OnConnectionLost(c, f.status());
+        return;
+      }
+      Status s = Handle(c, *f);
+      if (!s.ok()) {
+        if (s.code() == Code::kProtocolError) protocol_errors_++;
+        GL_LOG(kWarn) << "scheduler: closing " << c->channel->peer_name() << ": " << s.ToString();
+        c->channel->Close();
+        OnConnectionLost(c, s);
+        return;
+      }
+    }
+  }
+
+  std::string MemberName(const Connection& c) const {
+    return RoleName(c.role) + " " + (started_ ? std::to_string(c.id) : std::string("?")) + " (" +
+           c.reg.host + ", " + c.channel->peer_name() + ")";
+  }
+
+  void OnConnectionLost(const std::shared_ptr<Connection>& c, const Status& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!c->registered || c->left || finished_ || stopping_) return;
+    FinishLocked(PeerLost(MemberName(*c) + " lost its connection to the scheduler: " +
+                          why.message()));
+  }
+
+  Status Handle(const std::shared_ptr<Connection>& c, const Frame& f) {
+    if (f.header.job != job_hash_) {
+      return InvalidArgument("frame of another job (job hash " + std::to_string(f.header.job) +
+                             ", expected '" + opts_.job + "')");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!c->registered && f.header.type != MsgType::kRegister) {
+      return ProtocolError("first frame must be kRegister");
+    }
+    switch (f.header.type) {
+      case MsgType::kRegister: return OnRegister(c, f);
+      case MsgType::kDeclare: return OnDeclare(c, f);
+      case MsgType::kAssignAck: return OnAssignAck(c, f);
+      case MsgType::kBarrier: return OnBarrier(c, f);
+      case MsgType::kGoodbye: return OnGoodbye(c);
+      default:
+        return ProtocolError("unexpected message type " +
+                             std::to_string(static_cast<int>(f.header.type)));
+    }
+  }
+
+  Status OnRegister(const std::shared_ptr<Connection>& c, const Frame& f) {
+    if (c->registered) return ProtocolError("registered twice");
+    GL_ASSIGN_OR_RETURN(wire::RegisterMsg reg, wire::DecodeRegister(f.payload));
+    uint32_t& have = reg.role == Role::kWorker ? registered_workers_ : registered_servers_;
+    const uint32_t want = reg.role == Role::kWorker ? opts_.num_workers : opts_.num_servers;
+    if (started_ || have >= want) {
+      Refuse(*c, InvalidArgument("job '" + opts_.job + "' already has its " + std::to_string(want) +
+                                 " " + RoleName(reg.role) + "s"));
+      return InvalidArgument("a " + RoleName(reg.role) + " too many");
+    }
+    if (reg.role == Role::kWorker && reg.requested_rank >= 0 &&
+        static_cast<uint32_t>(reg.requested_rank) >= opts_.num_workers) {
+      Refuse(*c, InvalidArgument("rank " + std::to_string(reg.requested_rank) +
+                                 " out of range for " + std::to_string(opts_.num_workers) +
+                                 " workers"));
+      return InvalidArgument("rank out of range");
+    }
+    c->registered = true;
+    c->role = reg.role;
+    c->reg = std::move(reg);
+    ++have;
+    if (registered_workers_ == opts_.num_workers && registered_servers_ == opts_.num_servers) {
+      return StartJobLocked();
+    }
+    return Status::Ok();
+  }
+
+  void Refuse(Connection& c, const Status& why) {
+    wire::Header h = MakeHeader(MsgType::kAbort);
+    h.code = static_cast<uint8_t>(why.code());
+    c.channel->Send(h, wire::EncodeText(why.message())).IgnoreError();
+  }
+
+  // Everyone is here: assign ids, send the address book.
+  Status StartJobLocked() {
+    std::vector<Connection*> workers(opts_.num_workers, nullptr), servers;
+    std::vector<Connection*> unranked;
+    for (auto& c : conns_) {
+      if (!c->registered || c->left) continue;
+      if (c->role == Role::kServer) {
+        c->id = static_cast<uint32_t>(servers.size());
+        servers.push_back(c.get());
+      } else if (c->reg.requested_rank >= 0) {
+        const auto r = static_cast<uint32_t>(c->reg.requested_rank);
+        if (workers[r] != nullptr) {
+          FinishLocked(InvalidArgument("two workers asked for rank " + std::to_string(r) + ": " +
+                                       workers[r]->reg.host + " and " + c->reg.host));
+          return Status::Ok();
+        }
+        c->id = r;
+        workers[r] = c.get();
+      } else {
+        unranked.push_back(c.get());
+      }
+    }
+    size_t next = 0;
+    for (Connection* c : unranked) {
+      while (workers[next] != nullptr) ++next;
+      c->id = static_cast<uint32_t>(next);
+      workers[next] = c;
+    }
+    started_ = true;
+    wire::WelcomeMsg w;
+    w.num_workers = opts_.num_workers;
+    w.num_servers = opts_.num_servers;
+    for (Connection* c : workers) {
+      w.members.push_back({Role::kWorker, c->id, c->reg.host, c->reg.push_address, c->reg.pull_address});
+    }
+    for (Connection* c : servers) {
+      w.members.push_back({Role::kServer, c->id, c->reg.host, c->reg.push_address, c->reg.pull_address});
+    }
+    for (auto& c : conns_) {
+      if (!c->registered) continue;
+      w.your_id = c->id;
+      (c->role == Role::kWorker ? workers_ : servers_)[c->id] = c;
+      Status s = c->channel->Send(MakeHeader(MsgType::kWelcome), wire::Encode(w));
+      if (!s.ok()) {
+        FinishLocked(PeerLost(MemberName(*c) + " unreachable: " + s.message()));
+        return Status::Ok();
+      }
+    }
+    GL_LOG(kInfo) << "scheduler: job '" << opts_.job << "' started with " << opts_.num_workers
+                  << " workers and " << opts_.num_servers << " servers";
+    return Status::Ok();
+  }
+
+  Status OnDeclare(const std::shared_ptr<Connection>& c, const Frame& f) {
+    if (c->role != Role::kWorker || !started_) return ProtocolError("unexpected kDeclare");
+    GL_ASSIGN_OR_RETURN(wire::DeclareMsg d, wire::DecodeDeclare(f.payload));
+    const wire::Header& h = f.header;
+    if (!IsValidDataType(h.dtype)) return ProtocolError("kDeclare with an invalid dtype");
+    if (wire::TensorKey(opts_.job, d.name) != h.key) {
+      return ProtocolError("kDeclare key does not match the name '" + d.name + "'");
+    }
+    Declaration& decl = decls_[h.key];
+    if (decl.by_rank.count(c->id) != 0) return ProtocolError("key declared twice by one worker");
+    decl.by_rank[c->id] = {h, std::move(d)};
+    if (decl.by_rank.size() < opts_.num_workers) return Status::Ok();
+    return PlanLocked(h.key, decl);
+  }
+
+  // Every worker declared the key: compare the declarations, plan, tell the servers.
+  Status PlanLocked(uint64_t key, Declaration& decl) {
+    const auto& [h0, d0] = decl.by_rank.begin()->second;
+    decl.name = d0.name;
+    decl.dtype = static_cast<DataType>(h0.dtype);
+    decl.count = h0.count;
+    decl.partition_bytes = d0.partition_bytes;
+    std::string disagree;
+    for (const auto& [rank, hd] : decl.by_rank) {
+      const auto& [h, d] = hd;
+      if (h.dtype != h0.dtype || h.count != h0.count || d.partition_bytes != d0.partition_bytes) {
+        disagree += (disagree.empty() ? "" : ", ") + std::string("rank ") + std::to_string(rank) +
+                    " declared " + std::string(DataTypeName(static_cast<DataType>(h.dtype))) +
+                    "[" + std::to_string(h.count) + "] with " +
+                    std::to_string(d.partition_bytes) + "-byte partitions";
+      }
+    }
+    decl.planned = true;
+
+    const std::string keyhex_s = KeyHex(key);
+    const char* keyhex = keyhex_s.c_str();
+    if (!disagree.empty()) {
+      const auto& first = decl.by_rank.begin();
+      decl.status = Mismatch("key " + std::string(keyhex) + " '" + decl.name + "': rank " +
+                             std::to_string(first->first) + " declared " +
+                             std::string(DataTypeName(decl.dtype)) + "[" +
+                             std::to_string(decl.count) + "] with " +
+                             std::to_string(decl.partition_bytes) + "-byte partitions, " +
+                             disagree);
+      GL_LOG(kWarn) << "scheduler: " << decl.status.ToString();
+      decl.assign_header = MakeHeader(MsgType::kAssign);
+      decl.assign_header.key = key;
+      decl.assign_header.code = static_cast<uint8_t>(Code::kMismatch);
+      decl.assign_payload = wire::EncodeText(decl.status.message());
+      SendToWorkersLocked(decl.assign_header, decl.assign_payload);
+      return Status::Ok();
+    }
+    wire::AssignMsg a;
+    a.name = decl.name;
+    a.partitions = placer_.Plan(decl.dtype, decl.count, decl.partition_bytes);
+    decl.assign_header = MakeHeader(MsgType::kAssign);
+    decl.assign_header.key = key;
+    decl.assign_header.dtype = h0.dtype;
+    decl.assign_header.count = decl.count;
+    decl.assign_payload = wire::Encode(a);
+    // Servers first: a worker may push as soon as it has the plan.
+    for (auto& [id, s] : servers_) {
+      Status st = s->channel->Send(decl.assign_header, decl.assign_payload);
+      if (!st.ok()) FinishLocked(PeerLost(MemberName(*s) + " unreachable: " + st.message()));
+    }
+    return Status::Ok();
+  }
+
+  Status OnAssignAck(const std::shared_ptr<Connection>& c, const Frame& f) {
+    if (c->role != Role::kServer) return ProtocolError("kAssignAck from a worker");
+    auto it = decls_.find(f.header.key);
+    if (it == decls_.end() || !it->second.planned || !it->second.status.ok()) {
+      return ProtocolError("kAssignAck for a key that was not assigned");
+    }
+    Declaration& decl = it->second;
+    decl.acks.insert(c->id);
+    if (decl.acks.size() == opts_.num_servers) {
+      SendToWorkersLocked(decl.assign_header, decl.assign_payload);
+    }
+    return Status::Ok();
+  }
+
+  void SendToWorkersLocked(const wire::Header& h, const std::vector<std::byte>& payload) {
+    for (auto& [rank, w] : workers_) {
+      if (w->left) continue;
+      Status s = w->channel->Send(h, payload);
+      if (!s.ok()) FinishLocked(PeerLost(MemberName(*w) + " unreachable: " + s.message()));
+    }
+  }
+
+  Status OnBarrier(const std::shared_ptr<Connection>& c, const Frame& f) {
+    if (c->role != Role::kWorker || !started_) return ProtocolError("unexpected kBarrier");
+    auto& arrived = barriers_[f.header.round];
+    arrived.insert(c->id);
+    if (arrived.size() == opts_.num_workers) {
+      wire::Header h = MakeHeader(MsgType::kBarrierRelease);
+      h.round = f.header.round;
+      barriers_.erase(f.header.round);
+      SendToWorkersLocked(h, {});
+    }
+    return Status::Ok();
+  }
+
+  Status OnGoodbye(const std::shared_ptr<Connection>& c) {
+    c->left = true;
+    if (c->role == Role::kWorker && started_ && ++workers_left_ == opts_.num_workers) {
+      for (auto& [id, s] : servers_) {
+        s->left = true;
+        s->channel->Send(MakeHeader(MsgType::kShutdown), {}).IgnoreError();
+      }
+      FinishLocked(Status::Ok());
+    }
+    return Status::Ok();
+  }
+
+  // Ends the job with `result`; on failure every member still connected gets kAbort.
+  void FinishLocked(Status result) {
+    if (finished_) return;
+    finished_ = true;
+    result_ = result;
+    if (!result.ok()) {
+      GL_LOG(kWarn) << "scheduler: job '" << opts_.job << "' failed: " << result.ToString();
+      wire::Header h = MakeHeader(MsgType::kAbort);
+      h.code = static_cast<uint8_t>(result.code());
+      const auto text = wire::EncodeText(result.message());
+      for (auto& c : conns_) {
+        if (c->registered && !c->left) {
+          c->channel->Send(h, text, transport::Clock::now() + std::chrono::seconds(1)).IgnoreError();
+        }
+      }
+    }
+    cv_.notify_all();
+  }
+
+  const SchedulerOptions opts_;
+  const uint32_t job_hash_;
+  std::unique_ptr<transport::Listener> listener_;
+  std::thread acceptor_;
+  std::atomic<uint64_t> protocol_errors_{0};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<Connection>> conns_;
+  std::map<uint32_t, std::shared_ptr<Connection>> workers_, servers_;
+  uint32_t registered_workers_ = 0, registered_servers_ = 0, workers_left_ = 0;
+  bool started_ = false, finished_ = false, stopping_ = false;
+  transport::Clock::time_point started_at_;
+  Status result_;
+  std::map<uint64_t, Declaration> decls_;
+  std::map<uint64_t, std::set<uint32_t>> barriers_;
+  scheduler::Placer placer_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptions& options) {
+  if (options.num_workers == 0 || options.num_servers == 0) {
+    return InvalidArgument("a job needs at least one worker and one server");
+  }
+  GL_ASSIGN_OR_RETURN(auto listener, transport::Listener::Listen(options.host, options.port));
+  return std::unique_ptr<Scheduler>(new SchedulerImpl(options, std::move(listener)));
+}
+
+}  // namespace gradlink

@@ -1,0 +1,173 @@
+#include "server/partition_state.h"
+
+#include <algorithm>
+
+#include "common/naming.h"
+#include "server/reduce.h"
+
+namespace gradlink::server {
+
+PartitionState::PartitionState(uint64_t key, uint32_t partition, std::string name, DataType dtype,
+                               uint64_t count, uint32_t num_workers)
+    : key_(key),
+      partition_(partition),
+      name_(std::move(name)),
+      dtype_(dtype),
+      count_(count),
+      num_workers_(num_workers),
+      wire_bytes_(count * DataTypeSize(dtype)),
+      acc_bytes_(count * DataTypeSize(AccumulatorType(dtype))),
+      stage_(num_workers, Stage::kFree),
+      cookie_(num_workers, 0),
+      flags_(num_workers, 0),
+      staging_(num_workers) {}
+
+std::string PartitionState::Describe() const {
+  return "key " + KeyHex(key_) + " '" + name_ + "' partition " + std::to_string(partition_);
+}
+
+uint64_t PartitionState::round() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return round_;
+}
+
+Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bool* run_engine) {
+  *run_engine = false;
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint32_t rank = h.sender;
+  if (rank >= num_workers_) {
+    return ProtocolError("push from rank " + std::to_string(rank) + " of " +
+                         std::to_string(num_workers_) + " workers");
+  }
+  if (h.round != round_) {
+    return ProtocolError(Describe() + ": rank " + std::to_string(rank) + " pushed round " +
+                         std::to_string(h.round) + " while the server sums round " +
+                         std::to_string(round_));
+  }
+  if (stage_[rank] != Stage::kFree) {
+    return ProtocolError(Describe() + ": rank " + std::to_string(rank) + " pushed round " +
+                         std::to_string(h.round) + " twice");
+  }
+  cookie_[rank] = h.cookie;
+  flags_[rank] = h.flags;
+  if (h.dtype != static_cast<uint8_t>(dtype_) || h.count != count_) {
+    const std::string got =
+        IsValidDataType(h.dtype) ? std::string(DataTypeName(static_cast<DataType>(h.dtype)))
+                                 : "dtype " + std::to_string(h.dtype);
+    if (failure_.empty()) {
+      failure_ = Describe() + ": rank " + std::to_string(rank) + " pushed " + got + "[" +
+                 std::to_string(h.count) + "], declared " + std::string(DataTypeName(dtype_)) +
+                 "[" + std::to_string(count_) + "]";
+    }
+    stage_[rank] = Stage::kFailed;
+    *run_engine = true;
+    return Mismatch(failure_);
+  }
+  std::vector<std::byte>& buf = staging_[rank];
+  if (buf.size() != wire_bytes_) buf.resize(wire_bytes_);  // once, kept for later rounds
+  stage_[rank] = Stage::kReceiving;
+  return std::span<std::byte>(buf);
+}
+
+void PartitionState::EndPush(uint32_t rank, bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rank >= num_workers_ || stage_[rank] != Stage::kReceiving) return;
+  if (ok) {
+    stage_[rank] = Stage::kStaged;
+  } else {
+    stage_[rank] = Stage::kFailed;
+    if (failure_.empty()) {
+      failure_ = Describe() + ": the push of rank " + std::to_string(rank) + " failed to arrive";
+    }
+  }
+}
+
+std::optional<Completion> PartitionState::Progress() {
+  uint32_t slot;
+  uint32_t first, last;  // ranks [first, last) to add now
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    slot = static_cast<uint32_t>(round_ % 2);
+    if (sends_pending_[slot] != 0) return std::nullopt;  // round-2's result still going out
+    first = next_;
+    last = next_;
+    while (failure_.empty() && last < num_workers_ && stage_[last] == Stage::kStaged) ++last;
+    // The first step needs ranks 0 and 1 together (acc = s0 + s1), unless there is one worker.
+    if (first == 0 && last == 1 && num_workers_ > 1) last = 0;
+  }
+
+  std::vector<std::byte>& acc = acc_[slot];
+  if (last > first) {
+    if (acc.size() != acc_bytes_) acc.resize(acc_bytes_);
+    uint32_t r = first;
+    if (r == 0) {
+      if (num_workers_ == 1) {
+        Load(dtype_, acc.data(), staging_[0].data(), count_);
+        r = 1;
+      } else {
+        SumTwo(dtype_, acc.data(), staging_[0].data(), staging_[1].data(), count_);
+        r = 2;
+      }
+    }
+    for (; r < last; ++r) Accumulate(dtype_, acc.data(), staging_[r].data(), count_);
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint32_t r = first; r < last; ++r) stage_[r] = Stage::kSummed;
+  next_ = std::max(next_, last);
+  // The round is over when every rank has either been summed or failed.
+  // A failed round sums nothing more: staged pushes only wait for the others.
+  uint32_t done = 0;
+  for (Stage s : stage_) {
+    done += (s == Stage::kSummed || s == Stage::kFailed ||
+             (s == Stage::kStaged && !failure_.empty()))
+                ? 1
+                : 0;
+  }
+  if (done < num_workers_) return std::nullopt;
+
+  Completion c;
+  c.round = round_;
+  c.slot = slot;
+  c.cookies = cookie_;
+  if (!failure_.empty()) {
+    c.status = Mismatch(failure_);
+  } else {
+    const uint16_t f0 = flags_[0];
+    for (uint32_t r = 1; r < num_workers_; ++r) {
+      if (flags_[r] != f0) {
+        c.status = Mismatch(Describe() + " round " + std::to_string(round_) + ": rank 0 " +
+                            ((f0 & wire::kFlagAverage) ? "averages" : "sums") + " but rank " +
+                            std::to_string(r) + " " +
+                            ((flags_[r] & wire::kFlagAverage) ? "averages" : "sums"));
+        break;
+      }
+    }
+  }
+  if (c.status.ok()) {
+    const uint32_t divisor = (flags_[0] & wire::kFlagAverage) ? num_workers_ : 1;
+    if (acc_bytes_ == wire_bytes_) {
+      Store(dtype_, acc.data(), acc.data(), count_, divisor);
+      c.result = acc;
+    } else {
+      std::vector<std::byte>& out = out_[slot];
+      if (out.size() != wire_bytes_) out.resize(wire_bytes_);
+      Store(dtype_, out.data(), acc.data(), count_, divisor);
+      c.result = out;
+    }
+  }
+  sends_pending_[slot] = num_workers_;
+  ++round_;
+  next_ = 0;
+  failure_.clear();
+  std::fill(stage_.begin(), stage_.end(), Stage::kFree);
+  return c;
+}
+
+bool PartitionState::SendDone(uint32_t slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (slot > 1 || sends_pending_[slot] == 0) return false;
+  return --sends_pending_[slot] == 0;
+}
+
+}  // namespace gradlink::server

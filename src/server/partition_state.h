@@ -1,0 +1,93 @@
+// The round state machine of one (key, partition) on a server.
+//
+// Each worker rank has one staging buffer: a worker pushes round r+1 only after it has pulled
+// round r, so at most one push per rank is ever outstanding. The accumulator is double-buffered
+// by round parity: round r's result may still be on its way to slow workers while round r+1 is
+// being summed. Summation is in rank order: acc = s0 + s1, then acc += s2, ... so the result is
+// bit-identical whatever order pushes arrive in.
+//
+// Threads: BeginPush()/EndPush() run on the push lane's progress thread; Progress() and
+// SendDone() on the one engine thread that owns this partition. A mutex guards the per-rank
+// flags only; the sums run outside it.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gradlink/status.h"
+#include "gradlink/tensor.h"
+#include "wire/frame.h"
+
+namespace gradlink::server {
+
+// A finished round, to be sent to every worker.
+struct Completion {
+  uint64_t round = 0;
+  uint32_t slot = 0;                   // pass to SendDone()
+  Status status;                       // not OK: send kDataError instead of the result
+  std::span<const std::byte> result;   // in the wire dtype
+  std::vector<uint64_t> cookies;       // per rank, echoed in its pull response
+};
+
+class PartitionState {
+ public:
+  PartitionState(uint64_t key, uint32_t partition, std::string name, DataType dtype,
+                 uint64_t count, uint32_t num_workers);
+
+  uint64_t key() const { return key_; }
+  uint32_t partition() const { return partition_; }
+  DataType dtype() const { return dtype_; }
+  uint64_t count() const { return count_; }
+  const std::string& name() const { return name_; }
+
+  // A push header arrived. Returns the staging buffer to receive into. An error means: drop
+  // the payload and answer the sender with that Status. When the push is for the current round
+  // but disagrees with the declaration, the round is marked failed (every worker will get the
+  // error at completion, so none waits forever); `*run_engine` is then true.
+  Result<std::span<std::byte>> BeginPush(const wire::Header& h, bool* run_engine);
+
+  // The payload of `rank`'s push has landed (ok) or failed to arrive (!ok, the round fails).
+  void EndPush(uint32_t rank, bool ok);
+
+  // Sums whatever can be summed in rank order. Returns the completed round, if this call
+  // completed one; the caller sends it and calls SendDone(slot) once per worker after that.
+  std::optional<Completion> Progress();
+
+  // One result send of `slot` finished. Returns true when the slot became free (call Progress()).
+  bool SendDone(uint32_t slot);
+
+  uint64_t round() const;
+
+ private:
+  enum class Stage : uint8_t { kFree, kReceiving, kStaged, kSummed, kFailed };
+
+  std::string Describe() const;
+
+  const uint64_t key_;
+  const uint32_t partition_;
+  const std::string name_;
+  const DataType dtype_;
+  const uint64_t count_;
+  const uint32_t num_workers_;
+  const size_t wire_bytes_;
+  const size_t acc_bytes_;
+
+  mutable std::mutex mu_;
+  uint64_t round_ = 0;             // the round being summed
+  std::vector<Stage> stage_;       // per rank
+  std::vector<uint64_t> cookie_;   // per rank
+  std::vector<uint16_t> flags_;    // per rank
+  std::string failure_;            // why the current round fails; empty: it does not
+  uint32_t next_ = 0;              // ranks [0, next_) are in the accumulator
+  uint32_t sends_pending_[2] = {0, 0};
+
+  std::vector<std::vector<std::byte>> staging_;  // per rank, wire dtype
+  std::vector<std::byte> acc_[2];                // accumulator dtype
+  std::vector<std::byte> out_[2];                // wire dtype, only where it differs from acc
+};
+
+}  // namespace gradlink::server

@@ -1,0 +1,49 @@
+// Element-wise reducers of the aggregation server.
+//
+// fp16 and bf16 accumulate in fp32 (the accumulator holds fp32) and are rounded back to their
+// own dtype (round to nearest even, NaN stays NaN) only in Store(). Integers wrap on overflow
+// (two's complement); an integer average truncates toward zero. Every function is a pure loop
+// over n elements; results depend only on the inputs and their order, so summing pushes in rank
+// order gives bit-identical sums whatever order they arrived in.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gradlink/tensor.h"
+
+namespace gradlink::server {
+
+// The accumulator's element type for wire dtype t: fp32 for fp16/bf16, otherwise t itself.
+DataType AccumulatorType(DataType t);
+
+// acc[i] = a[i] + b[i]. a and b hold wire dtype t, acc holds AccumulatorType(t).
+void SumTwo(DataType t, void* acc, const void* a, const void* b, size_t n);
+
+// acc[i] += x[i]. x holds wire dtype t.
+void Accumulate(DataType t, void* acc, const void* x, size_t n);
+
+// acc[i] = x[i], converting wire dtype t to the accumulator type.
+void Load(DataType t, void* acc, const void* x, size_t n);
+
+// out[i] = acc[i] / divisor (divisor 1: plain sum), converted to wire dtype t. out may alias acc
+// when the two types have the same size.
+void Store(DataType t, void* out, const void* acc, size_t n, uint32_t divisor);
+
+// Scalar conversions (exposed for tests and for the Python layer's checks).
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+float BFloat16ToFloat(uint16_t b);
+uint16_t FloatToBFloat16(float f);
+
+// Test hook. The functions above run hand-vectorized loops for the best instruction set the CPU
+// supports (x86-64: AVX-512F, else AVX2+F16C) and portable scalar loops otherwise; all give
+// bit-identical results. SetReduceIsaForTesting forces one implementation (kAuto: the best
+// supported, the default) and returns false, changing nothing, when this CPU or build lacks it.
+// For tests and benchmarks only.
+enum class ReduceIsa : uint8_t { kAuto, kScalar, kAvx2, kAvx512 };
+bool SetReduceIsaForTesting(ReduceIsa isa);
+// The implementation the functions above use now (never kAuto).
+ReduceIsa ActiveReduceIsa();
+
+}  // namespace gradlink::server

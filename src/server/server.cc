@@ -1,0 +1,364 @@
+#include "gradlink/server.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <shared_mutex>
+#include <thread>
+
+#include "common/log.h"
+#include "common/naming.h"
+#include "common/work_queue.h"
+#include "server/partition_state.h"
+#include "transport/join.h"
+
+namespace gradlink {
+namespace {
+
+using server::PartitionState;
+using transport::Lane;
+using transport::PeerId;
+using wire::MsgType;
+
+constexpr auto kPoll = std::chrono::milliseconds(100);
+
+class ServerImpl final : public Server {
+ public:
+  explicit ServerImpl(const ServerOptions& o) : opts_(o), job_hash_(wire::JobHash(o.job)) {}
+  ~ServerImpl() override { Stop(); }
+
+  Status Init() {
+    if (opts_.engine_threads == 0) return InvalidArgument("engine_threads must be at least 1");
+    const auto deadline = transport::Clock::now() + opts_.connect_timeout;
+    GL_ASSIGN_OR_RETURN(fabric_, MakeFabric(opts_.transport, opts_.fabric));
+    GL_ASSIGN_OR_RETURN(push_lane_, fabric_->CreateLane("server push lane"));
+    if (!opts_.single_lane) {
+      GL_ASSIGN_OR_RETURN(pull_lane_, fabric_->CreateLane("server pull lane"));
+    }
+    GL_RETURN_IF_ERROR(push_lane_->Start(&push_receiver_));
+    if (pull_lane_) GL_RETURN_IF_ERROR(pull_lane_->Start(&pull_receiver_));
+
+    wire::RegisterMsg reg;
+    reg.role = wire::Role::kServer;
+    reg.host = opts_.host_name.empty() ? LocalHostName() : opts_.host_name;
+    reg.push_address = push_lane_->address();
+    reg.pull_address = reply_lane().address();
+    GL_ASSIGN_OR_RETURN(Joined joined, JoinJob(opts_.scheduler, job_hash_, reg, deadline));
+    channel_ = std::move(joined.channel);
+    id_ = joined.welcome.your_id;
+    num_workers_ = joined.welcome.num_workers;
+    worker_peers_.assign(num_workers_, 0);
+    worker_names_.assign(num_workers_, "");
+    for (const wire::Member& m : joined.welcome.members) {
+      if (m.role != wire::Role::kWorker) continue;
+      std::string name = "worker " + std::to_string(m.id) + " (" + m.host + ")";
+      GL_ASSIGN_OR_RETURN(worker_peers_[m.id], reply_lane().Connect(m.pull_address, name));
+      worker_names_[m.id] = std::move(name);
+    }
+    for (uint32_t i = 0; i < opts_.engine_threads; ++i) {
+      engines_.push_back(std::make_unique<WorkQueue>());
+    }
+    control_ = std::thread([this] { ControlLoop(); });
+    GL_LOG(kInfo) << "server " << id_ << " joined: " << num_workers_ << " workers";
+    return Status::Ok();
+  }
+
+  uint32_t id() const override { return id_; }
+
+  Status Wait(Clock::time_point deadline) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [this] { return finished_; })) {
+      return Timeout("server " + std::to_string(id_) + " still serving");
+    }
+    return result_;
+  }
+
+  void Stop() override {
+    if (stopped_.exchange(true)) return;
+    if (channel_) {
+      wire::Header h;
+      h.type = MsgType::kGoodbye;
+      h.job = job_hash_;
+      h.sender = id_;
+      if (!finished()) {
+        channel_->Send(h, {}, transport::Clock::now() + std::chrono::seconds(1)).IgnoreError();
+      }
+      channel_->Close();
+    }
+    if (control_.joinable()) control_.join();
+    Finish(Aborted("server stopped"));
+    for (auto& e : engines_) e->Stop();
+    if (pull_lane_) pull_lane_->Stop();
+    if (push_lane_) push_lane_->Stop();
+  }
+
+  ServerStats stats() const override {
+    ServerStats s;
+    s.rounds_completed = rounds_completed_.load();
+    s.bytes_reduced = bytes_reduced_.load();
+    s.protocol_errors = protocol_errors_.load() + push_lane_->stats().protocol_errors +
+                        (pull_lane_ ? pull_lane_->stats().protocol_errors : 0);
+    s.mismatches = mismatches_.load();
+    return s;
+  }
+
+ private:
+  Lane& reply_lane() { return pull_lane_ ? *pull_lane_ : *push_lane_; }
+
+  bool finished() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return finished_;
+  }
+
+  void Finish(Status s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+    result_ = std::move(s);
+    cv_.notify_all();
+  }
+
+  // ---- Control plane -------------------------------------------------------------------------
+
+  void ControlLoop() {
+    while (!stopped_.load()) {
+      auto f = channel_->Receive(transport::Clock::now() + kPoll);
+      if (!f.ok()) {
+        if (f.status().code() == Code::kTimeout) continue;
+        if (!stopped_.load()) {
+          Finish(PeerLost("server " + std::to_string(id_) + " lost the scheduler: " +
+                          f.status().message()));
+        }
+        return;
+      }
+      switch (f->header.type) {
+        case MsgType::kAssign: {
+          Status s = OnAssign(*f);
+          if (!s.ok()) {
+            protocol_errors_++;
+            Finish(s);
+            channel_->Close();
+            return;
+          }
+          break;
+        }
+        case MsgType::kShutdown:
+          Finish(Status::Ok());
+          return;
+        case MsgType::kAbort: {
+          auto text = wire::DecodeText(f->payload);
+          const Code code = static_cast<Code>(f->header.code);
+          Finish(Status(code == Code::kOk ? Code::kAborted : code,
+                        "job aborted by the scheduler: " + (text.ok() ? *text : "")));
+          return;
+        }
+        default:
+          protocol_errors_++;
+          GL_LOG(kWarn) << "server " << id_ << ": unexpected control message "
+                        << static_cast<int>(f->header.type);
+      }
+    }
+  }
+
+  Status OnAssign(const transport::Frame& f) {
+    if (f.header.code != 0 || !IsValidDataType(f.header.dtype)) {
+      return ProtocolError("bad kAssign from the scheduler");
+    }
+    GL_ASSIGN_OR_RETURN(wire::AssignMsg a,
+                        wire::DecodeAssign(f.payload, f.header.count, UINT32_MAX));
+    const auto dtype = static_cast<DataType>(f.header.dtype);
+    {
+      std::unique_lock<std::shared_mutex> lock(parts_mu_);
+      for (uint32_t p = 0; p < a.partitions.size(); ++p) {
+        if (a.partitions[p].server != id_) continue;
+        auto& slot = parts_[{f.header.key, p}];
+        if (!slot) {
+          slot = std::make_unique<PartitionState>(f.header.key, p, a.name, dtype,
+                                                  a.partitions[p].count, num_workers_);
+        }
+      }
+    }
+    wire::Header ack;
+    ack.type = MsgType::kAssignAck;
+    ack.job = job_hash_;
+    ack.sender = id_;
+    ack.key = f.header.key;
+    return channel_->Send(ack, {});
+  }
+
+  // ---- Data plane ----------------------------------------------------------------------------
+
+  PartitionState* Find(uint64_t key, uint32_t partition) {
+    std::shared_lock<std::shared_mutex> lock(parts_mu_);
+    auto it = parts_.find({key, partition});
+    return it == parts_.end() ? nullptr : it->second.get();
+  }
+
+  WorkQueue& EngineFor(const PartitionState& p) {
+    const uint64_t h = (p.key() ^ (uint64_t{p.partition()} * 0x9E3779B97F4A7C15ull));
+    return *engines_[(h >> 17) % engines_.size()];
+  }
+
+  void Answer(uint32_t rank, const wire::Header& push, const Status& error) {
+    wire::Header h;
+    h.type = MsgType::kDataError;
+    h.job = job_hash_;
+    h.sender = id_;
+    h.key = push.key;
+    h.partition = push.partition;
+    h.round = push.round;
+    h.code = static_cast<uint8_t>(error.code());
+    h.cookie = push.cookie;
+    auto text = std::make_shared<std::vector<std::byte>>(wire::EncodeText(error.message()));
+    h.payload_bytes = text->size();
+    reply_lane().Send(worker_peers_[rank], h, *text, [text](const Status&) {});
+  }
+
+  Result<std::span<std::byte>> OnPushHeader(const wire::Header& h) {
+    if (h.type != MsgType::kPush || h.job != job_hash_ || h.sender >= num_workers_) {
+      protocol_errors_++;
+      GL_LOG(kWarn) << "server " << id_ << ": dropped a frame of type "
+                    << static_cast<int>(h.type) << " from sender " << h.sender;
+      return ProtocolError("unexpected frame on the push lane");
+    }
+    PartitionState* p = Find(h.key, h.partition);
+    if (p == nullptr) {
+      protocol_errors_++;
+      Status s = ProtocolError("server " + std::to_string(id_) + " does not own key " +
+                               KeyHex(h.key) + " partition " + std::to_string(h.partition));
+      Answer(h.sender, h, s);
+      return s;
+    }
+    bool run_engine = false;
+    auto span = p->BeginPush(h, &run_engine);
+    if (!span.ok()) {
+      if (span.status().code() == Code::kMismatch) {
+        mismatches_++;
+      } else {
+        protocol_errors_++;
+        Answer(h.sender, h, span.status());
+      }
+      if (run_engine) EngineFor(*p).Post([this, p] { RunEngine(p); });
+    }
+    return span;
+  }
+
+  void OnPushPayload(const wire::Header& h, bool ok) {
+    PartitionState* p = Find(h.key, h.partition);
+    if (p == nullptr) return;
+    p->EndPush(h.sender, ok);
+    if (ok) bytes_reduced_ += h.payload_bytes;
+    EngineFor(*p).Post([this, p] { RunEngine(p); });
+  }
+
+  // On p's engine thread: sum, and send every round this completes.
+  void RunEngine(PartitionState* p) {
+    while (std::optional<server::Completion> c = p->Progress()) {
+      rounds_completed_++;
+      wire::Header h;
+      h.job = job_hash_;
+      h.sender = id_;
+      h.key = p->key();
+      h.partition = p->partition();
+      h.round = c->round;
+      std::shared_ptr<std::vector<std::byte>> text;
+      std::span<const std::byte> payload = c->result;
+      if (c->status.ok()) {
+        h.type = MsgType::kPullResponse;
+        h.dtype = static_cast<uint8_t>(p->dtype());
+        h.count = p->count();
+      } else {
+        h.type = MsgType::kDataError;
+        h.code = static_cast<uint8_t>(c->status.code());
+        text = std::make_shared<std::vector<std::byte>>(wire::EncodeText(c->status.message()));
+        payload = *text;
+      }
+      h.payload_bytes = payload.size();
+      const uint32_t slot = c->slot;
+      for (uint32_t rank = 0; rank < num_workers_; ++rank) {
+        h.cookie = c->cookies[rank];
+        reply_lane().Send(worker_peers_[rank], h, payload, [this, p, slot, text](const Status& s) {
+          if (!s.ok()) GL_LOG(kInfo) << "server " << id_ << ": pull response failed: " << s.ToString();
+          if (p->SendDone(slot)) EngineFor(*p).Post([this, p] { RunEngine(p); });
+        });
+      }
+    }
+  }
+
+  class PushReceiver final : public transport::Receiver {
+   public:
+    explicit PushReceiver(ServerImpl* s) : s_(s) {}
+    Result<std::span<std::byte>> OnHeader(const wire::Header& h) override {
+      return s_->OnPushHeader(h);
+    }
+    void OnPayload(const wire::Header& h, std::span<std::byte>) override {
+      s_->OnPushPayload(h, true);
+    }
+    void OnReceiveFailed(const wire::Header& h, const Status& st) override {
+      GL_LOG(kWarn) << "server " << s_->id_ << ": receiving a push failed: " << st.ToString();
+      s_->OnPushPayload(h, false);
+    }
+    void OnPeerFailed(PeerId peer, const Status& st) override {
+      // A worker's pull endpoint failed. The scheduler decides whether the job is lost;
+      // later sends to that worker fail on their own.
+      GL_LOG(kInfo) << "server " << s_->id_ << ": peer " << peer << " failed: " << st.ToString();
+    }
+
+   private:
+    ServerImpl* s_;
+  };
+
+  // The pull lane only sends; it receives nothing but endpoint failures.
+  class PullReceiver final : public transport::Receiver {
+   public:
+    explicit PullReceiver(ServerImpl* s) : s_(s) {}
+    Result<std::span<std::byte>> OnHeader(const wire::Header&) override {
+      s_->protocol_errors_++;
+      return ProtocolError("the server's pull lane accepts no frames");
+    }
+    void OnPayload(const wire::Header&, std::span<std::byte>) override {}
+    void OnReceiveFailed(const wire::Header&, const Status&) override {}
+    void OnPeerFailed(PeerId peer, const Status& st) override {
+      GL_LOG(kInfo) << "server " << s_->id_ << ": peer " << peer << " failed: " << st.ToString();
+    }
+
+   private:
+    ServerImpl* s_;
+  };
+
+  const ServerOptions opts_;
+  const uint32_t job_hash_;
+  uint32_t id_ = 0;
+  uint32_t num_workers_ = 0;
+  std::shared_ptr<transport::Fabric> fabric_;
+  std::unique_ptr<Lane> push_lane_, pull_lane_;
+  PushReceiver push_receiver_{this};
+  PullReceiver pull_receiver_{this};
+  std::vector<PeerId> worker_peers_;
+  std::vector<std::string> worker_names_;
+  std::unique_ptr<transport::ControlChannel> channel_;
+  std::thread control_;
+  std::vector<std::unique_ptr<WorkQueue>> engines_;
+
+  std::shared_mutex parts_mu_;
+  std::map<std::pair<uint64_t, uint32_t>, std::unique_ptr<PartitionState>> parts_;
+
+  std::atomic<bool> stopped_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool finished_ = false;
+  Status result_;
+
+  std::atomic<uint64_t> rounds_completed_{0}, bytes_reduced_{0}, protocol_errors_{0},
+      mismatches_{0};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  auto s = std::make_unique<ServerImpl>(options);
+  GL_RETURN_IF_ERROR(s->Init());
+  return std::unique_ptr<Server>(std::move(s));
+}
+
+}  // namespace gradlink

@@ -1,0 +1,82 @@
+// The control plane: framed messages over one TCP connection (scheduler <-> member).
+//
+// Blocking I/O with deadlines. Send() may be called from several threads (it serialises);
+// Receive() from one thread at a time. Close() from any thread wakes a blocked Receive().
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gradlink/status.h"
+#include "wire/frame.h"
+
+namespace gradlink::transport {
+
+using Clock = std::chrono::steady_clock;
+
+struct Frame {
+  wire::Header header;
+  std::vector<std::byte> payload;
+};
+
+class ControlChannel {
+ public:
+  // Takes ownership of a connected socket.
+  ControlChannel(int fd, std::string peer_name);
+  ~ControlChannel();
+  ControlChannel(const ControlChannel&) = delete;
+  ControlChannel& operator=(const ControlChannel&) = delete;
+
+  // Connects to host:port, retrying refused connections until `deadline`.
+  static Result<std::unique_ptr<ControlChannel>> Connect(const std::string& host, uint16_t port,
+                                                         Clock::time_point deadline);
+
+  // Sends one frame (h.payload_bytes is set from payload). kPeerLost when the peer is gone,
+  // kTimeout when the socket stays full past the deadline.
+  Status Send(wire::Header h, std::span<const std::byte> payload,
+              Clock::time_point deadline = Clock::now() + std::chrono::seconds(10));
+
+  // Receives one frame. kTimeout at the deadline (the stream stays usable), kPeerLost on EOF
+  // or error, kProtocolError on a frame that fails validation (the channel is closed).
+  Result<Frame> Receive(Clock::time_point deadline);
+
+  void Close();
+  bool closed() const { return closed_.load(); }
+  const std::string& peer_name() const { return peer_name_; }
+
+ private:
+  Status ReadExact(std::byte* p, size_t n, Clock::time_point deadline, bool* got_nothing);
+  Status WriteAll(const std::byte* p, size_t n, Clock::time_point deadline);
+
+  int fd_;
+  std::string peer_name_;
+  std::mutex send_mu_;
+  std::atomic<bool> closed_{false};
+};
+
+// A listening TCP socket.
+class Listener {
+ public:
+  ~Listener();
+  // Binds host:port (port 0 picks a free port). kUnavailable naming the port when it is taken.
+  static Result<std::unique_ptr<Listener>> Listen(const std::string& host, uint16_t port);
+  // Waits for a connection until `deadline`; kTimeout when none came.
+  Result<std::unique_ptr<ControlChannel>> Accept(Clock::time_point deadline);
+  uint16_t port() const { return port_; }
+  void Close();
+
+ private:
+  Listener(int fd, uint16_t port) : fd_(fd), port_(port) {}
+  int fd_;
+  uint16_t port_;
+};
+
+// Splits "host:port". kInvalidArgument naming the text when it is not one.
+Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port);
+
+}  // namespace gradlink::transport

@@ -1,0 +1,235 @@
+// Threads as ranks: lanes of one InprocFabric deliver to each other through queues. Each lane
+// has a progress thread, so the threading contract is the same as UCX's: receiver callbacks
+// and send completions run on the lane's own thread.
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "common/log.h"
+#include "transport/transport.h"
+
+namespace gradlink::transport {
+namespace {
+
+class InprocLane;
+
+class InprocFabric final : public Fabric, public std::enable_shared_from_this<InprocFabric> {
+ public:
+  Result<std::unique_ptr<Lane>> CreateLane(std::string name) override;
+  std::string_view kind() const override { return "inproc"; }
+
+  void Register(uint64_t id, InprocLane* lane) {
+    std::lock_guard<std::mutex> lock(mu_);
+    lanes_[id] = lane;
+  }
+  void Unregister(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    lanes_.erase(id);
+  }
+  // Runs fn(lane) with the lane kept alive; false when there is no such (running) lane.
+  template <typename Fn>
+  bool WithLane(uint64_t id, Fn&& fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = lanes_.find(id);
+    if (it == lanes_.end()) return false;
+    return fn(it->second);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<uint64_t, InprocLane*> lanes_;
+  std::atomic<uint64_t> next_id_{1};
+};
+
+class InprocLane final : public Lane {
+ public:
+  InprocLane(std::shared_ptr<InprocFabric> fabric, uint64_t id, std::string name)
+      : fabric_(std::move(fabric)), id_(id), name_(std::move(name)) {}
+  ~InprocLane() override { Stop(); }
+
+  std::vector<std::byte> address() const override {
+    std::vector<std::byte> a(sizeof(id_));
+    std::memcpy(a.data(), &id_, sizeof(id_));
+    return a;
+  }
+
+  Status Start(Receiver* receiver) override {
+    receiver_ = receiver;
+    thread_ = std::thread([this] { Loop(); });
+    fabric_->Register(id_, this);
+    return Status::Ok();
+  }
+
+  Result<PeerId> Connect(std::span<const std::byte> remote, std::string peer_name) override {
+    if (remote.size() != sizeof(uint64_t)) return InvalidArgument("bad inproc address");
+    uint64_t target;
+    std::memcpy(&target, remote.data(), sizeof(target));
+    std::lock_guard<std::mutex> lock(mu_);
+    peers_.push_back(Peer{target, std::move(peer_name), Status::Ok()});
+    return static_cast<PeerId>(peers_.size() - 1);
+  }
+
+  void Send(PeerId peer, const wire::Header& h, std::span<const std::byte> payload,
+            SendCallback done) override {
+    const wire::HeaderBytes hb = wire::EncodeHeader(h);
+    SendRawForTesting(peer, hb, payload, std::move(done));
+  }
+
+  void SendRawForTesting(PeerId peer, std::span<const std::byte> header_bytes,
+                         std::span<const std::byte> payload, SendCallback done) override {
+    uint64_t target = 0;
+    Status failed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (peer >= peers_.size()) {
+        failed = InvalidArgument("unknown peer " + std::to_string(peer));
+      } else {
+        target = peers_[peer].target;
+        failed = peers_[peer].failed;
+      }
+    }
+    if (!failed.ok()) {
+      Defer([done = std::move(done), failed] { done(failed); });
+      return;
+    }
+    std::vector<std::byte> hdr(header_bytes.begin(), header_bytes.end());
+    // The receiver copies the payload on its own thread, then completes the send on ours.
+    const bool delivered = fabric_->WithLane(target, [&](InprocLane* dst) {
+      return dst->Post([dst, hdr = std::move(hdr), payload, done, self_id = id_,
+                        fabric = fabric_]() mutable {
+        dst->Deliver(hdr, payload);
+        const bool back = fabric->WithLane(self_id, [&](InprocLane* src) {
+          return src->Post([done] { done(Status::Ok()); });
+        });
+        (void)back;  // the sender stopped: its pending sends were already failed
+      });
+    });
+    if (!delivered) FailPeer(peer, PeerLost("inproc lane of peer is gone"), std::move(done));
+    else {
+      stats_.frames_sent++;
+      stats_.bytes_sent += payload.size();
+    }
+  }
+
+  void Defer(std::function<void()> fn) override {
+    if (!Post(std::move(fn))) {
+      // Stopped: nothing will run it; callers treat this as an aborted operation.
+    }
+  }
+
+  void Stop() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+      stopped_ = true;
+    }
+    fabric_->Unregister(id_);
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  LaneStats stats() const override {
+    LaneStats s;
+    s.frames_sent = stats_.frames_sent;
+    s.frames_received = stats_.frames_received;
+    s.bytes_sent = stats_.bytes_sent;
+    s.bytes_received = stats_.bytes_received;
+    s.protocol_errors = stats_.protocol_errors;
+    return s;
+  }
+
+  bool Post(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return false;
+    queue_.push_back(std::move(fn));
+    cv_.notify_one();
+    return true;
+  }
+
+ private:
+  struct Peer {
+    uint64_t target;
+    std::string name;
+    Status failed;
+  };
+  struct AtomicStats {
+    std::atomic<uint64_t> frames_sent{0}, frames_received{0}, bytes_sent{0}, bytes_received{0},
+        protocol_errors{0};
+  };
+
+  void FailPeer(PeerId peer, Status s, SendCallback done) {
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Peer& p = peers_[peer];
+      if (p.failed.ok()) {
+        p.failed = Status(s.code(), s.message() + " (" + p.name + ")");
+        first = true;
+      }
+      s = p.failed;
+    }
+    Post([this, peer, s, first, done = std::move(done)] {
+      if (first) receiver_->OnPeerFailed(peer, s);
+      done(s);
+    });
+  }
+
+  void Deliver(const std::vector<std::byte>& hdr, std::span<const std::byte> payload) {
+    Result<wire::Header> h = wire::DecodeHeader(hdr);
+    if (!h.ok() || h->payload_bytes != payload.size()) {
+      stats_.protocol_errors++;
+      GL_LOG(kWarn) << name_ << ": dropped a bad frame: "
+                    << (h.ok() ? "payload length differs from header" : h.status().ToString());
+      return;
+    }
+    stats_.frames_received++;
+    stats_.bytes_received += payload.size();
+    Result<std::span<std::byte>> dst = receiver_->OnHeader(*h);
+    if (!dst.ok()) return;
+    if (dst->size() != payload.size()) {
+      receiver_->OnReceiveFailed(*h, Internal("receive buffer has the wrong size"));
+      return;
+    }
+    if (!payload.empty()) std::memcpy(dst->data(), payload.data(), payload.size());
+    receiver_->OnPayload(*h, *dst);
+  }
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [this] { return stopped_ || !queue_.empty(); });
+      if (queue_.empty()) break;  // stopped and drained
+      auto fn = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+
+  std::shared_ptr<InprocFabric> fabric_;
+  const uint64_t id_;
+  const std::string name_;
+  Receiver* receiver_ = nullptr;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  std::vector<Peer> peers_;
+  bool stopped_ = false;
+  AtomicStats stats_;
+};
+
+Result<std::unique_ptr<Lane>> InprocFabric::CreateLane(std::string name) {
+  return std::unique_ptr<Lane>(new InprocLane(shared_from_this(), next_id_++, std::move(name)));
+}
+
+}  // namespace
+
+std::shared_ptr<Fabric> CreateInprocFabric() { return std::make_shared<InprocFabric>(); }
+
+}  // namespace gradlink::transport

@@ -1,0 +1,48 @@
+#include "transport/join.h"
+
+namespace gradlink {
+
+Result<std::shared_ptr<transport::Fabric>> MakeFabric(const std::string& kind,
+                                                      std::shared_ptr<transport::Fabric> given) {
+  if (given) return given;
+  if (kind == "ucx") {
+    GL_ASSIGN_OR_RETURN(std::unique_ptr<transport::Fabric> f, transport::CreateUcxFabric());
+    return std::shared_ptr<transport::Fabric>(std::move(f));
+  }
+  if (kind == "inproc") return InvalidArgument("transport 'inproc' needs options.fabric");
+  return InvalidArgument("unknown transport '" + kind + "' (expected ucx or inproc)");
+}
+
+Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
+                       const wire::RegisterMsg& reg, transport::Clock::time_point deadline) {
+  std::string host;
+  uint16_t port = 0;
+  GL_RETURN_IF_ERROR(transport::ParseHostPort(scheduler, &host, &port));
+  GL_ASSIGN_OR_RETURN(auto channel, transport::ControlChannel::Connect(host, port, deadline));
+  wire::Header h;
+  h.type = wire::MsgType::kRegister;
+  h.job = job_hash;
+  GL_RETURN_IF_ERROR(channel->Send(h, wire::Encode(reg), deadline));
+  while (true) {
+    auto f = channel->Receive(deadline);
+    if (!f.ok()) {
+      if (f.status().code() == Code::kTimeout) {
+        return Timeout("the job did not start before the deadline (scheduler " + scheduler +
+                       "): are all workers and servers started?");
+      }
+      return f.status();
+    }
+    if (f->header.type == wire::MsgType::kAbort) {
+      auto text = wire::DecodeText(f->payload);
+      return Aborted("scheduler " + scheduler + " refused us: " +
+                     (text.ok() ? *text : std::string("(no reason)")));
+    }
+    if (f->header.type != wire::MsgType::kWelcome || f->header.job != job_hash) {
+      return ProtocolError("expected kWelcome from scheduler " + scheduler);
+    }
+    GL_ASSIGN_OR_RETURN(wire::WelcomeMsg w, wire::DecodeWelcome(f->payload));
+    return Joined{std::move(channel), std::move(w)};
+  }
+}
+
+}  // namespace gradlink

@@ -1,0 +1,28 @@
+// What the server and the worker share: joining a job through the scheduler and creating lanes.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "gradlink/status.h"
+#include "transport/control_channel.h"
+#include "transport/transport.h"
+#include "wire/messages.h"
+
+namespace gradlink {
+
+// The fabric named by `kind` ("ucx", or "inproc" with `given` set).
+Result<std::shared_ptr<transport::Fabric>> MakeFabric(const std::string& kind,
+                                                      std::shared_ptr<transport::Fabric> given);
+
+struct Joined {
+  std::unique_ptr<transport::ControlChannel> channel;
+  wire::WelcomeMsg welcome;
+};
+
+// Connects to the scheduler at `scheduler` ("host:port"), registers and waits for the welcome.
+// kAborted (with the scheduler's reason) when the scheduler refuses us.
+Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
+                       const wire::RegisterMsg& reg, transport::Clock::time_point deadline);
+
+}  // namespace gradlink

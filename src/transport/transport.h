@@ -1,0 +1,107 @@
+// The message interface between gradlink processes, independent of the fabric.
+//
+// A Lane is one independent channel with its own progress thread (UCX: one ucp_worker). A process
+// opens one lane for pushes and one for pulls so that neither waits behind the other. Messages
+// are a validated wire::Header plus a payload; the receiver chooses where each payload lands
+// after seeing its header, which is how pulls are written straight into a worker's tensor.
+//
+// Threads: Send(), Connect() and Defer() may be called from any thread. Every Receiver and
+// SendCallback call runs on the lane's progress thread and must not block.
+// Errors: a failed peer is sticky: OnPeerFailed() is reported once, and every pending and later
+// Send() to it completes with that Status.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gradlink/status.h"
+#include "wire/frame.h"
+
+namespace gradlink::transport {
+
+// Identifies an endpoint created by Lane::Connect(); local to that lane.
+using PeerId = uint32_t;
+
+class Receiver {
+ public:
+  virtual ~Receiver() = default;
+
+  // A frame with a valid header arrived. Return a span of exactly h.payload_bytes bytes for its
+  // payload (empty when payload_bytes is 0), valid until OnPayload() or OnReceiveFailed() for
+  // this frame; or an error Status to drop the frame (its payload is discarded).
+  virtual Result<std::span<std::byte>> OnHeader(const wire::Header& h) = 0;
+
+  // The payload is in the span that OnHeader() returned.
+  virtual void OnPayload(const wire::Header& h, std::span<std::byte> payload) = 0;
+
+  // Receiving the payload failed; the span OnHeader() returned is no longer used.
+  virtual void OnReceiveFailed(const wire::Header& h, const Status& status) = 0;
+
+  // The endpoint `peer` (created by Connect() on this lane) failed. Reported once.
+  virtual void OnPeerFailed(PeerId peer, const Status& status) = 0;
+};
+
+// Runs on the progress thread when the payload may be reused (or the send failed).
+using SendCallback = std::function<void(const Status&)>;
+
+struct LaneStats {
+  uint64_t frames_sent = 0;
+  uint64_t frames_received = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t protocol_errors = 0;  // frames that failed validation; their connection was closed
+};
+
+class Lane {
+ public:
+  virtual ~Lane() = default;
+
+  // Opaque bytes a peer passes to Connect() to reach this lane.
+  virtual std::vector<std::byte> address() const = 0;
+
+  // Starts the progress thread. `receiver` must outlive the lane (or Stop()).
+  virtual Status Start(Receiver* receiver) = 0;
+
+  // Creates an endpoint to the lane at `remote_address`. `peer_name` appears in errors.
+  virtual Result<PeerId> Connect(std::span<const std::byte> remote_address,
+                                 std::string peer_name) = 0;
+
+  // Sends `h` and `payload` (h.payload_bytes must equal payload.size()). The payload must stay
+  // valid and unchanged until `done` runs. Never blocks on the network.
+  virtual void Send(PeerId peer, const wire::Header& h, std::span<const std::byte> payload,
+                    SendCallback done) = 0;
+
+  // Runs `fn` on the progress thread.
+  virtual void Defer(std::function<void()> fn) = 0;
+
+  // Stops the progress thread and closes the endpoints; pending sends complete with kAborted.
+  // Idempotent; the destructor calls it.
+  virtual void Stop() = 0;
+
+  virtual LaneStats stats() const = 0;
+
+  // Test hook: sends `header_bytes` as the frame header without encoding or checks.
+  virtual void SendRawForTesting(PeerId peer, std::span<const std::byte> header_bytes,
+                                 std::span<const std::byte> payload, SendCallback done) = 0;
+};
+
+// Creates lanes; owns what they share (the UCX context). Outlives its lanes.
+class Fabric {
+ public:
+  virtual ~Fabric() = default;
+  virtual Result<std::unique_ptr<Lane>> CreateLane(std::string name) = 0;
+  virtual std::string_view kind() const = 0;
+};
+
+// UCX (ucp active messages): shared memory, TCP and RDMA from one code path; honours UCX_TLS.
+Result<std::unique_ptr<Fabric>> CreateUcxFabric();
+
+// Threads as ranks: every lane created from one InprocFabric can reach the others.
+// Thread-safe. For unit tests.
+std::shared_ptr<Fabric> CreateInprocFabric();
+
+}  // namespace gradlink::transport

@@ -1,0 +1,881 @@
+// UCX implementation of transport::Fabric and transport::Lane over ucp active messages.
+//
+// One UcxFabric owns one ucp_context. Each UcxLane owns one ucp_worker (UCS_THREAD_MODE_SINGLE)
+// and one progress thread, and every ucp call for that worker is made on that thread (or, before
+// Start() and after the thread has exited, on the one thread that owns the lane): other threads
+// hand closures to a mutex-protected queue and wake the thread through an eventfd. This is the
+// Gloo pattern; it keeps UCX single-threaded per worker, which is both the fastest UCX mode and
+// the only one where callbacks cannot race with our own bookkeeping.
+//
+// A frame is one active message (id kAmId): the 64-byte wire header as the AM header and the
+// payload as the AM data. UCX chooses eager or rendezvous by size; rendezvous payloads are
+// received straight into the span the Receiver chose.
+//
+// Lifetimes: the ucp_context is reference-counted between the fabric and its lanes, so the
+// interface rule "the Fabric outlives its lanes" is not load-bearing here, but callers should
+// still follow it. A lane must not be destroyed from inside one of its own callbacks.
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_set>
+#include <utility>
+
+#include "common/log.h"
+#include "transport/transport.h"
+#include "wire/frame.h"
+
+namespace gradlink::transport {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// All frames use one AM id; the wire header carries the message type.
+constexpr unsigned kAmId = 0;
+// How long Connect() from another thread waits for the progress thread. ucp_ep_create does not
+// wait for the network, so this only trips if the progress thread is stuck in a callback.
+constexpr auto kConnectDeadline = std::chrono::seconds(10);
+// Bound on progressing ep closes while stopping; force-closes normally finish at once.
+constexpr auto kCloseDeadline = std::chrono::seconds(1);
+// After the last progress, keep polling this long before sleeping: cuts latency for
+// request/response patterns without burning a core (2-core boxes run ~8 lane threads).
+constexpr auto kSpin = std::chrono::microseconds(30);
+// Upper bound on one sleep, so a missed wake-up costs at most this much.
+constexpr int kPollTimeoutMs = 100;
+
+// The lane whose progress thread is the current thread, if any.
+thread_local const void* t_progress_lane = nullptr;
+
+std::string UcsError(ucs_status_t s) { return ucs_status_string(s); }
+
+// Errors that concern one send, not the endpoint; anything else means the endpoint is unusable.
+bool IsLocalSendError(ucs_status_t s) {
+  return s == UCS_ERR_NO_MEMORY || s == UCS_ERR_INVALID_PARAM || s == UCS_ERR_EXCEEDS_LIMIT ||
+         s == UCS_ERR_UNSUPPORTED || s == UCS_ERR_MESSAGE_TRUNCATED;
+}
+
+Status LocalSendError(ucs_status_t s, const std::string& what) {
+  std::string msg = what + ": " + UcsError(s);
+  if (s == UCS_ERR_NO_MEMORY) return ResourceExhausted(std::move(msg));
+  return InvalidArgument(std::move(msg));
+}
+
+// Shared by the fabric and its lanes; ucp_cleanup runs when the last of them is gone.
+struct UcxContext {
+  ucp_context_h context = nullptr;
+  ~UcxContext() {
+    if (context != nullptr) ucp_cleanup(context);
+  }
+};
+
+class UcxLane final : public Lane {
+ public:
+  static Result<std::unique_ptr<Lane>> Create(std::shared_ptr<UcxContext> context,
+                                              std::string name);
+
+  ~UcxLane() override;
+
+  std::vector<std::byte> address() const override { return address_; }
+  Status Start(Receiver* receiver) override;
+  Result<PeerId> Connect(std::span<const std::byte> remote_address,
+                         std::string peer_name) override;
+  void Send(PeerId peer, const wire::Header& h, std::span<const std::byte> payload,
+            SendCallback done) override;
+  void Defer(std::function<void()> fn) override;
+  void Stop() override;
+  LaneStats stats() const override;
+  void SendRawForTesting(PeerId peer, std::span<const std::byte> header_bytes,
+                         std::span<const std::byte> payload, SendCallback done) override;
+
+ private:
+  struct SendOp;
+
+  // An endpoint created by Connect(). Never freed before the worker, so ucp callbacks may
+  // hold a raw pointer to it.
+  struct Peer {
+    UcxLane* lane = nullptr;
+    PeerId id = 0;
+    std::string name;
+    ucp_ep_h ep = nullptr;      // null once closed
+    bool failed = false;        // sticky
+    Status failure;             // why, when failed
+    std::unordered_set<SendOp*> in_flight;  // sends UCX still owns
+  };
+
+  // One Send(). Lives until UCX is done with it (its request completed), which may be after
+  // `done` ran: a failed peer's sends complete at once, UCX releases them later.
+  struct SendOp {
+    UcxLane* lane = nullptr;
+    PeerId peer = 0;
+    std::vector<std::byte> header;
+    std::span<const std::byte> payload;
+    SendCallback done;
+    bool done_called = false;
+    Status early;  // set when the send is rejected before reaching UCX
+  };
+
+  // One rendezvous receive in flight.
+  struct RecvOp {
+    UcxLane* lane = nullptr;
+    wire::Header header;
+    std::span<std::byte> dest;
+  };
+
+  UcxLane(std::shared_ptr<UcxContext> context, std::string name)
+      : context_(std::move(context)), name_(std::move(name)) {}
+
+  bool OnProgressThread() const { return t_progress_lane == this; }
+
+  // Queues `fn` for the progress thread. False once the lane has stopped for good.
+  bool Enqueue(std::function<void()> fn);
+  void Wake();
+  void PostSend(SendOp* op);
+
+  // Progress thread only (or the owning thread when no progress thread runs).
+  void ProgressLoop();
+  bool RunQueued();
+  unsigned ProgressOnce();
+  bool RunAfterProgress();
+  void Shutdown();
+  Result<PeerId> ConnectNow(std::span<const std::byte> remote_address, std::string peer_name);
+  void StartSend(SendOp* op);
+  void CompleteSend(SendOp* op, const Status& status);
+  void OnSendDone(SendOp* op, ucs_status_t status);
+  void FailPeer(Peer* peer, Status status);
+  void CloseEp(ucp_ep_h ep);
+  ucs_status_t OnActiveMessage(const void* header, size_t header_length, void* data,
+                               size_t length, const ucp_am_recv_param_t* param);
+  void RejectFrame(const ucp_am_recv_param_t* param, const std::string& why);
+  void OnRecvDone(RecvOp* op, ucs_status_t status, size_t length);
+  Status PeerLostStatus(const Peer& peer, ucs_status_t s) const;
+
+  static void SendCallbackThunk(void* request, ucs_status_t status, void* user_data);
+  static void RecvCallbackThunk(void* request, ucs_status_t status, size_t length,
+                                void* user_data);
+  static void CloseCallbackThunk(void* request, ucs_status_t status, void* user_data);
+  static void ErrorHandlerThunk(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static ucs_status_t AmCallbackThunk(void* arg, const void* header, size_t header_length,
+                                      void* data, size_t length,
+                                      const ucp_am_recv_param_t* param);
+
+  const std::shared_ptr<UcxContext> context_;
+  const std::string name_;
+  ucp_worker_h worker_ = nullptr;
+  int worker_fd_ = -1;
+  int wake_fd_ = -1;
+  std::vector<std::byte> address_;
+
+  // Start/Stop/pre-start Connect.
+  std::mutex lifecycle_mu_;
+  bool started_ = false;
+  std::atomic<bool> shut_down_{false};  // written by the progress thread as it exits
+  std::thread thread_;
+  std::atomic<bool> stop_requested_{false};
+  Receiver* receiver_ = nullptr;
+
+  // Work handed to the progress thread.
+  std::mutex queue_mu_;
+  std::deque<std::function<void()>> queue_;
+  bool queue_closed_ = false;
+  std::atomic<bool> queue_nonempty_{false};
+
+  // Progress-thread state.
+  bool stopping_ = false;
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::vector<std::function<void()>> after_progress_;
+  std::unordered_set<ucp_ep_h> reply_eps_to_close_;
+  std::unordered_set<RecvOp*> recvs_in_flight_;
+  std::unordered_set<SendOp*> sends_in_ucx_;
+  int closes_in_flight_ = 0;
+
+  std::atomic<uint64_t> frames_sent_{0};
+  std::atomic<uint64_t> frames_received_{0};
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> protocol_errors_{0};
+};
+
+Result<std::unique_ptr<Lane>> UcxLane::Create(std::shared_ptr<UcxContext> context,
+                                              std::string name) {
+  std::unique_ptr<UcxLane> lane(new UcxLane(std::move(context), std::move(name)));
+
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_NAME;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  wp.name = lane->name_.c_str();
+  ucs_status_t s = ucp_worker_create(lane->context_->context, &wp, &lane->worker_);
+  if (s != UCS_OK) {
+    lane->worker_ = nullptr;
+    return Unavailable("ucx lane '" + lane->name_ + "': ucp_worker_create: " + UcsError(s));
+  }
+  // From here on the destructor cleans up whatever is set.
+
+  s = ucp_worker_get_efd(lane->worker_, &lane->worker_fd_);
+  if (s != UCS_OK) {
+    return Unavailable("ucx lane '" + lane->name_ + "': ucp_worker_get_efd: " + UcsError(s));
+  }
+  lane->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (lane->wake_fd_ < 0) {
+    return Internal("ucx lane '" + lane->name_ + "': eventfd: " + std::strerror(errno));
+  }
+
+  ucp_address_t* addr = nullptr;
+  size_t addr_len = 0;
+  s = ucp_worker_get_address(lane->worker_, &addr, &addr_len);
+  if (s != UCS_OK) {
+    return Unavailable("ucx lane '" + lane->name_ + "': ucp_worker_get_address: " +
+                       UcsError(s));
+  }
+  const auto* bytes = reinterpret_cast<const std::byte*>(addr);
+  lane->address_.assign(bytes, bytes + addr_len);
+  ucp_worker_release_address(lane->worker_, addr);
+
+  ucp_am_handler_param_t hp{};
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                  UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  hp.id = kAmId;
+  hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+  hp.cb = &UcxLane::AmCallbackThunk;
+  hp.arg = lane.get();
+  s = ucp_worker_set_am_recv_handler(lane->worker_, &hp);
+  if (s != UCS_OK) {
+    return Unavailable("ucx lane '" + lane->name_ + "': ucp_worker_set_am_recv_handler: " +
+                       UcsError(s));
+  }
+  return std::unique_ptr<Lane>(std::move(lane));
+}
+
+UcxLane::~UcxLane() {
+  Stop();
+  if (OnProgressThread()) {
+    // Destroyed from its own callback: the thread cannot be joined from itself. Leaking the
+    // thread is the least bad option; this is a caller bug, so say so loudly.
+    GL_LOG(kError) << "ucx lane '" << name_ << "' destroyed from its own progress thread";
+    if (thread_.joinable()) thread_.detach();
+  }
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+Status UcxLane::Start(Receiver* receiver) {
+  if (receiver == nullptr) return InvalidArgument("ucx lane '" + name_ + "': null receiver");
+  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  if (shut_down_ || stop_requested_.load()) {
+    return Aborted("ucx lane '" + name_ + "' is stopped");
+  }
+  if (started_) return InvalidArgument("ucx lane '" + name_ + "' already started");
+  receiver_ = receiver;
+  started_ = true;
+  thread_ = std::thread([this] { ProgressLoop(); });
+  return Status::Ok();
+}
+
+bool UcxLane::Enqueue(std::function<void()> fn) {
+  bool was_empty;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (queue_closed_) return false;
+    was_empty = queue_.empty();
+    queue_.push_back(std::move(fn));
+    queue_nonempty_.store(true, std::memory_order_release);
+  }
+  // The thread drains the whole queue each round, so only the empty -> non-empty edge needs a
+  // wake-up; it is never cleared before the thread next looks at the queue.
+  if (was_empty) Wake();
+  return true;
+}
+
+void UcxLane::Wake() {
+  uint64_t one = 1;
+  // EAGAIN only when the counter is saturated, i.e. a wake-up is already pending.
+  ssize_t n = write(wake_fd_, &one, sizeof(one));
+  (void)n;
+}
+
+Result<PeerId> UcxLane::Connect(std::span<const std::byte> remote_address,
+                                std::string peer_name) {
+  if (OnProgressThread()) return ConnectNow(remote_address, std::move(peer_name));
+  {
+    std::lock_guard<std::mutex> lock(lifecycle_mu_);
+    if (shut_down_) return Aborted("ucx lane '" + name_ + "' is stopped");
+    if (!started_) {
+      // No progress thread yet: this thread may use the worker, serialized by the lock.
+      return ConnectNow(remote_address, std::move(peer_name));
+    }
+  }
+
+  struct Call {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool abandoned = false;
+    std::optional<Result<PeerId>> result;
+  };
+  auto call = std::make_shared<Call>();
+  std::vector<std::byte> addr(remote_address.begin(), remote_address.end());
+  bool queued = Enqueue([this, call, addr = std::move(addr), name = peer_name]() mutable {
+    std::lock_guard<std::mutex> lock(call->mu);
+    // A caller that gave up must not get an endpoint it will never use.
+    if (call->abandoned) return;
+    call->result = ConnectNow(addr, std::move(name));
+    call->cv.notify_all();
+  });
+  if (!queued) return Aborted("ucx lane '" + name_ + "' is stopped");
+
+  std::unique_lock<std::mutex> lock(call->mu);
+  if (!call->cv.wait_until(lock, Clock::now() + kConnectDeadline,
+                           [&] { return call->result.has_value(); })) {
+    call->abandoned = true;
+    return Timeout("ucx lane '" + name_ + "': connecting to '" + peer_name +
+                   "' timed out waiting for the progress thread");
+  }
+  return std::move(*call->result);
+}
+
+Result<PeerId> UcxLane::ConnectNow(std::span<const std::byte> remote_address,
+                                   std::string peer_name) {
+  if (stopping_) return Aborted("ucx lane '" + name_ + "' is stopped");
+  if (remote_address.empty()) {
+    return InvalidArgument("ucx lane '" + name_ + "': empty address for '" + peer_name + "'");
+  }
+  auto peer = std::make_unique<Peer>();
+  peer->lane = this;
+  peer->id = static_cast<PeerId>(peers_.size());
+  peer->name = std::move(peer_name);
+
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_NAME;
+  ep.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = &UcxLane::ErrorHandlerThunk;
+  ep.err_handler.arg = peer.get();
+  ep.name = peer->name.c_str();
+  ucs_status_t s = ucp_ep_create(worker_, &ep, &peer->ep);
+  if (s != UCS_OK) {
+    return Unavailable("ucx lane '" + name_ + "': connecting to '" + peer->name +
+                       "': " + UcsError(s));
+  }
+  PeerId id = peer->id;
+  peers_.push_back(std::move(peer));
+  return id;
+}
+
+void UcxLane::Send(PeerId peer, const wire::Header& h, std::span<const std::byte> payload,
+                   SendCallback done) {
+  auto* op = new SendOp;
+  op->lane = this;
+  op->peer = peer;
+  op->payload = payload;
+  op->done = std::move(done);
+  if (h.payload_bytes != payload.size()) {
+    op->early = InvalidArgument("ucx lane '" + name_ + "': header says " +
+                                std::to_string(h.payload_bytes) + " payload bytes, span has " +
+                                std::to_string(payload.size()));
+  } else {
+    wire::HeaderBytes hb = wire::EncodeHeader(h);
+    op->header.assign(hb.begin(), hb.end());
+  }
+  PostSend(op);
+}
+
+void UcxLane::SendRawForTesting(PeerId peer, std::span<const std::byte> header_bytes,
+                                std::span<const std::byte> payload, SendCallback done) {
+  auto* op = new SendOp;
+  op->lane = this;
+  op->peer = peer;
+  op->payload = payload;
+  op->done = std::move(done);
+  op->header.assign(header_bytes.begin(), header_bytes.end());
+  PostSend(op);
+}
+
+void UcxLane::PostSend(SendOp* op) {
+  // Always through the queue, even on the progress thread: `done` then never runs inside the
+  // caller's Send(), which callers holding locks would not expect.
+  if (Enqueue([this, op] { StartSend(op); })) return;
+  // Stopped for good: no progress thread will ever run `done`, so run it here, once.
+  CompleteSend(op, Aborted("ucx lane '" + name_ + "' is stopped"));
+  delete op;
+}
+
+void UcxLane::Defer(std::function<void()> fn) {
+  if (!Enqueue(std::move(fn))) {
+    GL_LOG(kDebug) << "ucx lane '" << name_ << "': dropped a deferred call after Stop()";
+  }
+}
+
+void UcxLane::Stop() {
+  if (OnProgressThread()) {
+    // Cannot join ourselves: ask the loop to wind down once this callback returns. A later
+    // Stop() or the destructor from another thread joins it.
+    stop_requested_.store(true);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  if (thread_.joinable()) {
+    stop_requested_.store(true);
+    Wake();
+    thread_.join();
+  } else if (!shut_down_) {
+    // Never started: nothing else uses the worker, so clean up on this thread.
+    stop_requested_.store(true);
+    Shutdown();
+  }
+}
+
+LaneStats UcxLane::stats() const {
+  LaneStats s;
+  s.frames_sent = frames_sent_.load(std::memory_order_relaxed);
+  s.frames_received = frames_received_.load(std::memory_order_relaxed);
+  s.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
+  s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
+  s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
+  return s;
+}
+
+// ---- Progress thread --------------------------------------------------------------------------
+
+void UcxLane::ProgressLoop() {
+  t_progress_lane = this;
+  bool arm_failure_logged = false;
+  while (!stop_requested_.load(std::memory_order_acquire)) {
+    RunQueued();
+    while (ProgressOnce() != 0) {
+    }
+
+    // Short spin: a reply often arrives within microseconds, and sleeping through it would cost
+    // a syscall and a context switch each way.
+    bool active = false;
+    const auto spin_end = Clock::now() + kSpin;
+    while (Clock::now() < spin_end) {
+      if (queue_nonempty_.load(std::memory_order_acquire) || ProgressOnce() != 0 ||
+          stop_requested_.load(std::memory_order_relaxed)) {
+        active = true;
+        break;
+      }
+    }
+    if (active) continue;
+
+    ucs_status_t s = ucp_worker_arm(worker_);
+    if (s == UCS_ERR_BUSY) continue;  // events arrived meanwhile
+    int timeout_ms = kPollTimeoutMs;
+    if (s != UCS_OK) {
+      // No wake-up support from some transport: fall back to a bounded 1 ms nap, never a spin.
+      if (!arm_failure_logged) {
+        GL_LOG(kWarn) << "ucx lane '" << name_ << "': ucp_worker_arm: " << UcsError(s)
+                      << "; polling every 1 ms";
+        arm_failure_logged = true;
+      }
+      timeout_ms = 1;
+    }
+    if (queue_nonempty_.load(std::memory_order_acquire)) continue;
+
+    // The wake fd first: without a working arm only it is polled.
+    pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {worker_fd_, POLLIN, 0}};
+    int n = poll(fds, s == UCS_OK ? 2 : 1, timeout_ms);
+    if (n > 0 && (fds[0].revents & POLLIN)) {
+      uint64_t v;
+      ssize_t r = read(wake_fd_, &v, sizeof(v));
+      (void)r;
+    }
+  }
+  Shutdown();
+  t_progress_lane = nullptr;
+}
+
+bool UcxLane::RunQueued() {
+  std::deque<std::function<void()>> batch;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    batch.swap(queue_);
+    queue_nonempty_.store(false, std::memory_order_relaxed);
+  }
+  for (auto& fn : batch) fn();
+  bool ran = !batch.empty();
+  // Queued work (a send hitting a failed peer) may have scheduled closes.
+  ran |= RunAfterProgress();
+  return ran;
+}
+
+unsigned UcxLane::ProgressOnce() {
+  unsigned n = ucp_worker_progress(worker_);
+  if (RunAfterProgress()) ++n;
+  return n;
+}
+
+// Work that must not run inside a ucp callback (closing endpoints re-enters UCX) runs here,
+// right after ucp_worker_progress() returns.
+bool UcxLane::RunAfterProgress() {
+  if (after_progress_.empty() && reply_eps_to_close_.empty()) return false;
+  std::vector<std::function<void()>> work;
+  work.swap(after_progress_);
+  for (auto& fn : work) fn();
+  std::unordered_set<ucp_ep_h> eps;
+  eps.swap(reply_eps_to_close_);
+  for (ucp_ep_h ep : eps) CloseEp(ep);
+  return true;
+}
+
+void UcxLane::Shutdown() {
+  stopping_ = true;
+  // Drain until the queue is closed while empty: everything queued before that point runs
+  // (sends complete with kAborted because stopping_ is set), and every later Send() runs its
+  // callback on the caller's thread.
+  for (;;) {
+    std::deque<std::function<void()>> batch;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      batch.swap(queue_);
+      queue_nonempty_.store(false, std::memory_order_relaxed);
+      if (batch.empty()) queue_closed_ = true;
+    }
+    if (batch.empty()) break;
+    for (auto& fn : batch) fn();
+  }
+
+  // Pending sends complete with kAborted now; UCX gives their requests back during the closes
+  // below, and OnSendDone then only frees them.
+  const Status aborted = Aborted("ucx lane '" + name_ + "' stopped");
+  for (auto& peer : peers_) {
+    std::vector<SendOp*> ops(peer->in_flight.begin(), peer->in_flight.end());
+    for (SendOp* op : ops) CompleteSend(op, aborted);
+  }
+  RunAfterProgress();
+  for (auto& peer : peers_) {
+    if (peer->ep != nullptr) {
+      ucp_ep_h ep = peer->ep;
+      peer->ep = nullptr;
+      CloseEp(ep);
+    }
+  }
+  const auto deadline = Clock::now() + kCloseDeadline;
+  while (worker_ != nullptr && closes_in_flight_ > 0 && Clock::now() < deadline) {
+    if (ProgressOnce() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  if (closes_in_flight_ > 0) {
+    GL_LOG(kWarn) << "ucx lane '" << name_ << "': " << closes_in_flight_
+                  << " endpoint close(s) still pending after "
+                  << std::chrono::duration_cast<std::chrono::milliseconds>(kCloseDeadline)
+                         .count()
+                  << " ms; destroying the worker anyway";
+  }
+
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  worker_ = nullptr;
+
+  // Whatever UCX did not give back is ours now; the worker (and with it every request) is gone.
+  for (SendOp* op : sends_in_ucx_) {
+    CompleteSend(op, aborted);
+    delete op;
+  }
+  sends_in_ucx_.clear();
+  for (auto& peer : peers_) peer->in_flight.clear();
+  for (RecvOp* op : recvs_in_flight_) {
+    if (receiver_ != nullptr) receiver_->OnReceiveFailed(op->header, aborted);
+    delete op;
+  }
+  recvs_in_flight_.clear();
+  shut_down_ = true;
+}
+
+void UcxLane::StartSend(SendOp* op) {
+  Peer* peer = nullptr;
+  if (op->peer < peers_.size()) peer = peers_[op->peer].get();
+  Status reject = op->early;
+  if (reject.ok()) {
+    if (stopping_) {
+      reject = Aborted("ucx lane '" + name_ + "' stopped");
+    } else if (peer == nullptr) {
+      reject = InvalidArgument("ucx lane '" + name_ + "': unknown peer " +
+                               std::to_string(op->peer));
+    } else if (peer->failed) {
+      reject = peer->failure;
+    }
+  }
+  if (!reject.ok()) {
+    CompleteSend(op, reject);
+    delete op;
+    return;
+  }
+
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+  param.cb.send = &UcxLane::SendCallbackThunk;
+  param.user_data = op;
+  // REPLY gives the receiver our endpoint, so it can close it when we send garbage.
+  param.flags = UCP_AM_SEND_FLAG_REPLY;
+  param.memory_type = UCS_MEMORY_TYPE_HOST;
+  ucs_status_ptr_t r = ucp_am_send_nbx(peer->ep, kAmId, op->header.data(), op->header.size(),
+                                       op->payload.data(), op->payload.size(), &param);
+  if (r == nullptr) {
+    OnSendDone(op, UCS_OK);
+    return;
+  }
+  if (UCS_PTR_IS_ERR(r)) {
+    OnSendDone(op, UCS_PTR_STATUS(r));
+    return;
+  }
+  peer->in_flight.insert(op);
+  sends_in_ucx_.insert(op);
+}
+
+void UcxLane::CompleteSend(SendOp* op, const Status& status) {
+  if (op->done_called) return;
+  op->done_called = true;
+  if (op->done) op->done(status);
+}
+
+// UCX is done with `op`: completed, failed, or purged by an endpoint close.
+void UcxLane::OnSendDone(SendOp* op, ucs_status_t status) {
+  Peer* peer = op->peer < peers_.size() ? peers_[op->peer].get() : nullptr;
+  if (peer != nullptr) peer->in_flight.erase(op);
+  sends_in_ucx_.erase(op);
+  if (status == UCS_OK) {
+    frames_sent_.fetch_add(1, std::memory_order_relaxed);
+    bytes_sent_.fetch_add(op->payload.size(), std::memory_order_relaxed);
+    CompleteSend(op, Status::Ok());
+  } else if (!op->done_called) {
+    if (stopping_) {
+      CompleteSend(op, Aborted("ucx lane '" + name_ + "' stopped"));
+    } else if (IsLocalSendError(status)) {
+      CompleteSend(op, LocalSendError(status, "ucx lane '" + name_ + "': send to '" +
+                                                  (peer ? peer->name : std::string("?")) +
+                                                  "'"));
+    } else if (peer != nullptr) {
+      // UCX reports a dead endpoint to the requests (often before the error handler runs); the
+      // first report decides the peer's sticky status either way.
+      FailPeer(peer, PeerLostStatus(*peer, status));
+      CompleteSend(op, peer->failure);
+    } else {
+      CompleteSend(op, Internal("ucx lane '" + name_ + "': send failed: " + UcsError(status)));
+    }
+  }
+  delete op;
+}
+
+Status UcxLane::PeerLostStatus(const Peer& peer, ucs_status_t s) const {
+  return PeerLost("ucx lane '" + name_ + "': peer '" + peer.name + "' failed: " + UcsError(s));
+}
+
+void UcxLane::FailPeer(Peer* peer, Status status) {
+  if (peer->failed) return;
+  peer->failed = true;
+  peer->failure = std::move(status);
+  if (!stopping_) {
+    GL_LOG(kWarn) << peer->failure.ToString();
+    if (receiver_ != nullptr) receiver_->OnPeerFailed(peer->id, peer->failure);
+  }
+  std::vector<SendOp*> ops(peer->in_flight.begin(), peer->in_flight.end());
+  for (SendOp* op : ops) CompleteSend(op, peer->failure);
+  // UCX wants a failed endpoint closed by its owner; do it outside any ucp callback.
+  after_progress_.push_back([this, peer] {
+    if (peer->ep == nullptr) return;
+    ucp_ep_h ep = peer->ep;
+    peer->ep = nullptr;
+    CloseEp(ep);
+  });
+}
+
+void UcxLane::CloseEp(ucp_ep_h ep) {
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  // FORCE: do not flush towards a peer that is dead or hostile; pending requests are purged.
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  param.cb.send = &UcxLane::CloseCallbackThunk;
+  param.user_data = this;
+  ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &param);
+  if (r == nullptr) return;
+  if (UCS_PTR_IS_ERR(r)) {
+    GL_LOG(kDebug) << "ucx lane '" << name_ << "': ucp_ep_close_nbx: "
+                   << UcsError(UCS_PTR_STATUS(r));
+    return;
+  }
+  ++closes_in_flight_;
+}
+
+ucs_status_t UcxLane::OnActiveMessage(const void* header, size_t header_length, void* data,
+                                      size_t length, const ucp_am_recv_param_t* param) {
+  // Returning UCS_OK without receiving drops the data, rendezvous included: UCX then
+  // completes the sender's request with OK.
+  if (stopping_ || receiver_ == nullptr) return UCS_OK;
+  if (header_length != wire::kHeaderSize || header == nullptr) {
+    RejectFrame(param, "header of " + std::to_string(header_length) + " bytes");
+    return UCS_OK;
+  }
+  Result<wire::Header> h = wire::DecodeHeader(
+      std::span<const std::byte>(static_cast<const std::byte*>(header), header_length));
+  if (!h.ok()) {
+    RejectFrame(param, h.status().ToString());
+    return UCS_OK;
+  }
+  if (h->payload_bytes != length) {
+    RejectFrame(param, "header says " + std::to_string(h->payload_bytes) +
+                           " payload bytes, frame carries " + std::to_string(length));
+    return UCS_OK;
+  }
+  frames_received_.fetch_add(1, std::memory_order_relaxed);
+
+  Result<std::span<std::byte>> dest = receiver_->OnHeader(*h);
+  if (!dest.ok()) {
+    GL_LOG(kDebug) << "ucx lane '" << name_ << "': receiver dropped a frame: "
+                   << dest.status().ToString();
+    return UCS_OK;
+  }
+  if (dest->size() != length) {
+    receiver_->OnReceiveFailed(
+        *h, Internal("ucx lane '" + name_ + "': receiver gave a span of " +
+                     std::to_string(dest->size()) + " bytes for a payload of " +
+                     std::to_string(length)));
+    return UCS_OK;
+  }
+
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    GL_LOG(kDebug) << "ucx lane '" << name_ << "': rendezvous receive of " << length
+                   << " bytes";
+    auto* op = new RecvOp{this, *h, *dest};
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                      UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    rp.cb.recv_am = &UcxLane::RecvCallbackThunk;
+    rp.user_data = op;
+    rp.memory_type = UCS_MEMORY_TYPE_HOST;
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, data, dest->data(), dest->size(), &rp);
+    if (r == nullptr) {
+      OnRecvDone(op, UCS_OK, length);
+    } else if (UCS_PTR_IS_ERR(r)) {
+      OnRecvDone(op, UCS_PTR_STATUS(r), 0);
+    } else {
+      recvs_in_flight_.insert(op);
+    }
+    return UCS_OK;
+  }
+
+  if (length > 0) std::memcpy(dest->data(), data, length);
+  bytes_received_.fetch_add(length, std::memory_order_relaxed);
+  receiver_->OnPayload(*h, *dest);
+  return UCS_OK;
+}
+
+void UcxLane::RejectFrame(const ucp_am_recv_param_t* param, const std::string& why) {
+  protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+  ucp_ep_h reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep
+                                                                           : nullptr;
+  GL_LOG(kWarn) << "ucx lane '" << name_ << "': dropping bad frame (" << why << "); "
+                << (reply_ep != nullptr ? "closing its connection"
+                                        : "sender gave no reply endpoint to close");
+  if (reply_ep == nullptr) return;
+  // UCX may have matched the sender's endpoint with one we created by Connect(): then the
+  // connection is that peer's, and it fails like any other.
+  for (auto& peer : peers_) {
+    if (peer->ep == reply_ep) {
+      FailPeer(peer.get(), ProtocolError("ucx lane '" + name_ + "': peer '" + peer->name +
+                                         "' sent a bad frame (" + why + ")"));
+      return;
+    }
+  }
+  reply_eps_to_close_.insert(reply_ep);  // a set: several bad frames, one close
+}
+
+void UcxLane::OnRecvDone(RecvOp* op, ucs_status_t status, size_t length) {
+  recvs_in_flight_.erase(op);
+  if (receiver_ != nullptr) {
+    if (status == UCS_OK && length == op->dest.size()) {
+      bytes_received_.fetch_add(length, std::memory_order_relaxed);
+      receiver_->OnPayload(op->header, op->dest);
+    } else if (status == UCS_OK) {
+      receiver_->OnReceiveFailed(
+          op->header, ProtocolError("ucx lane '" + name_ + "': received " +
+                                    std::to_string(length) + " of " +
+                                    std::to_string(op->dest.size()) + " payload bytes"));
+    } else if (stopping_) {
+      receiver_->OnReceiveFailed(op->header, Aborted("ucx lane '" + name_ + "' stopped"));
+    } else {
+      receiver_->OnReceiveFailed(
+          op->header,
+          PeerLost("ucx lane '" + name_ + "': receiving a payload failed: " + UcsError(status)));
+    }
+  }
+  delete op;
+}
+
+void UcxLane::SendCallbackThunk(void* request, ucs_status_t status, void* user_data) {
+  auto* op = static_cast<SendOp*>(user_data);
+  ucp_request_free(request);
+  op->lane->OnSendDone(op, status);
+}
+
+void UcxLane::RecvCallbackThunk(void* request, ucs_status_t status, size_t length,
+                                void* user_data) {
+  auto* op = static_cast<RecvOp*>(user_data);
+  ucp_request_free(request);
+  op->lane->OnRecvDone(op, status, length);
+}
+
+void UcxLane::CloseCallbackThunk(void* request, ucs_status_t /*status*/, void* user_data) {
+  ucp_request_free(request);
+  --static_cast<UcxLane*>(user_data)->closes_in_flight_;
+}
+
+void UcxLane::ErrorHandlerThunk(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* peer = static_cast<Peer*>(arg);
+  if (peer->ep != ep) return;  // already closed by us
+  peer->lane->FailPeer(peer, peer->lane->PeerLostStatus(*peer, status));
+}
+
+ucs_status_t UcxLane::AmCallbackThunk(void* arg, const void* header, size_t header_length,
+                                      void* data, size_t length,
+                                      const ucp_am_recv_param_t* param) {
+  return static_cast<UcxLane*>(arg)->OnActiveMessage(header, header_length, data, length,
+                                                     param);
+}
+
+class UcxFabric final : public Fabric {
+ public:
+  explicit UcxFabric(std::shared_ptr<UcxContext> context) : context_(std::move(context)) {}
+
+  Result<std::unique_ptr<Lane>> CreateLane(std::string name) override {
+    return UcxLane::Create(context_, std::move(name));
+  }
+  std::string_view kind() const override { return "ucx"; }
+
+ private:
+  std::shared_ptr<UcxContext> context_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Fabric>> CreateUcxFabric() {
+  // ucp_config_read picks up UCX_TLS, UCX_NET_DEVICES etc. from the environment.
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  if (s != UCS_OK) return Unavailable(std::string("ucx: ucp_config_read: ") + UcsError(s));
+
+  ucp_params_t params{};
+  params.field_mask =
+      UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  // Lanes run their workers on different threads; shared context state must be locked.
+  params.mt_workers_shared = 1;
+  params.name = "gradlink";
+  auto context = std::make_shared<UcxContext>();
+  s = ucp_init(&params, config, &context->context);
+  ucp_config_release(config);
+  if (s != UCS_OK) {
+    context->context = nullptr;
+    return Unavailable(std::string("ucx: ucp_init: ") + UcsError(s));
+  }
+  return std::unique_ptr<Fabric>(new UcxFabric(std::move(context)));
+}
+
+}  // namespace gradlink::transport

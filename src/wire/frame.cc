@@ -1,0 +1,160 @@
+#include "wire/frame.h"
+
+#include <string>
+
+namespace gradlink::wire {
+namespace {
+
+template <typename T>
+void Put(std::byte* p, T v) {
+  for (size_t i = 0; i < sizeof(T); ++i) p[i] = std::byte((v >> (8 * i)) & 0xFF);
+}
+
+template <typename T>
+T Get(const std::byte* p) {
+  T v = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) v |= T(std::to_integer<uint8_t>(p[i])) << (8 * i);
+  return v;
+}
+
+// Offsets of the header fields; see docs/wire_format.md.
+enum Offset : size_t {
+  kOffMagic = 0,
+  kOffVersion = 4,
+  kOffType = 5,
+  kOffFlags = 6,
+  kOffJob = 8,
+  kOffSender = 12,
+  kOffKey = 16,
+  kOffPartition = 24,
+  kOffDtype = 28,
+  kOffCode = 29,
+  kOffReserved = 30,  // u16, must be zero
+  kOffRound = 32,
+  kOffCount = 40,
+  kOffPayload = 48,
+  kOffCookie = 56,
+};
+
+bool IsKnownType(uint8_t t) {
+  return (t >= 1 && t <= 10) || (t >= 32 && t <= 34);
+}
+
+}  // namespace
+
+bool IsControlType(MsgType t) { return static_cast<uint8_t>(t) < 32; }
+bool IsDataType(MsgType t) { return static_cast<uint8_t>(t) >= 32; }
+
+HeaderBytes EncodeHeader(const Header& h) {
+  HeaderBytes b{};
+  std::byte* p = b.data();
+  Put<uint32_t>(p + kOffMagic, kMagic);
+  Put<uint8_t>(p + kOffVersion, kVersion);
+  Put<uint8_t>(p + kOffType, static_cast<uint8_t>(h.type));
+  Put<uint16_t>(p + kOffFlags, h.flags);
+  Put<uint32_t>(p + kOffJob, h.job);
+  Put<uint32_t>(p + kOffSender, h.sender);
+  Put<uint64_t>(p + kOffKey, h.key);
+  Put<uint32_t>(p + kOffPartition, h.partition);
+  Put<uint8_t>(p + kOffDtype, h.dtype);
+  Put<uint8_t>(p + kOffCode, h.code);
+  Put<uint16_t>(p + kOffReserved, 0);
+  Put<uint64_t>(p + kOffRound, h.round);
+  Put<uint64_t>(p + kOffCount, h.count);
+  Put<uint64_t>(p + kOffPayload, h.payload_bytes);
+  Put<uint64_t>(p + kOffCookie, h.cookie);
+  return b;
+}
+
+Status CheckDataShape(DataType dtype, uint64_t count, uint64_t payload_bytes) {
+  const uint64_t size = DataTypeSize(dtype);
+  if (size == 0) return ProtocolError("invalid dtype");
+  // count * size == payload_bytes, written so that no product can overflow.
+  if (payload_bytes % size != 0 || payload_bytes / size != count) {
+    return ProtocolError("payload of " + std::to_string(payload_bytes) + " bytes does not hold " +
+                         std::to_string(count) + " elements of " +
+                         std::string(DataTypeName(dtype)));
+  }
+  return Status::Ok();
+}
+
+Result<Header> DecodeHeader(std::span<const std::byte> bytes) {
+  if (bytes.size() < kHeaderSize) {
+    return ProtocolError("frame header truncated: " + std::to_string(bytes.size()) + " of " +
+                         std::to_string(kHeaderSize) + " bytes");
+  }
+  const std::byte* p = bytes.data();
+  const uint32_t magic = Get<uint32_t>(p + kOffMagic);
+  if (magic != kMagic) return ProtocolError("bad magic " + std::to_string(magic));
+  const uint8_t version = Get<uint8_t>(p + kOffVersion);
+  if (version != kVersion) {
+    return ProtocolError("unsupported version " + std::to_string(version) + " (expected " +
+                         std::to_string(kVersion) + ")");
+  }
+  const uint8_t type = Get<uint8_t>(p + kOffType);
+  if (!IsKnownType(type)) return ProtocolError("unknown message type " + std::to_string(type));
+  if (Get<uint16_t>(p + kOffReserved) != 0) return ProtocolError("reserved header bytes not zero");
+
+  Header h;
+  h.type = static_cast<MsgType>(type);
+  h.flags = Get<uint16_t>(p + kOffFlags);
+  h.job = Get<uint32_t>(p + kOffJob);
+  h.sender = Get<uint32_t>(p + kOffSender);
+  h.key = Get<uint64_t>(p + kOffKey);
+  h.partition = Get<uint32_t>(p + kOffPartition);
+  h.dtype = Get<uint8_t>(p + kOffDtype);
+  h.code = Get<uint8_t>(p + kOffCode);
+  h.round = Get<uint64_t>(p + kOffRound);
+  h.count = Get<uint64_t>(p + kOffCount);
+  h.payload_bytes = Get<uint64_t>(p + kOffPayload);
+  h.cookie = Get<uint64_t>(p + kOffCookie);
+
+  if ((h.flags & ~kKnownFlags) != 0) return ProtocolError("unknown flags " + std::to_string(h.flags));
+  if (h.code > kMaxCode) return ProtocolError("status code out of range: " + std::to_string(h.code));
+
+  if (IsControlType(h.type)) {
+    if (h.payload_bytes > kMaxControlPayload) {
+      return ProtocolError("control payload of " + std::to_string(h.payload_bytes) +
+                           " bytes exceeds " + std::to_string(kMaxControlPayload));
+    }
+    return h;
+  }
+  // Data frames.
+  if (h.type == MsgType::kDataError) {
+    if (h.payload_bytes > kMaxControlPayload) return ProtocolError("error message too long");
+    return h;
+  }
+  if (h.payload_bytes > kMaxDataPayload) {
+    return ProtocolError("data payload of " + std::to_string(h.payload_bytes) +
+                         " bytes exceeds " + std::to_string(kMaxDataPayload));
+  }
+  if (!IsValidDataType(h.dtype)) return ProtocolError("invalid dtype " + std::to_string(h.dtype));
+  GL_RETURN_IF_ERROR(CheckDataShape(static_cast<DataType>(h.dtype), h.count, h.payload_bytes));
+  return h;
+}
+
+uint32_t JobHash(std::string_view job) {
+  uint32_t h = 2166136261u;
+  for (char c : job) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 16777619u;
+  }
+  return h;
+}
+
+uint64_t TensorKey(std::string_view job, std::string_view name) {
+  uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](std::string_view s) {
+    for (char c : s) {
+      h ^= static_cast<uint8_t>(c);
+      h *= 1099511628211ull;
+    }
+  };
+  mix(job);
+  h ^= 0xFF;  // separator: ("ab","c") and ("a","bc") differ
+  h *= 1099511628211ull;
+  mix(name);
+  return h;
+}
+
+}  // namespace gradlink::wire

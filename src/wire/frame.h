@@ -1,0 +1,86 @@
+// The one frame header of every gradlink message, its codec and its validation.
+//
+// Pure functions, no I/O: everything a peer sends passes through DecodeHeader() before any other
+// code looks at it. A header that fails validation is a kProtocolError; the caller closes that
+// connection and counts it. Layout (little-endian, 64 bytes) is documented in docs/wire_format.md.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "gradlink/status.h"
+#include "gradlink/tensor.h"
+
+namespace gradlink::wire {
+
+inline constexpr uint32_t kMagic = 0x314B4C47;  // "GLK1" little-endian
+inline constexpr uint8_t kVersion = 1;
+inline constexpr size_t kHeaderSize = 64;
+
+// Upper bounds on payloads a receiver accepts. Data frames carry one partition.
+inline constexpr uint64_t kMaxControlPayload = 1u << 20;        // 1 MiB
+inline constexpr uint64_t kMaxDataPayload = uint64_t{1} << 30;  // 1 GiB per partition
+
+// Sender id used by the scheduler.
+inline constexpr uint32_t kSchedulerId = 0xFFFFFFFFu;
+
+enum class MsgType : uint8_t {
+  // Control plane (TCP, scheduler <-> members).
+  kRegister = 1,       // member -> scheduler: role, addresses
+  kWelcome = 2,        // scheduler -> member: your id + the address book
+  kDeclare = 3,        // worker -> scheduler: key, name, dtype, count
+  kAssign = 4,         // scheduler -> servers (acked) and workers: partitions of a key
+  kAssignAck = 5,      // server -> scheduler
+  kBarrier = 6,        // worker -> scheduler
+  kBarrierRelease = 7, // scheduler -> worker
+  kGoodbye = 8,        // member -> scheduler: I am done (clean leave)
+  kShutdown = 9,       // scheduler -> members: the job is over
+  kAbort = 10,         // scheduler -> members: the job failed (status code + message)
+  // Data plane (transport lanes).
+  kPush = 32,          // worker -> server: one partition of one round (+ pull request)
+  kPullResponse = 33,  // server -> worker: the round's result for that partition
+  kDataError = 34,     // server -> worker: the partition's round failed (status + message)
+};
+
+bool IsControlType(MsgType t);
+bool IsDataType(MsgType t);
+
+// Flag bits.
+inline constexpr uint16_t kFlagAverage = 1u << 0;  // kPush: divide the sum by the worker count
+inline constexpr uint16_t kKnownFlags = kFlagAverage;
+
+struct Header {
+  MsgType type{};
+  uint16_t flags = 0;
+  uint32_t job = 0;         // hash of the job name; every frame of a job carries it
+  uint32_t sender = 0;      // worker rank, server id, or kSchedulerId
+  uint64_t key = 0;         // tensor key (hash of job and name)
+  uint32_t partition = 0;   // partition index within the key
+  uint8_t dtype = 0;        // DataType on data frames, 0 on control frames
+  uint8_t code = 0;         // Code on kAbort / kDataError, else 0
+  uint64_t round = 0;       // round number on data frames
+  uint64_t count = 0;       // elements in the payload (data frames)
+  uint64_t payload_bytes = 0;
+  uint64_t cookie = 0;      // opaque to the receiver, echoed in the reply
+};
+
+using HeaderBytes = std::array<std::byte, kHeaderSize>;
+
+HeaderBytes EncodeHeader(const Header& h);
+
+// Decodes and validates a header: magic, version, type, flags, reserved bytes, dtype and code
+// ranges, payload bounds for the type, and for data frames count * dtype size == payload_bytes
+// (computed without overflow). `bytes` must hold at least kHeaderSize bytes.
+Result<Header> DecodeHeader(std::span<const std::byte> bytes);
+
+// Element count that fits in `bytes` of `dtype`; payload_bytes / size with overflow checks.
+// Returns kProtocolError when the product of count and size would not fit or differs.
+Status CheckDataShape(DataType dtype, uint64_t count, uint64_t payload_bytes);
+
+// 32-bit and 64-bit FNV-1a hashes; stable across runs, platforms and versions.
+uint32_t JobHash(std::string_view job);
+uint64_t TensorKey(std::string_view job, std::string_view name);
+
+}  // namespace gradlink::wire

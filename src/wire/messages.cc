@@ -1,0 +1,148 @@
+#include "wire/messages.h"
+
+#include "wire/codec.h"
+
+namespace gradlink::wire {
+namespace {
+
+Status Bad(std::string_view what) { return ProtocolError("malformed " + std::string(what)); }
+
+void PutMember(Writer& w, Role role, uint32_t id, const std::string& host,
+               const std::vector<std::byte>& push, const std::vector<std::byte>& pull) {
+  w.U8(static_cast<uint8_t>(role));
+  w.U32(id);
+  w.Str(host);
+  w.Bytes(push);
+  w.Bytes(pull);
+}
+
+bool GetRole(Reader& r, Role* role) {
+  uint8_t v;
+  if (!r.U8(&v) || (v != 1 && v != 2)) return false;
+  *role = static_cast<Role>(v);
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::byte> Encode(const RegisterMsg& m) {
+  Writer w;
+  w.U8(static_cast<uint8_t>(m.role));
+  w.I32(m.requested_rank);
+  w.Str(m.host);
+  w.Bytes(m.push_address);
+  w.Bytes(m.pull_address);
+  return w.Take();
+}
+
+Result<RegisterMsg> DecodeRegister(std::span<const std::byte> b) {
+  Reader r(b);
+  RegisterMsg m;
+  if (!GetRole(r, &m.role) || !r.I32(&m.requested_rank) || !r.Str(&m.host, kMaxNameLength) ||
+      !r.Bytes(&m.push_address, kMaxAddressLength) ||
+      !r.Bytes(&m.pull_address, kMaxAddressLength) || !r.Done()) {
+    return Bad("register message");
+  }
+  if (m.requested_rank < -1) return Bad("register message (negative rank)");
+  return m;
+}
+
+std::vector<std::byte> Encode(const WelcomeMsg& m) {
+  Writer w;
+  w.U32(m.your_id);
+  w.U32(m.num_workers);
+  w.U32(m.num_servers);
+  w.U32(static_cast<uint32_t>(m.members.size()));
+  for (const Member& x : m.members) PutMember(w, x.role, x.id, x.host, x.push_address, x.pull_address);
+  return w.Take();
+}
+
+Result<WelcomeMsg> DecodeWelcome(std::span<const std::byte> b) {
+  Reader r(b);
+  WelcomeMsg m;
+  uint32_t n;
+  if (!r.U32(&m.your_id) || !r.U32(&m.num_workers) || !r.U32(&m.num_servers) || !r.U32(&n) ||
+      n > kMaxMembers || uint64_t{m.num_workers} + m.num_servers != n) {
+    return Bad("welcome message");
+  }
+  m.members.resize(n);
+  for (Member& x : m.members) {
+    if (!GetRole(r, &x.role) || !r.U32(&x.id) || !r.Str(&x.host, kMaxNameLength) ||
+        !r.Bytes(&x.push_address, kMaxAddressLength) ||
+        !r.Bytes(&x.pull_address, kMaxAddressLength)) {
+      return Bad("welcome message member");
+    }
+    const uint32_t limit = x.role == Role::kWorker ? m.num_workers : m.num_servers;
+    if (x.id >= limit) return Bad("welcome message (member id out of range)");
+  }
+  if (!r.Done()) return Bad("welcome message (trailing bytes)");
+  return m;
+}
+
+std::vector<std::byte> Encode(const DeclareMsg& m) {
+  Writer w;
+  w.Str(m.name);
+  w.U64(m.partition_bytes);
+  return w.Take();
+}
+
+Result<DeclareMsg> DecodeDeclare(std::span<const std::byte> b) {
+  Reader r(b);
+  DeclareMsg m;
+  if (!r.Str(&m.name, kMaxNameLength) || !r.U64(&m.partition_bytes) || !r.Done() ||
+      m.partition_bytes == 0) {
+    return Bad("declare message");
+  }
+  return m;
+}
+
+std::vector<std::byte> Encode(const AssignMsg& m) {
+  Writer w;
+  w.Str(m.name);
+  w.U32(static_cast<uint32_t>(m.partitions.size()));
+  for (const PartitionPlan& p : m.partitions) {
+    w.U64(p.offset);
+    w.U64(p.count);
+    w.U32(p.server);
+  }
+  return w.Take();
+}
+
+Result<AssignMsg> DecodeAssign(std::span<const std::byte> b, uint64_t total_count,
+                               uint32_t num_servers) {
+  Reader r(b);
+  AssignMsg m;
+  uint32_t n;
+  if (!r.Str(&m.name, kMaxNameLength) || !r.U32(&n) || n > kMaxPartitions) {
+    return Bad("assign message");
+  }
+  // Each partition takes 20 bytes: check before allocating.
+  if (r.remaining() / 20 < n) return Bad("assign message (truncated)");
+  m.partitions.resize(n);
+  uint64_t next = 0;
+  for (PartitionPlan& p : m.partitions) {
+    if (!r.U64(&p.offset) || !r.U64(&p.count) || !r.U32(&p.server)) return Bad("assign message");
+    if (p.offset != next || p.count == 0 || p.count > total_count - next ||
+        p.server >= num_servers) {
+      return Bad("assign message (partitions do not tile the tensor)");
+    }
+    next += p.count;
+  }
+  if (next != total_count || !r.Done()) return Bad("assign message (coverage)");
+  return m;
+}
+
+std::vector<std::byte> EncodeText(std::string_view text) {
+  Writer w;
+  w.Str(text.substr(0, kMaxMessageLength));
+  return w.Take();
+}
+
+Result<std::string> DecodeText(std::span<const std::byte> b) {
+  Reader r(b);
+  std::string s;
+  if (!r.Str(&s, kMaxMessageLength) || !r.Done()) return Bad("text message");
+  return s;
+}
+
+}  // namespace gradlink::wire

@@ -1,0 +1,83 @@
+// Payloads of the control frames (scheduler <-> members) and of kDataError.
+//
+// Encode* never fails; Decode* validates everything (lengths, counts, enum ranges) and returns
+// kProtocolError naming what was wrong. Bounds keep a peer from making us allocate much.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gradlink/status.h"
+#include "gradlink/tensor.h"
+
+namespace gradlink::wire {
+
+inline constexpr uint32_t kMaxNameLength = 4096;
+inline constexpr uint32_t kMaxAddressLength = 16384;
+inline constexpr uint32_t kMaxMembers = 4096;
+inline constexpr uint32_t kMaxPartitions = 1u << 20;
+inline constexpr uint32_t kMaxMessageLength = 8192;
+
+enum class Role : uint8_t { kWorker = 1, kServer = 2 };
+
+// kRegister payload.
+struct RegisterMsg {
+  Role role = Role::kWorker;
+  int32_t requested_rank = -1;  // workers: a rank to claim (torchrun's RANK), -1: any
+  std::string host;             // for messages and the address book
+  std::vector<std::byte> push_address;  // transport lane addresses
+  std::vector<std::byte> pull_address;
+};
+
+struct Member {
+  Role role = Role::kWorker;
+  uint32_t id = 0;  // worker rank or server id
+  std::string host;
+  std::vector<std::byte> push_address;
+  std::vector<std::byte> pull_address;
+};
+
+// kWelcome payload: who you are and everyone's addresses.
+struct WelcomeMsg {
+  uint32_t your_id = 0;
+  uint32_t num_workers = 0;
+  uint32_t num_servers = 0;
+  std::vector<Member> members;
+};
+
+// kDeclare payload (key, dtype and count travel in the header).
+struct DeclareMsg {
+  std::string name;
+  uint64_t partition_bytes = 0;
+};
+
+struct PartitionPlan {
+  uint64_t offset = 0;  // first element
+  uint64_t count = 0;   // elements
+  uint32_t server = 0;  // owning server id
+};
+
+// kAssign payload (key, dtype and total count travel in the header).
+struct AssignMsg {
+  std::string name;
+  std::vector<PartitionPlan> partitions;
+};
+
+std::vector<std::byte> Encode(const RegisterMsg& m);
+std::vector<std::byte> Encode(const WelcomeMsg& m);
+std::vector<std::byte> Encode(const DeclareMsg& m);
+std::vector<std::byte> Encode(const AssignMsg& m);
+std::vector<std::byte> EncodeText(std::string_view text);
+
+Result<RegisterMsg> DecodeRegister(std::span<const std::byte> b);
+Result<WelcomeMsg> DecodeWelcome(std::span<const std::byte> b);
+Result<DeclareMsg> DecodeDeclare(std::span<const std::byte> b);
+// Checks too that partitions are contiguous, non-empty, cover exactly `total_count` elements and
+// name servers below `num_servers`.
+Result<AssignMsg> DecodeAssign(std::span<const std::byte> b, uint64_t total_count,
+                               uint32_t num_servers);
+Result<std::string> DecodeText(std::span<const std::byte> b);
+
+}  // namespace gradlink::wire

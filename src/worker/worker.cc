@@ -1,0 +1,601 @@
+#include "gradlink/worker.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <thread>
+#include <unordered_map>
+
+#include "common/log.h"
+#include "common/naming.h"
+#include "transport/join.h"
+
+namespace gradlink {
+
+namespace internal {
+
+struct TensorState {
+  uint64_t key = 0;
+  std::string name;
+  DataType dtype{};
+  uint64_t count = 0;
+  // Guarded by WorkerImpl::mu_.
+  bool planned = false;
+  Status plan_status;                      // kMismatch when the workers disagree
+  std::vector<wire::PartitionPlan> parts;  // once planned
+  uint64_t next_round = 0;
+  bool busy = false;                       // an op of this tensor is in flight
+  std::deque<std::shared_ptr<Op>> queue;   // ops waiting for the plan or for the busy one
+};
+
+struct Op {
+  std::shared_ptr<TensorState> tensor;
+  std::span<std::byte> data;
+  PushPullOptions options;
+  uint64_t id = 0;
+  // Guarded by WorkerImpl::mu_.
+  uint64_t round = 0;
+  enum class Part : uint8_t { kQueued, kSent, kDone };
+  std::vector<Part> parts;
+  uint32_t outstanding = 0;  // partitions not yet pulled
+  uint32_t receiving = 0;    // pulls being written into `data` right now
+  Status failure;            // set once; the op completes when `receiving` drops to 0
+  bool started = false;   // holds its tensor's busy flag
+  bool finished = false;
+  // Completion, guarded by `mu`.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+};
+
+}  // namespace internal
+
+using internal::Op;
+using internal::TensorState;
+
+uint64_t TensorHandle::key() const { return state_->key; }
+const std::string& TensorHandle::name() const { return state_->name; }
+DataType TensorHandle::dtype() const { return state_->dtype; }
+uint64_t TensorHandle::count() const { return state_->count; }
+
+Status PushPullHandle::Wait(Clock::time_point deadline) const {
+  if (!op_) return InvalidArgument("Wait() on an empty PushPullHandle");
+  std::unique_lock<std::mutex> lock(op_->mu);
+  if (!op_->cv.wait_until(lock, deadline, [this] { return op_->done; })) {
+    return Timeout("push_pull of '" + op_->tensor->name + "' (round " +
+                   std::to_string(op_->round) + ") not complete at the deadline");
+  }
+  return op_->status;
+}
+
+bool PushPullHandle::Poll() const {
+  if (!op_) return true;
+  std::lock_guard<std::mutex> lock(op_->mu);
+  return op_->done;
+}
+
+namespace {
+
+using transport::Lane;
+using transport::PeerId;
+using wire::MsgType;
+
+constexpr auto kPoll = std::chrono::milliseconds(100);
+constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 46;
+
+}  // namespace
+
+class WorkerImpl final : public Worker {
+ public:
+  explicit WorkerImpl(const WorkerOptions& o) : opts_(o), job_hash_(wire::JobHash(o.job)) {}
+  ~WorkerImpl() override { Shutdown(Clock::now() + std::chrono::seconds(5)).IgnoreError(); }
+
+  Status Init() {
+    if (opts_.partition_bytes == 0) return InvalidArgument("partition_bytes must be positive");
+    const auto deadline = Clock::now() + opts_.connect_timeout;
+    GL_ASSIGN_OR_RETURN(fabric_, MakeFabric(opts_.transport, opts_.fabric));
+    GL_ASSIGN_OR_RETURN(push_lane_, fabric_->CreateLane("worker push lane"));
+    if (!opts_.single_lane) {
+      GL_ASSIGN_OR_RETURN(pull_lane_, fabric_->CreateLane("worker pull lane"));
+    }
+    GL_RETURN_IF_ERROR(push_lane_->Start(&receiver_));
+    if (pull_lane_) GL_RETURN_IF_ERROR(pull_lane_->Start(&receiver_));
+
+    wire::RegisterMsg reg;
+    reg.role = wire::Role::kWorker;
+    reg.requested_rank = opts_.rank;
+    reg.host = opts_.host_name.empty() ? LocalHostName() : opts_.host_name;
+    reg.push_address = push_lane_->address();
+    reg.pull_address = (pull_lane_ ? *pull_lane_ : *push_lane_).address();
+    GL_ASSIGN_OR_RETURN(Joined joined, JoinJob(opts_.scheduler, job_hash_, reg, deadline));
+    channel_ = std::move(joined.channel);
+    rank_ = joined.welcome.your_id;
+    size_ = joined.welcome.num_workers;
+    num_servers_ = joined.welcome.num_servers;
+    server_peers_.assign(num_servers_, 0);
+    server_names_.assign(num_servers_, "");
+    for (const wire::Member& m : joined.welcome.members) {
+      if (m.role != wire::Role::kServer) continue;
+      std::string name = "server " + std::to_string(m.id) + " (" + m.host + ")";
+      GL_ASSIGN_OR_RETURN(server_peers_[m.id], push_lane_->Connect(m.push_address, name));
+      server_names_[m.id] = std::move(name);
+    }
+    control_ = std::thread([this] { ControlLoop(); });
+    return Status::Ok();
+  }
+
+  uint32_t rank() const override { return rank_; }
+  uint32_t size() const override { return size_; }
+  uint32_t num_servers() const override { return num_servers_; }
+
+  Result<TensorHandle> Declare(std::string_view name, DataType dtype, uint64_t count) override {
+    if (name.empty() || name.size() > wire::kMaxNameLength) {
+      return InvalidArgument("tensor name must have 1 to " +
+                             std::to_string(wire::kMaxNameLength) + " characters");
+    }
+    if (DataTypeSize(dtype) == 0) return InvalidArgument("invalid dtype for '" + std::string(name) + "'");
+    if (count > kMaxTensorBytes / DataTypeSize(dtype)) {
+      return InvalidArgument("tensor '" + std::string(name) + "' is too large");
+    }
+    const uint64_t key = wire::TensorKey(opts_.job, name);
+    std::shared_ptr<TensorState> t;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failure_.ok()) return failure_;
+      auto it = tensors_.find(key);
+      if (it != tensors_.end()) {
+        const TensorState& old = *it->second;
+        if (old.name != name) {
+          return Mismatch("tensor names '" + old.name + "' and '" + std::string(name) +
+                          "' hash to the same key " + KeyHex(key));
+        }
+        if (old.dtype != dtype || old.count != count) {
+          return Mismatch("key " + KeyHex(key) + " '" + old.name + "' was declared as " +
+                          std::string(DataTypeName(old.dtype)) + "[" + std::to_string(old.count) +
+                          "] on rank " + std::to_string(rank_) + ", now as " +
+                          std::string(DataTypeName(dtype)) + "[" + std::to_string(count) + "]");
+        }
+        return TensorHandle(it->second);
+      }
+      t = std::make_shared<TensorState>();
+      t->key = key;
+      t->name = std::string(name);
+      t->dtype = dtype;
+      t->count = count;
+      tensors_[key] = t;
+    }
+    wire::Header h;
+    h.type = MsgType::kDeclare;
+    h.job = job_hash_;
+    h.sender = rank_;
+    h.key = key;
+    h.dtype = static_cast<uint8_t>(dtype);
+    h.count = count;
+    wire::DeclareMsg d{t->name, opts_.partition_bytes};
+    Status s = channel_->Send(h, wire::Encode(d));
+    if (!s.ok()) {
+      FailAll(PeerLost("worker " + std::to_string(rank_) + " lost the scheduler: " + s.message()));
+      return s;
+    }
+    return TensorHandle(t);
+  }
+
+  PushPullHandle PushPull(const TensorHandle& tensor, std::span<std::byte> data,
+                          const PushPullOptions& options) override {
+    auto op = std::make_shared<Op>();
+    op->tensor = tensor.state_;
+    op->data = data;
+    op->options = options;
+    PushPullHandle handle(op);
+    if (!tensor.valid()) {
+      op->tensor = std::make_shared<TensorState>();
+      Complete(*op, InvalidArgument("push_pull on an undeclared tensor"));
+      return handle;
+    }
+    const uint64_t want = tensor.count() * DataTypeSize(tensor.dtype());
+    if (data.size() != want) {
+      Complete(*op, InvalidArgument("buffer of " + std::to_string(data.size()) +
+                                    " bytes for '" + tensor.name() + "', which needs " +
+                                    std::to_string(want)));
+      return handle;
+    }
+    std::vector<Outgoing> out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      op->id = next_op_id_++;
+      TensorState& t = *op->tensor;
+      if (!failure_.ok()) {
+        FinishLocked(*op, failure_);
+      } else if (t.planned && !t.plan_status.ok()) {
+        FinishLocked(*op, t.plan_status);
+      } else {
+        t.queue.push_back(op);
+        StartNextLocked(t);
+        PumpLocked(&out);
+      }
+    }
+    Issue(out);
+    return handle;
+  }
+
+  Status Barrier(Clock::time_point deadline) override {
+    uint64_t seq;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failure_.ok()) return failure_;
+      seq = ++barrier_sent_;
+    }
+    wire::Header h;
+    h.type = MsgType::kBarrier;
+    h.job = job_hash_;
+    h.sender = rank_;
+    h.round = seq;
+    GL_RETURN_IF_ERROR(channel_->Send(h, {}, deadline));
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_until(lock, deadline,
+                        [&] { return barrier_released_ >= seq || !failure_.ok(); })) {
+      return Timeout("barrier " + std::to_string(seq) + " on rank " + std::to_string(rank_) +
+                     ": not every worker arrived before the deadline");
+    }
+    return barrier_released_ >= seq ? Status::Ok() : failure_;
+  }
+
+  Status Shutdown(Clock::time_point deadline) override {
+    if (shut_down_.exchange(true)) return Status::Ok();
+    if (channel_) {
+      wire::Header h;
+      h.type = MsgType::kGoodbye;
+      h.job = job_hash_;
+      h.sender = rank_;
+      channel_->Send(h, {}, deadline).IgnoreError();
+      channel_->Close();
+    }
+    if (control_.joinable()) control_.join();
+    FailAll(Aborted("worker " + std::to_string(rank_) + " shut down"));
+    if (pull_lane_) pull_lane_->Stop();
+    if (push_lane_) push_lane_->Stop();
+    return Status::Ok();
+  }
+
+ private:
+  struct Outgoing {
+    PeerId peer;
+    wire::Header header;
+    std::span<const std::byte> payload;
+    std::shared_ptr<Op> op;
+  };
+
+  struct Pending {
+    int32_t priority;
+    uint64_t seq;
+    std::shared_ptr<Op> op;
+    uint32_t part;
+    bool operator<(const Pending& o) const {  // max-heap: higher priority, then older first
+      return priority != o.priority ? priority < o.priority : seq > o.seq;
+    }
+  };
+
+  // Starts t's next queued op if t is planned and idle.
+  void StartNextLocked(TensorState& t) {
+    while (t.planned && !t.busy && !t.queue.empty()) {
+      std::shared_ptr<Op> op = t.queue.front();
+      t.queue.pop_front();
+      if (!t.plan_status.ok()) {
+        FinishLocked(*op, t.plan_status);
+        continue;
+      }
+      op->round = t.next_round++;
+      op->parts.assign(t.parts.size(), Op::Part::kQueued);
+      op->outstanding = static_cast<uint32_t>(t.parts.size());
+      if (op->outstanding == 0) {
+        FinishLocked(*op, Status::Ok());
+        continue;
+      }
+      t.busy = true;
+      op->started = true;
+      ops_[op->id] = op;
+      for (uint32_t p = 0; p < t.parts.size(); ++p) {
+        pending_.push(Pending{op->options.priority, next_seq_++, op, p});
+      }
+    }
+  }
+
+  // Moves queued partitions to the wire while the bytes in flight allow.
+  void PumpLocked(std::vector<Outgoing>* out) {
+    while (!pending_.empty()) {
+      const Pending& top = pending_.top();
+      Op& op = *top.op;
+      if (!op.failure.ok() || op.finished) {
+        pending_.pop();
+        continue;
+      }
+      const TensorState& t = *op.tensor;
+      const wire::PartitionPlan& plan = t.parts[top.part];
+      const uint64_t size = DataTypeSize(t.dtype);
+      const uint64_t bytes = plan.count * size;
+      if (bytes_in_flight_ > 0 && bytes_in_flight_ + bytes > opts_.max_bytes_in_flight) break;
+      bytes_in_flight_ += bytes;
+      op.parts[top.part] = Op::Part::kSent;
+      Outgoing o;
+      o.peer = server_peers_[plan.server];
+      o.header.type = MsgType::kPush;
+      o.header.flags = op.options.average ? wire::kFlagAverage : 0;
+      o.header.job = job_hash_;
+      o.header.sender = rank_;
+      o.header.key = t.key;
+      o.header.partition = top.part;
+      o.header.dtype = static_cast<uint8_t>(t.dtype);
+      o.header.round = op.round;
+      o.header.count = plan.count;
+      o.header.payload_bytes = bytes;
+      o.header.cookie = op.id;
+      o.payload = op.data.subspan(plan.offset * size, bytes);
+      o.op = top.op;
+      out->push_back(std::move(o));
+      pending_.pop();
+    }
+  }
+
+  // Sends outside the lock: a lane may complete a send inline.
+  void Issue(std::vector<Outgoing>& out) {
+    for (Outgoing& o : out) {
+      push_lane_->Send(o.peer, o.header, o.payload, [this, op = o.op, part = o.header.partition](
+                                                        const Status& s) {
+        if (!s.ok()) FailOp(op, part, s);
+      });
+    }
+  }
+
+  void FailOp(const std::shared_ptr<Op>& op, uint32_t part, const Status& s) {
+    (void)part;
+    std::vector<Outgoing> out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      FailOpLocked(*op, s);
+      PumpLocked(&out);
+    }
+    Issue(out);
+  }
+
+  void FailOpLocked(Op& op, const Status& s) {
+    if (op.finished || !op.failure.ok()) return;
+    op.failure = s;
+    // Give back the credits of partitions that will never be answered now.
+    const uint64_t size = DataTypeSize(op.tensor->dtype);
+    for (uint32_t p = 0; p < op.parts.size(); ++p) {
+      if (op.parts[p] == Op::Part::kSent) bytes_in_flight_ -= op.tensor->parts[p].count * size;
+      op.parts[p] = Op::Part::kDone;
+    }
+    if (op.receiving == 0) FinishLocked(op, s);
+  }
+
+  // The op is over: release its tensor for the next op and wake its waiters.
+  void FinishLocked(Op& op, const Status& s) {
+    if (op.finished) return;
+    op.finished = true;
+    ops_.erase(op.id);  // callers hold a reference to `op`
+    Complete(op, s);
+    if (op.started) {
+      op.tensor->busy = false;
+      StartNextLocked(*op.tensor);
+    }
+  }
+
+  static void Complete(Op& op, const Status& s) {
+    std::lock_guard<std::mutex> lock(op.mu);
+    op.done = true;
+    op.status = s;
+    op.cv.notify_all();
+  }
+
+  void FailAll(const Status& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.ok()) failure_ = s;
+    auto ops = ops_;
+    for (auto& [id, op] : ops) FailOpLocked(*op, failure_);
+    for (auto& [key, t] : tensors_) {
+      while (!t->queue.empty()) {
+        auto op = t->queue.front();
+        t->queue.pop_front();
+        FinishLocked(*op, failure_);
+      }
+    }
+    cv_.notify_all();
+  }
+
+  // ---- Pull lane -----------------------------------------------------------------------------
+
+  Result<std::span<std::byte>> OnHeader(const wire::Header& h) {
+    if (h.job != job_hash_ ||
+        (h.type != MsgType::kPullResponse && h.type != MsgType::kDataError)) {
+      protocol_errors_++;
+      return ProtocolError("unexpected frame on the pull lane");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ops_.find(h.cookie);
+    if (it == ops_.end()) return Aborted("late reply for a finished push_pull");
+    Op& op = *it->second;
+    const TensorState& t = *op.tensor;
+    if (h.key != t.key || h.partition >= op.parts.size() || h.round != op.round ||
+        op.parts[h.partition] != Op::Part::kSent) {
+      protocol_errors_++;
+      return ProtocolError("pull reply does not match its push");
+    }
+    if (h.type == MsgType::kDataError) {
+      auto& buf = error_text_[{h.cookie, h.partition}];
+      buf.resize(h.payload_bytes);
+      op.receiving++;
+      return std::span<std::byte>(buf);
+    }
+    const wire::PartitionPlan& plan = t.parts[h.partition];
+    const uint64_t size = DataTypeSize(t.dtype);
+    if (h.dtype != static_cast<uint8_t>(t.dtype) || h.count != plan.count) {
+      protocol_errors_++;
+      return ProtocolError("pull reply has the wrong shape");
+    }
+    op.receiving++;
+    return op.data.subspan(plan.offset * size, plan.count * size);
+  }
+
+  void OnPayload(const wire::Header& h, bool ok, const Status& why) {
+    std::vector<Outgoing> out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = ops_.find(h.cookie);
+      if (it == ops_.end()) return;
+      std::shared_ptr<Op> op = it->second;
+      op->receiving--;
+      const uint64_t bytes = op->tensor->parts[h.partition].count * DataTypeSize(op->tensor->dtype);
+      if (h.type == MsgType::kDataError) {
+        auto node = error_text_.extract({h.cookie, h.partition});
+        std::string text = "(unreadable error)";
+        if (ok && !node.empty()) {
+          auto decoded = wire::DecodeText(node.mapped());
+          if (decoded.ok()) text = *decoded;
+        }
+        const Code code = h.code == 0 ? Code::kInternal : static_cast<Code>(h.code);
+        FailOpLocked(*op, Status(code, text + " (from " + server_names_[op->tensor->parts[h.partition].server] + ")"));
+      } else if (!ok) {
+        FailOpLocked(*op, why);
+      } else if (op->failure.ok() && op->parts[h.partition] == Op::Part::kSent) {
+        op->parts[h.partition] = Op::Part::kDone;
+        bytes_in_flight_ -= bytes;
+        if (--op->outstanding == 0) FinishLocked(*op, Status::Ok());
+      }
+      if (!op->failure.ok() && op->receiving == 0) FinishLocked(*op, op->failure);
+      PumpLocked(&out);
+    }
+    Issue(out);
+  }
+
+  class Receiver final : public transport::Receiver {
+   public:
+    explicit Receiver(WorkerImpl* w) : w_(w) {}
+    Result<std::span<std::byte>> OnHeader(const wire::Header& h) override { return w_->OnHeader(h); }
+    void OnPayload(const wire::Header& h, std::span<std::byte>) override {
+      w_->OnPayload(h, true, Status::Ok());
+    }
+    void OnReceiveFailed(const wire::Header& h, const Status& s) override {
+      w_->OnPayload(h, false, s);
+    }
+    void OnPeerFailed(PeerId peer, const Status& s) override {
+      w_->FailAll(PeerLost("worker " + std::to_string(w_->rank_) + ": connection to " +
+                           (peer < w_->server_names_.size() ? w_->server_names_[peer] : "a server") +
+                           " failed: " + s.message()));
+    }
+
+   private:
+    WorkerImpl* w_;
+  };
+
+  // ---- Control plane -------------------------------------------------------------------------
+
+  void ControlLoop() {
+    while (!shut_down_.load()) {
+      auto f = channel_->Receive(Clock::now() + kPoll);
+      if (!f.ok()) {
+        if (f.status().code() == Code::kTimeout) continue;
+        if (!shut_down_.load()) {
+          FailAll(PeerLost("worker " + std::to_string(rank_) + " lost the scheduler: " +
+                           f.status().message()));
+        }
+        return;
+      }
+      switch (f->header.type) {
+        case MsgType::kAssign: {
+          Status s = OnAssign(*f);
+          if (!s.ok()) {
+            FailAll(s);
+            return;
+          }
+          break;
+        }
+        case MsgType::kBarrierRelease: {
+          std::lock_guard<std::mutex> lock(mu_);
+          barrier_released_ = std::max(barrier_released_, f->header.round);
+          cv_.notify_all();
+          break;
+        }
+        case MsgType::kAbort: {
+          auto text = wire::DecodeText(f->payload);
+          const Code code = f->header.code == 0 ? Code::kAborted : static_cast<Code>(f->header.code);
+          FailAll(Status(code, "job aborted: " + (text.ok() ? *text : std::string("(no reason)"))));
+          return;
+        }
+        default:
+          protocol_errors_++;
+          GL_LOG(kWarn) << "worker " << rank_ << ": unexpected control message "
+                        << static_cast<int>(f->header.type);
+      }
+    }
+  }
+
+  Status OnAssign(const transport::Frame& f) {
+    std::shared_ptr<TensorState> t;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = tensors_.find(f.header.key);
+      if (it == tensors_.end()) return ProtocolError("kAssign for a key this worker never declared");
+      t = it->second;
+    }
+    Status plan_status;
+    std::vector<wire::PartitionPlan> parts;
+    if (f.header.code != 0) {
+      auto text = wire::DecodeText(f.payload);
+      plan_status = Status(static_cast<Code>(f.header.code), text.ok() ? *text : "(no reason)");
+    } else {
+      if (f.header.dtype != static_cast<uint8_t>(t->dtype) || f.header.count != t->count) {
+        return ProtocolError("kAssign shape differs from the declaration");
+      }
+      GL_ASSIGN_OR_RETURN(wire::AssignMsg a, wire::DecodeAssign(f.payload, t->count, num_servers_));
+      parts = std::move(a.partitions);
+    }
+    std::vector<Outgoing> out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (t->planned) return ProtocolError("key assigned twice");
+      t->planned = true;
+      t->plan_status = plan_status;
+      t->parts = std::move(parts);
+      StartNextLocked(*t);
+      PumpLocked(&out);
+    }
+    Issue(out);
+    return Status::Ok();
+  }
+
+  const WorkerOptions opts_;
+  const uint32_t job_hash_;
+  uint32_t rank_ = 0, size_ = 0, num_servers_ = 0;
+  std::shared_ptr<transport::Fabric> fabric_;
+  std::unique_ptr<Lane> push_lane_, pull_lane_;
+  Receiver receiver_{this};
+  std::vector<PeerId> server_peers_;
+  std::vector<std::string> server_names_;
+  std::unique_ptr<transport::ControlChannel> channel_;
+  std::thread control_;
+  std::atomic<bool> shut_down_{false};
+  std::atomic<uint64_t> protocol_errors_{0};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Status failure_;  // sticky
+  std::unordered_map<uint64_t, std::shared_ptr<TensorState>> tensors_;
+  std::unordered_map<uint64_t, std::shared_ptr<Op>> ops_;  // by id; in flight
+  std::map<std::pair<uint64_t, uint32_t>, std::vector<std::byte>> error_text_;
+  std::priority_queue<Pending> pending_;
+  uint64_t next_op_id_ = 1, next_seq_ = 0, bytes_in_flight_ = 0;
+  uint64_t barrier_sent_ = 0, barrier_released_ = 0;
+};
+
+Result<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& options) {
+  auto w = std::make_unique<WorkerImpl>(options);
+  GL_RETURN_IF_ERROR(w->Init());
+  return std::unique_ptr<Worker>(std::move(w));
+}
+
+}  // namespace gradlink

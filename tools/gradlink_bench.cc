@@ -1,0 +1,280 @@
+// gradlink-bench: push_pull bandwidth and correctness sweep, in the manner of nccl-tests'
+// all_reduce_perf. Without --scheduler it starts a local job: a scheduler (in this process),
+// `-s` gradlink-server processes and `-w` worker processes (this binary again).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gradlink/scheduler.h"
+#include "gradlink/worker.h"
+#include "server/reduce.h"
+
+namespace gl = gradlink;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Config {
+  uint32_t workers = 2, servers = 1;
+  std::string begin = "4K", end = "64M", dtype_name = "fp32", scheduler, job = "bench";
+  double factor = 2;
+  int iters = 20, warmup = 3;
+  bool average = false, single_lane = false;
+  uint64_t partition_bytes = 4u << 20;
+  uint64_t max_in_flight = 32u << 20;
+};
+
+uint64_t ParseSize(const std::string& s) {
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  switch (end && *end ? (*end | 0x20) : 0) {
+    case 'k': v *= 1024; break;
+    case 'm': v *= 1024 * 1024; break;
+    case 'g': v *= 1024.0 * 1024 * 1024; break;
+    default: break;
+  }
+  return static_cast<uint64_t>(v);
+}
+
+std::string HumanSize(uint64_t b) {
+  char buf[32];
+  if (b >= (1u << 30) && b % (1u << 30) == 0) std::snprintf(buf, sizeof(buf), "%lluG", (unsigned long long)(b >> 30));
+  else if (b >= (1u << 20) && b % (1u << 20) == 0) std::snprintf(buf, sizeof(buf), "%lluM", (unsigned long long)(b >> 20));
+  else if (b >= 1024 && b % 1024 == 0) std::snprintf(buf, sizeof(buf), "%lluK", (unsigned long long)(b >> 10));
+  else std::snprintf(buf, sizeof(buf), "%llu", (unsigned long long)b);
+  return buf;
+}
+
+// Small integers: exact in every dtype, and so are their sums over up to 16 workers.
+int64_t Value(uint64_t i, uint32_t rank) { return static_cast<int64_t>((i * 7 + rank * 3) % 13) - 6; }
+
+void Encode(gl::DataType t, double v, std::byte* p) {
+  switch (t) {
+    case gl::DataType::kFloat32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
+    case gl::DataType::kFloat64: std::memcpy(p, &v, 8); break;
+    case gl::DataType::kFloat16: { uint16_t h = gl::server::FloatToHalf(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    case gl::DataType::kBFloat16: { uint16_t h = gl::server::FloatToBFloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    case gl::DataType::kInt32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
+    case gl::DataType::kInt64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
+  }
+}
+
+void Fill(gl::DataType t, std::vector<std::byte>& buf, uint64_t count, uint32_t rank) {
+  const size_t sz = gl::DataTypeSize(t);
+  for (uint64_t i = 0; i < count; ++i) Encode(t, static_cast<double>(Value(i, rank)), &buf[i * sz]);
+}
+
+// The expected result of element i, computed the way the definition says (not the server's code).
+double Expected(gl::DataType t, uint64_t i, uint32_t workers, bool average) {
+  int64_t sum = 0;
+  for (uint32_t r = 0; r < workers; ++r) sum += Value(i, r);
+  if (!average) return static_cast<double>(sum);
+  switch (t) {
+    case gl::DataType::kInt32:
+    case gl::DataType::kInt64: return static_cast<double>(sum / static_cast<int64_t>(workers));
+    case gl::DataType::kFloat64: return static_cast<double>(sum) / workers;
+    default: return static_cast<double>(static_cast<float>(sum) / static_cast<float>(workers));
+  }
+}
+
+uint64_t CountWrong(gl::DataType t, const std::vector<std::byte>& buf, uint64_t count, uint32_t workers,
+                    bool average) {
+  const size_t sz = gl::DataTypeSize(t);
+  std::byte want[8];
+  uint64_t wrong = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    Encode(t, Expected(t, i, workers, average), want);
+    if (std::memcmp(want, &buf[i * sz], sz) != 0) ++wrong;
+  }
+  return wrong;
+}
+
+int RunWorker(const Config& c) {
+  auto dtype = gl::ParseDataType(c.dtype_name);
+  if (!dtype) {
+    std::fprintf(stderr, "gradlink-bench: unknown dtype '%s'\n", c.dtype_name.c_str());
+    return 2;
+  }
+  gl::WorkerOptions o;
+  o.scheduler = c.scheduler;
+  o.job = c.job;
+  o.single_lane = c.single_lane;
+  o.partition_bytes = c.partition_bytes;
+  o.max_bytes_in_flight = c.max_in_flight;
+  auto w = gl::Worker::Connect(o);
+  if (!w.ok()) {
+    std::fprintf(stderr, "gradlink-bench worker: %s\n", w.status().ToString().c_str());
+    return 1;
+  }
+  gl::Worker& worker = **w;
+  const uint32_t n = worker.size();
+  const size_t sz = gl::DataTypeSize(*dtype);
+  const auto deadline = [] { return Clock::now() + std::chrono::seconds(120); };
+  bool all_ok = true;
+  if (worker.rank() == 0) {
+    std::printf("# gradlink-bench: %u workers, %u servers, dtype %s, %s, %s lanes, %d iters, partitions %s\n",
+                n, worker.num_servers(), c.dtype_name.c_str(), c.average ? "average" : "sum",
+                c.single_lane ? "single" : "separate push/pull", c.iters,
+                HumanSize(c.partition_bytes).c_str());
+    std::printf("# busbw = algbw * 2(n-1)/n, as nccl-tests reports all-reduce\n");
+    std::printf("%10s %12s %6s %11s %11s %10s %10s %8s\n", "size(B)", "count", "type", "time(us)",
+                "min(us)", "algbw(GB/s)", "busbw(GB/s)", "check");
+    std::fflush(stdout);
+  }
+  for (uint64_t bytes = std::max<uint64_t>(ParseSize(c.begin), sz); bytes <= ParseSize(c.end);
+       bytes = std::max<uint64_t>(bytes + sz, static_cast<uint64_t>(bytes * c.factor))) {
+    const uint64_t count = bytes / sz;
+    std::vector<std::byte> buf(count * sz);
+    auto t = worker.Declare("bench." + std::to_string(count), *dtype, count);
+    if (!t.ok()) {
+      std::fprintf(stderr, "declare: %s\n", t.status().ToString().c_str());
+      return 1;
+    }
+    gl::PushPullOptions po;
+    po.average = c.average;
+    double total_us = 0, min_us = 1e300;
+    uint64_t wrong = 0;
+    for (int it = 0; it < c.warmup + c.iters; ++it) {
+      Fill(*dtype, buf, count, worker.rank());
+      gl::Status bs = worker.Barrier(deadline());
+      if (!bs.ok()) {
+        std::fprintf(stderr, "barrier: %s\n", bs.ToString().c_str());
+        return 1;
+      }
+      const auto t0 = Clock::now();
+      gl::Status s = worker.PushPull(*t, buf, po).Wait(deadline());
+      const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+      if (!s.ok()) {
+        std::fprintf(stderr, "gradlink-bench rank %u: push_pull of %llu bytes: %s\n", worker.rank(),
+                     (unsigned long long)bytes, s.ToString().c_str());
+        return 1;
+      }
+      wrong += CountWrong(*dtype, buf, count, n, c.average);
+      if (it >= c.warmup) {
+        total_us += us;
+        min_us = std::min(min_us, us);
+      }
+    }
+    if (wrong != 0) all_ok = false;
+    if (worker.rank() == 0) {
+      const double avg_us = total_us / std::max(1, c.iters);
+      const double algbw = static_cast<double>(count * sz) / (avg_us * 1e3);
+      const double busbw = algbw * 2.0 * (n - 1) / n;
+      char check[32];
+      if (wrong == 0) std::snprintf(check, sizeof(check), "OK");
+      else std::snprintf(check, sizeof(check), "WRONG:%llu", (unsigned long long)wrong);
+      std::printf("%10llu %12llu %6s %11.1f %11.1f %10.3f %10.3f %8s\n",
+                  (unsigned long long)(count * sz), (unsigned long long)count,
+                  c.dtype_name.c_str(), avg_us, min_us, algbw, busbw, check);
+      std::fflush(stdout);
+    } else if (wrong != 0) {
+      std::fprintf(stderr, "gradlink-bench rank %u: %llu wrong elements at %llu bytes\n",
+                   worker.rank(), (unsigned long long)wrong, (unsigned long long)bytes);
+    }
+  }
+  gl::Status s = worker.Shutdown(deadline());
+  if (!s.ok()) std::fprintf(stderr, "shutdown: %s\n", s.ToString().c_str());
+  return all_ok ? 0 : 3;
+}
+
+pid_t Spawn(const std::vector<std::string>& args) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    std::perror(("exec " + args[0]).c_str());
+    _exit(127);
+  }
+  return pid;
+}
+
+int RunLocalJob(const Config& c, const std::vector<std::string>& worker_args) {
+  gl::SchedulerOptions so;
+  so.num_workers = c.workers;
+  so.num_servers = c.servers;
+  so.job = c.job;
+  auto sched = gl::Scheduler::Start(so);
+  if (!sched.ok()) {
+    std::fprintf(stderr, "gradlink-bench: %s\n", sched.status().ToString().c_str());
+    return 2;
+  }
+  const std::string addr = "127.0.0.1:" + std::to_string((*sched)->port());
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  const std::string server_bin = (self.parent_path() / "gradlink-server").string();
+  std::vector<pid_t> pids;
+  for (uint32_t s = 0; s < c.servers; ++s) {
+    std::vector<std::string> a = {server_bin, "--scheduler", addr, "--job", c.job};
+    if (c.single_lane) a.push_back("--single-lane");
+    pids.push_back(Spawn(a));
+  }
+  for (uint32_t w = 0; w < c.workers; ++w) {
+    std::vector<std::string> a = {self.string(), "--scheduler", addr};
+    a.insert(a.end(), worker_args.begin(), worker_args.end());
+    pids.push_back(Spawn(a));
+  }
+  int rc = 0;
+  for (pid_t p : pids) {
+    int status = 0;
+    waitpid(p, &status, 0);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (code != 0 && rc == 0) rc = code;
+  }
+  gl::Status st = (*sched)->Wait(Clock::now() + std::chrono::seconds(5));
+  (*sched)->Stop();
+  if (!st.ok()) {
+    std::fprintf(stderr, "gradlink-bench: job: %s\n", st.ToString().c_str());
+    if (rc == 0) rc = 1;
+  }
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"gradlink-bench: push_pull bandwidth and correctness sweep (like all_reduce_perf)"};
+  Config c;
+  app.add_option("-w,--workers", c.workers, "workers of the local job")->capture_default_str();
+  app.add_option("-s,--servers", c.servers, "servers of the local job")->capture_default_str();
+  app.add_option("-b,--minbytes", c.begin, "smallest size (K, M, G suffixes)")->capture_default_str();
+  app.add_option("-e,--maxbytes", c.end, "largest size")->capture_default_str();
+  app.add_option("-f,--stepfactor", c.factor, "size multiplier between rows")->capture_default_str();
+  app.add_option("-d,--dtype", c.dtype_name, "fp32 fp64 fp16 bf16 int32 int64")->capture_default_str();
+  app.add_option("-n,--iters", c.iters, "timed iterations per size")->capture_default_str();
+  app.add_option("--warmup", c.warmup, "untimed iterations per size")->capture_default_str();
+  app.add_flag("--average", c.average, "average instead of sum");
+  app.add_flag("--single-lane", c.single_lane, "push and pull on one lane");
+  app.add_option("--partition-bytes", c.partition_bytes, "partition size")->capture_default_str();
+  app.add_option("--max-in-flight", c.max_in_flight, "bytes in flight per worker")->capture_default_str();
+  app.add_option("--scheduler", c.scheduler, "join this job as one worker instead of starting one");
+  app.add_option("--job", c.job, "job name")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (c.factor <= 1.0) {
+    std::fprintf(stderr, "gradlink-bench: --stepfactor must be > 1\n");
+    return 2;
+  }
+  if (!c.scheduler.empty()) return RunWorker(c);
+  if (c.workers == 0 || c.servers == 0) {
+    std::fprintf(stderr, "gradlink-bench: need at least one worker and one server\n");
+    return 2;
+  }
+  std::vector<std::string> worker_args = {
+      "-b", c.begin, "-e", c.end, "-f", std::to_string(c.factor), "-d", c.dtype_name,
+      "-n", std::to_string(c.iters), "--warmup", std::to_string(c.warmup), "--job", c.job,
+      "--partition-bytes", std::to_string(c.partition_bytes), "--max-in-flight",
+      std::to_string(c.max_in_flight)};
+  if (c.average) worker_args.push_back("--average");
+  if (c.single_lane) worker_args.push_back("--single-lane");
+  return RunLocalJob(c, worker_args);
+}

@@ -1,0 +1,34 @@
+// gradlink-scheduler: the rendezvous and control process of one job.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "gradlink/scheduler.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"gradlink scheduler: rendezvous, address book, barriers and shutdown of one job"};
+  gradlink::SchedulerOptions o;
+  int64_t join_timeout_ms = o.join_timeout.count();
+  app.add_option("--host", o.host, "address to listen on")->capture_default_str();
+  app.add_option("--port", o.port, "TCP port; 0 picks a free one (printed)")->capture_default_str();
+  app.add_option("-w,--workers", o.num_workers, "number of workers")->required()->check(CLI::PositiveNumber);
+  app.add_option("-s,--servers", o.num_servers, "number of servers")->required()->check(CLI::PositiveNumber);
+  app.add_option("--job", o.job, "job name")->capture_default_str();
+  app.add_option("--join-timeout-ms", join_timeout_ms, "time for every member to join")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  o.join_timeout = std::chrono::milliseconds(join_timeout_ms);
+
+  auto s = gradlink::Scheduler::Start(o);
+  if (!s.ok()) {
+    std::fprintf(stderr, "gradlink-scheduler: %s\n", s.status().ToString().c_str());
+    return 2;
+  }
+  std::printf("gradlink-scheduler listening on %s:%u\n", o.host.c_str(), (*s)->port());
+  std::fflush(stdout);
+  gradlink::Status st = (*s)->Wait(std::chrono::steady_clock::time_point::max());
+  (*s)->Stop();
+  if (!st.ok()) {
+    std::fprintf(stderr, "gradlink-scheduler: job failed: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,39 @@
+// gradlink-server: an aggregation server; joins a job through its scheduler.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+
+#include "gradlink/server.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"gradlink aggregation server: sums the workers' pushes and answers their pulls"};
+  gradlink::ServerOptions o;
+  if (const char* env = std::getenv("GRADLINK_SCHEDULER")) o.scheduler = env;
+  if (const char* env = std::getenv("GRADLINK_JOB")) o.job = env;
+  app.add_option("--scheduler", o.scheduler, "scheduler host:port (default: $GRADLINK_SCHEDULER)");
+  app.add_option("--job", o.job, "job name (default: $GRADLINK_JOB or 'default')");
+  app.add_option("--engine-threads", o.engine_threads, "summing threads")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--single-lane", o.single_lane, "answer pulls on the push lane (comparison mode)");
+  CLI11_PARSE(app, argc, argv);
+  if (o.scheduler.empty()) {
+    std::fprintf(stderr, "gradlink-server: no scheduler: pass --scheduler host:port or set GRADLINK_SCHEDULER\n");
+    return 2;
+  }
+  auto s = gradlink::Server::Start(o);
+  if (!s.ok()) {
+    std::fprintf(stderr, "gradlink-server: %s\n", s.status().ToString().c_str());
+    return 2;
+  }
+  gradlink::Status st = (*s)->Wait(std::chrono::steady_clock::time_point::max());
+  const gradlink::ServerStats stats = (*s)->stats();
+  (*s)->Stop();
+  if (!st.ok()) {
+    std::fprintf(stderr, "gradlink-server %u: %s\n", (*s)->id(), st.ToString().c_str());
+    return 1;
+  }
+  if (stats.protocol_errors != 0) {
+    std::fprintf(stderr, "gradlink-server %u: %llu protocol errors\n", (*s)->id(),
+                 static_cast<unsigned long long>(stats.protocol_errors));
+  }
+  return 0;
+}
