@@ -303,9 +303,11 @@ class SchedulerImpl final : public Scheduler {
     std::string disagree;
     for (const auto& [rank, hd] : decl.by_rank) {
       const auto& [h, d] = hd;
-      if (h.dtype != h0.dtype || h.count != h0.count || d.partition_bytes != d0.partition_bytes) {
+      if (h.dtype != h0.dtype || h.count != h0.count || d.partition_bytes != d0.partition_bytes ||
+          d.name != d0.name) {
         disagree += (disagree.empty() ? "" : ", ") + std::string("rank ") + std::to_string(rank) +
-                    " declared " + std::string(DataTypeName(static_cast<DataType>(h.dtype))) +
+                    (d.name != d0.name ? " declared name '" + d.name + "' as " : " declared ") +
+                    std::string(DataTypeName(static_cast<DataType>(h.dtype))) +
                     "[" + std::to_string(h.count) + "] with " +
                     std::to_string(d.partition_bytes) + "-byte partitions";
       }

@@ -420,6 +420,7 @@ class WorkerImpl final : public Worker {
     if (it == ops_.end()) return Aborted("late reply for a finished push_pull");
     Op& op = *it->second;
     const TensorState& t = *op.tensor;
+    if (!op.failure.ok()) return Aborted("reply for a failed push_pull");
     if (h.key != t.key || h.partition >= op.parts.size() || h.round != op.round ||
         op.parts[h.partition] != Op::Part::kSent) {
       protocol_errors_++;

@@ -13,7 +13,18 @@
 //
 // Lifetimes: the ucp_context is reference-counted between the fabric and its lanes, so the
 // interface rule "the Fabric outlives its lanes" is not load-bearing here, but callers should
-// still follow it. A lane must not be destroyed from inside one of its own callbacks.
+// still follow it. A lane must not be destroyed from inside one of its own callbacks. After
+// Stop() a Send() runs its callback (kAborted) on the calling thread: no progress thread is left.
+//
+// What UCX 1.13.1 does here (observed, see tests/unit/transport/ucx_test.cc):
+// - With UCP_ERR_HANDLING_MODE_PEER, sysv/posix shared memory are never selected ("no peer
+//   failure handler"), so peers on one host talk over tcp/lo (cma is not used for rendezvous
+//   either). UCX_TLS=sm,self makes Connect() fail with kUnavailable.
+// - A bad frame makes the receiver force-close its endpoint to the sender. The sender is not
+//   told at once: its later frames are dropped by the receiver (eager sends still complete OK
+//   locally) until UCX keepalive (UCX_KEEPALIVE_INTERVAL, 20 s) fails its endpoint.
+// - Force-closing an endpoint does not release a rendezvous send still waiting for the peer;
+//   UCX warns "was not returned to mpool" when the worker is destroyed. Harmless for us.
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <ucp/api/ucp.h>
@@ -22,6 +33,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -50,6 +62,8 @@ constexpr auto kCloseDeadline = std::chrono::seconds(1);
 // After the last progress, keep polling this long before sleeping: cuts latency for
 // request/response patterns without burning a core (2-core boxes run ~8 lane threads).
 constexpr auto kSpin = std::chrono::microseconds(30);
+// Progress calls in a row before the queue is looked at again.
+constexpr int kMaxProgressRounds = 64;
 // Upper bound on one sleep, so a missed wake-up costs at most this much.
 constexpr int kPollTimeoutMs = 100;
 
@@ -61,7 +75,7 @@ std::string UcsError(ucs_status_t s) { return ucs_status_string(s); }
 // Errors that concern one send, not the endpoint; anything else means the endpoint is unusable.
 bool IsLocalSendError(ucs_status_t s) {
   return s == UCS_ERR_NO_MEMORY || s == UCS_ERR_INVALID_PARAM || s == UCS_ERR_EXCEEDS_LIMIT ||
-         s == UCS_ERR_UNSUPPORTED || s == UCS_ERR_MESSAGE_TRUNCATED;
+         s == UCS_ERR_UNSUPPORTED;
 }
 
 Status LocalSendError(ucs_status_t s, const std::string& what) {
@@ -258,10 +272,10 @@ Result<std::unique_ptr<Lane>> UcxLane::Create(std::shared_ptr<UcxContext> contex
 UcxLane::~UcxLane() {
   Stop();
   if (OnProgressThread()) {
-    // Destroyed from its own callback: the thread cannot be joined from itself. Leaking the
-    // thread is the least bad option; this is a caller bug, so say so loudly.
+    // Destroyed from its own callback: the thread cannot join itself and would keep running on
+    // freed memory. A caller bug, never peer input; stop here rather than corrupt memory.
     GL_LOG(kError) << "ucx lane '" << name_ << "' destroyed from its own progress thread";
-    if (thread_.joinable()) thread_.detach();
+    std::abort();
   }
   if (wake_fd_ >= 0) close(wake_fd_);
 }
@@ -289,8 +303,9 @@ bool UcxLane::Enqueue(std::function<void()> fn) {
     queue_nonempty_.store(true, std::memory_order_release);
   }
   // The thread drains the whole queue each round, so only the empty -> non-empty edge needs a
-  // wake-up; it is never cleared before the thread next looks at the queue.
-  if (was_empty) Wake();
+  // wake-up (the eventfd stays readable until the thread next polls). On the progress thread
+  // none is needed: the loop looks at the queue before it sleeps.
+  if (was_empty && !OnProgressThread()) Wake();
   return true;
 }
 
@@ -449,8 +464,10 @@ void UcxLane::ProgressLoop() {
   bool arm_failure_logged = false;
   while (!stop_requested_.load(std::memory_order_acquire)) {
     RunQueued();
-    while (ProgressOnce() != 0) {
-    }
+    // Bounded, so that a flood of incoming frames cannot starve queued sends or Stop().
+    int rounds = 0;
+    while (rounds < kMaxProgressRounds && ProgressOnce() != 0) ++rounds;
+    if (rounds == kMaxProgressRounds) continue;
 
     // Short spin: a reply often arrives within microseconds, and sleeping through it would cost
     // a syscall and a context switch each way.
@@ -550,6 +567,9 @@ void UcxLane::Shutdown() {
     for (SendOp* op : ops) CompleteSend(op, aborted);
   }
   RunAfterProgress();
+  // Note: UCX 1.13 keeps a rendezvous send that still waits for the peer's answer in its request
+  // pool even after the force close below (ucp_request_cancel does not help either), and warns
+  // "was not returned to mpool ucp_requests" at worker destroy. Our side is already complete.
   for (auto& peer : peers_) {
     if (peer->ep != nullptr) {
       ucp_ep_h ep = peer->ep;

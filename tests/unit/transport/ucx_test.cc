@@ -424,6 +424,11 @@ void ExpectStoppedPeerDetected(Fabric& fabric) {
 
   (*b)->Stop();
 
+  // A rendezvous send in flight when the peer goes away fails too.
+  std::vector<std::byte> big = Pattern(8u << 20, 2);
+  SendWaiter big_send;
+  (*a)->Send(*peer, MakeHeader(big.size(), 2), big, big_send.Callback());
+
   std::optional<Status> failure;
   std::vector<std::unique_ptr<SendWaiter>> waiters;
   const auto deadline = Clock::now() + kDeadline;
@@ -443,6 +448,9 @@ void ExpectStoppedPeerDetected(Fabric& fabric) {
   ASSERT_TRUE(ra.WaitFor([&] { return ra.peer_failures_.size() == 1; }));
   EXPECT_EQ(ra.peer_failures()[0].first, *peer);
   for (auto& w : waiters) ASSERT_TRUE(w->Wait().has_value());
+  auto big_status = big_send.Wait();
+  ASSERT_TRUE(big_status.has_value());
+  EXPECT_EQ(big_status->code(), Code::kPeerLost) << big_status->ToString();
   SendWaiter after;
   (*a)->Send(*peer, MakeHeader(256, 3), data, after.Callback());
   auto s = after.Wait(1000ms);
