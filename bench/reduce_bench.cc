@@ -149,13 +149,13 @@ void BM_Fp16Accumulate_Isa(benchmark::State& s) {
 }
 
 void Sizes(benchmark::internal::Benchmark* b) {
-  b->Arg(4 * kMiB)->Arg(64 * kMiB)->Unit(benchmark::kMicrosecond)->UseRealTime();
+  b->Arg(4 * kMiB)->Arg(64 * kMiB)->Unit(benchmark::kMicrosecond);
 }
 void IsaSizes(benchmark::internal::Benchmark* b) {
   for (int64_t size : {4 * kMiB, 64 * kMiB}) {
     for (int64_t isa : {0, 1, 2}) b->Args({size, isa});
   }
-  b->ArgNames({"bytes", "isa"})->Unit(benchmark::kMicrosecond)->UseRealTime();
+  b->ArgNames({"bytes", "isa"})->Unit(benchmark::kMicrosecond);
 }
 
 BENCHMARK(BM_Memcpy)->Apply(Sizes);

@@ -8,7 +8,14 @@
 //     and the scalar conversions below reproduce those instructions bit for bit (including NaN
 //     payloads: a NaN comes out quiet with the payload's high bits kept);
 //   - bf16 uses the same integer rounding formula in both paths.
-// Loads and stores are unaligned, so no alignment is assumed for any pointer.
+// The one exception: when both operands of a sum are NaN, which NaN's payload the result carries
+// depends on the operand order the compiler emitted (IEEE 754 leaves it open; compilers treat
+// float + as commutative), so it can differ between paths. Whether a result is NaN, and every
+// non-NaN result, never differ.
+//
+// No alignment is assumed for any pointer (the vector kernels peel a scalar head so that their
+// stores are aligned). Store runs in place (out == acc) for every dtype, including fp16/bf16,
+// whose results are packed into the front of the fp32 buffer.
 #include "server/reduce.h"
 
 #include <atomic>
@@ -127,13 +134,27 @@ struct Kernels {
 // never touching an element not yet read.
 namespace scalar {
 
+// The loops run in fixed-length blocks, then one by one: GCC's -O2 vectorizer (cost model "very
+// cheap") only takes loops that need no scalar epilogue, and a fixed-length inner loop needs
+// none. That matters where these are the only implementation (non-x86); elsewhere they serve as
+// the reference for the vector kernels and for their tails.
+constexpr size_t kBlock = 16;
+
 template <typename T>
 void Sum(T* __restrict acc, const T* __restrict a, const T* __restrict b, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] = a[i] + b[i];
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    for (size_t j = i; j < i + kBlock; ++j) acc[j] = a[j] + b[j];
+  }
+  for (; i < n; ++i) acc[i] = a[i] + b[i];
 }
 template <typename T>
 void Acc(T* __restrict acc, const T* __restrict x, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] += x[i];
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    for (size_t j = i; j < i + kBlock; ++j) acc[j] += x[j];
+  }
+  for (; i < n; ++i) acc[i] += x[i];
 }
 template <typename T>
 void Div(T* out, const T* acc, size_t n, T d) {
@@ -143,25 +164,46 @@ void Div(T* out, const T* acc, size_t n, T d) {
 // Unsigned sums: operands are promoted to at least unsigned int, so no signed overflow either.
 template <typename T>
 void SumU(T* __restrict acc, const T* __restrict a, const T* __restrict b, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(a[i] + b[i]);
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    for (size_t j = i; j < i + kBlock; ++j) acc[j] = static_cast<T>(a[j] + b[j]);
+  }
+  for (; i < n; ++i) acc[i] = static_cast<T>(a[i] + b[i]);
 }
 template <typename T>
 void AccU(T* __restrict acc, const T* __restrict x, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] + x[i]);
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    for (size_t j = i; j < i + kBlock; ++j) acc[j] = static_cast<T>(acc[j] + x[j]);
+  }
+  for (; i < n; ++i) acc[i] = static_cast<T>(acc[i] + x[i]);
 }
 
+// (Only the bf16 instances vectorize: the fp16 conversion is too branchy.)
 template <float (*ToFloat)(uint16_t)>
 void Sum16(float* __restrict acc, const uint16_t* __restrict a, const uint16_t* __restrict b,
            size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] = ToFloat(a[i]) + ToFloat(b[i]);
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    for (size_t j = i; j < i + kBlock; ++j) acc[j] = ToFloat(a[j]) + ToFloat(b[j]);
+  }
+  for (; i < n; ++i) acc[i] = ToFloat(a[i]) + ToFloat(b[i]);
 }
 template <float (*ToFloat)(uint16_t)>
 void Acc16(float* __restrict acc, const uint16_t* __restrict x, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] += ToFloat(x[i]);
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    for (size_t j = i; j < i + kBlock; ++j) acc[j] += ToFloat(x[j]);
+  }
+  for (; i < n; ++i) acc[i] += ToFloat(x[i]);
 }
 template <float (*ToFloat)(uint16_t)>
 void Load16(float* __restrict acc, const uint16_t* __restrict x, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] = ToFloat(x[i]);
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    for (size_t j = i; j < i + kBlock; ++j) acc[j] = ToFloat(x[j]);
+  }
+  for (; i < n; ++i) acc[i] = ToFloat(x[i]);
 }
 template <uint16_t (*FromFloat)(float)>
 void Store16(uint16_t* out, const float* acc, size_t n, float d) {
@@ -203,10 +245,21 @@ constexpr Kernels kKernels = {
 #define GL_AVX2_TARGET __attribute__((target("avx2,f16c"), always_inline))
 #define GL_AVX512_TARGET __attribute__((target("avx512f,avx2,f16c"), always_inline))
 
+// How many leading elements of p (at most n) to process before p + i is kAlign-aligned, so
+// that the vector loop's accesses to p (the written buffer, or the fp32 accumulator) do not
+// straddle cache lines.
+template <size_t kAlign, typename T>
+inline size_t HeadToAlign(const T* p, size_t n) {
+  const size_t mis = reinterpret_cast<uintptr_t>(p) & (kAlign - 1);
+  if (mis == 0 || mis % sizeof(T) != 0) return 0;
+  const size_t head = (kAlign - mis) / sizeof(T);
+  return head < n ? head : n;
+}
+
 // Every op of an ISA, under one name set, so that one kernel body (GL_DEFINE_VECTOR_KERNELS)
 // serves both ISAs. kF32 floats (or kF64 doubles, or kI32/kI64 integers) per vector.
 struct Avx2Ops {
-  static constexpr size_t kF32 = 8, kF64 = 4, kI32 = 8, kI64 = 4;
+  static constexpr size_t kBytes = 32, kF32 = 8, kF64 = 4, kI32 = 8, kI64 = 4;
   using F32 = __m256;
   using F64 = __m256d;
   using I = __m256i;
@@ -242,15 +295,16 @@ struct Avx2Ops {
   }
   // kF32 bfloat16s <-> floats.
   GL_AVX2_TARGET static F32 LoadBF16(const uint16_t* p) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m256i w = _mm256_cvtepu16_epi32(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
   }
   GL_AVX2_TARGET static void StoreBF16(uint16_t* p, F32 v) {
     const __m256i u = _mm256_castps_si256(v);
     const __m256i hi = _mm256_srli_epi32(u, 16);
     const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-    const __m256i rounded =
-        _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    const __m256i biased = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
+    const __m256i rounded = _mm256_srli_epi32(biased, 16);
     const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
     const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);  // every lane <= 0xffff
@@ -269,7 +323,7 @@ struct Avx2Ops {
 #endif
 
 struct Avx512Ops {
-  static constexpr size_t kF32 = 16, kF64 = 8, kI32 = 16, kI64 = 8;
+  static constexpr size_t kBytes = 64, kF32 = 16, kF64 = 8, kI32 = 16, kI64 = 8;
   using F32 = __m512;
   using F64 = __m512d;
   using I = __m512i;
@@ -299,15 +353,16 @@ struct Avx512Ops {
                         _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   GL_AVX512_TARGET static F32 LoadBF16(const uint16_t* p) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m512i w = _mm512_cvtepu16_epi32(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
   }
   GL_AVX512_TARGET static void StoreBF16(uint16_t* p, F32 v) {
     const __m512i u = _mm512_castps_si512(v);
     const __m512i hi = _mm512_srli_epi32(u, 16);
     const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-    const __m512i rounded =
-        _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    const __m512i biased = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+    const __m512i rounded = _mm512_srli_epi32(biased, 16);
     const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
     const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     const __m512i r = _mm512_mask_blend_epi32(nan, rounded, quiet);
@@ -316,119 +371,139 @@ struct Avx512Ops {
 };
 
 // The kernel bodies, instantiated once per ISA (a template cannot carry a per-instantiation
-// target attribute). Each vector iteration loads everything it reads before it stores, which
-// is what makes the in-place Div/Store16 kernels safe; the remainder goes to the scalar kernel.
-// Two vectors per iteration keep enough loads in flight on the 16-bit conversion paths.
-#define GL_DEFINE_VECTOR_KERNELS(V, TARGET)                                                      \
-  TARGET void SumF32(float* acc, const float* a, const float* b, size_t n) {                   \
-    size_t i = 0;                                                                              \
-    for (; i + V::kF32 <= n; i += V::kF32)                                                     \
-      V::StoreF32(acc + i, V::AddF32(V::LoadF32(a + i), V::LoadF32(b + i)));                   \
-    scalar::Sum(acc + i, a + i, b + i, n - i);                                                 \
-  }                                                                                            \
-  TARGET void AccF32(float* acc, const float* x, size_t n) {                                   \
-    size_t i = 0;                                                                              \
-    for (; i + V::kF32 <= n; i += V::kF32)                                                     \
-      V::StoreF32(acc + i, V::AddF32(V::LoadF32(acc + i), V::LoadF32(x + i)));                 \
-    scalar::Acc(acc + i, x + i, n - i);                                                        \
-  }                                                                                            \
-  TARGET void DivF32(float* out, const float* acc, size_t n, float d) {                        \
-    const V::F32 vd = V::SetF32(d);                                                            \
-    size_t i = 0;                                                                              \
-    for (; i + V::kF32 <= n; i += V::kF32) V::StoreF32(out + i, V::DivF32(V::LoadF32(acc + i), vd)); \
-    scalar::Div(out + i, acc + i, n - i, d);                                                   \
-  }                                                                                            \
-  TARGET void SumF64(double* acc, const double* a, const double* b, size_t n) {                \
-    size_t i = 0;                                                                              \
-    for (; i + V::kF64 <= n; i += V::kF64)                                                     \
-      V::StoreF64(acc + i, V::AddF64(V::LoadF64(a + i), V::LoadF64(b + i)));                   \
-    scalar::Sum(acc + i, a + i, b + i, n - i);                                                 \
-  }                                                                                            \
-  TARGET void AccF64(double* acc, const double* x, size_t n) {                                 \
-    size_t i = 0;                                                                              \
-    for (; i + V::kF64 <= n; i += V::kF64)                                                     \
-      V::StoreF64(acc + i, V::AddF64(V::LoadF64(acc + i), V::LoadF64(x + i)));                 \
-    scalar::Acc(acc + i, x + i, n - i);                                                        \
-  }                                                                                            \
-  TARGET void DivF64(double* out, const double* acc, size_t n, double d) {                     \
-    const V::F64 vd = V::SetF64(d);                                                            \
-    size_t i = 0;                                                                              \
-    for (; i + V::kF64 <= n; i += V::kF64) V::StoreF64(out + i, V::DivF64(V::LoadF64(acc + i), vd)); \
-    scalar::Div(out + i, acc + i, n - i, d);                                                   \
-  }                                                                                            \
-  TARGET void SumU32(uint32_t* acc, const uint32_t* a, const uint32_t* b, size_t n) {          \
-    size_t i = 0;                                                                              \
-    for (; i + V::kI32 <= n; i += V::kI32)                                                     \
-      V::StoreI(acc + i, V::AddI32(V::LoadI(a + i), V::LoadI(b + i)));                         \
-    scalar::SumU(acc + i, a + i, b + i, n - i);                                                \
-  }                                                                                            \
-  TARGET void AccU32(uint32_t* acc, const uint32_t* x, size_t n) {                             \
-    size_t i = 0;                                                                              \
-    for (; i + V::kI32 <= n; i += V::kI32)                                                     \
-      V::StoreI(acc + i, V::AddI32(V::LoadI(acc + i), V::LoadI(x + i)));                       \
-    scalar::AccU(acc + i, x + i, n - i);                                                       \
-  }                                                                                            \
-  TARGET void SumU64(uint64_t* acc, const uint64_t* a, const uint64_t* b, size_t n) {          \
-    size_t i = 0;                                                                              \
-    for (; i + V::kI64 <= n; i += V::kI64)                                                     \
-      V::StoreI(acc + i, V::AddI64(V::LoadI(a + i), V::LoadI(b + i)));                         \
-    scalar::SumU(acc + i, a + i, b + i, n - i);                                                \
-  }                                                                                            \
-  TARGET void AccU64(uint64_t* acc, const uint64_t* x, size_t n) {                             \
-    size_t i = 0;                                                                              \
-    for (; i + V::kI64 <= n; i += V::kI64)                                                     \
-      V::StoreI(acc + i, V::AddI64(V::LoadI(acc + i), V::LoadI(x + i)));                       \
-    scalar::AccU(acc + i, x + i, n - i);                                                       \
-  }                                                                                            \
-  GL_DEFINE_VECTOR_16BIT_KERNELS(V, TARGET, F16, HalfToFloatImpl, FloatToHalfImpl)             \
+// target attribute). Each kernel runs the scalar kernel on a head that brings the written
+// buffer (or, for Store16, the accumulator it reads) to vector alignment, then whole vectors,
+// then the scalar kernel on the tail. Each vector iteration loads everything it reads before
+// it stores, which is what makes the in-place Div/Store16 kernels safe. The 16-bit kernels do
+// two vectors per iteration to keep more loads in flight around the conversions.
+#define GL_DEFINE_VECTOR_KERNELS(V, TARGET)                                                        \
+  TARGET void SumF32(float* acc, const float* a, const float* b, size_t n) {                       \
+    size_t i = HeadToAlign<V::kBytes>(acc, n);                                                     \
+    scalar::Sum(acc, a, b, i);                                                                     \
+    for (; i + V::kF32 <= n; i += V::kF32)                                                         \
+      V::StoreF32(acc + i, V::AddF32(V::LoadF32(a + i), V::LoadF32(b + i)));                       \
+    scalar::Sum(acc + i, a + i, b + i, n - i);                                                     \
+  }                                                                                                \
+  TARGET void AccF32(float* acc, const float* x, size_t n) {                                       \
+    size_t i = HeadToAlign<V::kBytes>(acc, n);                                                     \
+    scalar::Acc(acc, x, i);                                                                        \
+    for (; i + V::kF32 <= n; i += V::kF32)                                                         \
+      V::StoreF32(acc + i, V::AddF32(V::LoadF32(acc + i), V::LoadF32(x + i)));                     \
+    scalar::Acc(acc + i, x + i, n - i);                                                            \
+  }                                                                                                \
+  TARGET void DivF32(float* out, const float* acc, size_t n, float d) {                            \
+    const V::F32 vd = V::SetF32(d);                                                                \
+    size_t i = HeadToAlign<V::kBytes>(out, n);                                                     \
+    scalar::Div(out, acc, i, d);                                                                   \
+    for (; i + V::kF32 <= n; i += V::kF32)                                                         \
+      V::StoreF32(out + i, V::DivF32(V::LoadF32(acc + i), vd));                                    \
+    scalar::Div(out + i, acc + i, n - i, d);                                                       \
+  }                                                                                                \
+  TARGET void SumF64(double* acc, const double* a, const double* b, size_t n) {                    \
+    size_t i = HeadToAlign<V::kBytes>(acc, n);                                                     \
+    scalar::Sum(acc, a, b, i);                                                                     \
+    for (; i + V::kF64 <= n; i += V::kF64)                                                         \
+      V::StoreF64(acc + i, V::AddF64(V::LoadF64(a + i), V::LoadF64(b + i)));                       \
+    scalar::Sum(acc + i, a + i, b + i, n - i);                                                     \
+  }                                                                                                \
+  TARGET void AccF64(double* acc, const double* x, size_t n) {                                     \
+    size_t i = HeadToAlign<V::kBytes>(acc, n);                                                     \
+    scalar::Acc(acc, x, i);                                                                        \
+    for (; i + V::kF64 <= n; i += V::kF64)                                                         \
+      V::StoreF64(acc + i, V::AddF64(V::LoadF64(acc + i), V::LoadF64(x + i)));                     \
+    scalar::Acc(acc + i, x + i, n - i);                                                            \
+  }                                                                                                \
+  TARGET void DivF64(double* out, const double* acc, size_t n, double d) {                         \
+    const V::F64 vd = V::SetF64(d);                                                                \
+    size_t i = HeadToAlign<V::kBytes>(out, n);                                                     \
+    scalar::Div(out, acc, i, d);                                                                   \
+    for (; i + V::kF64 <= n; i += V::kF64)                                                         \
+      V::StoreF64(out + i, V::DivF64(V::LoadF64(acc + i), vd));                                    \
+    scalar::Div(out + i, acc + i, n - i, d);                                                       \
+  }                                                                                                \
+  TARGET void SumU32(uint32_t* acc, const uint32_t* a, const uint32_t* b, size_t n) {              \
+    size_t i = HeadToAlign<V::kBytes>(acc, n);                                                     \
+    scalar::SumU(acc, a, b, i);                                                                    \
+    for (; i + V::kI32 <= n; i += V::kI32)                                                         \
+      V::StoreI(acc + i, V::AddI32(V::LoadI(a + i), V::LoadI(b + i)));                             \
+    scalar::SumU(acc + i, a + i, b + i, n - i);                                                    \
+  }                                                                                                \
+  TARGET void AccU32(uint32_t* acc, const uint32_t* x, size_t n) {                                 \
+    size_t i = HeadToAlign<V::kBytes>(acc, n);                                                     \
+    scalar::AccU(acc, x, i);                                                                       \
+    for (; i + V::kI32 <= n; i += V::kI32)                                                         \
+      V::StoreI(acc + i, V::AddI32(V::LoadI(acc + i), V::LoadI(x + i)));                           \
+    scalar::AccU(acc + i, x + i, n - i);                                                           \
+  }                                                                                                \
+  TARGET void SumU64(uint64_t* acc, const uint64_t* a, const uint64_t* b, size_t n) {              \
+    size_t i = HeadToAlign<V::kBytes>(acc, n);                                                     \
+    scalar::SumU(acc, a, b, i);                                                                    \
+    for (; i + V::kI64 <= n; i += V::kI64)                                                         \
+      V::StoreI(acc + i, V::AddI64(V::LoadI(a + i), V::LoadI(b + i)));                             \
+    scalar::SumU(acc + i, a + i, b + i, n - i);                                                    \
+  }                                                                                                \
+  TARGET void AccU64(uint64_t* acc, const uint64_t* x, size_t n) {                                 \
+    size_t i = HeadToAlign<V::kBytes>(acc, n);                                                     \
+    scalar::AccU(acc, x, i);                                                                       \
+    for (; i + V::kI64 <= n; i += V::kI64)                                                         \
+      V::StoreI(acc + i, V::AddI64(V::LoadI(acc + i), V::LoadI(x + i)));                           \
+    scalar::AccU(acc + i, x + i, n - i);                                                           \
+  }                                                                                                \
+  GL_DEFINE_VECTOR_16BIT_KERNELS(V, TARGET, F16, HalfToFloatImpl, FloatToHalfImpl)                 \
   GL_DEFINE_VECTOR_16BIT_KERNELS(V, TARGET, BF16, BFloat16ToFloatImpl, FloatToBFloat16Impl)
 
-#define GL_DEFINE_VECTOR_16BIT_KERNELS(V, TARGET, T, TO_FLOAT, FROM_FLOAT)                       \
-  TARGET void Sum##T(float* acc, const uint16_t* a, const uint16_t* b, size_t n) {             \
-    constexpr size_t w = V::kF32;                                                              \
-    size_t i = 0;                                                                              \
-    for (; i + 2 * w <= n; i += 2 * w) {                                                       \
-      const V::F32 s0 = V::AddF32(V::Load##T(a + i), V::Load##T(b + i));                      \
-      const V::F32 s1 = V::AddF32(V::Load##T(a + i + w), V::Load##T(b + i + w));              \
-      V::StoreF32(acc + i, s0);                                                                \
-      V::StoreF32(acc + i + w, s1);                                                            \
-    }                                                                                          \
-    for (; i + w <= n; i += w) V::StoreF32(acc + i, V::AddF32(V::Load##T(a + i), V::Load##T(b + i))); \
-    scalar::Sum16<TO_FLOAT>(acc + i, a + i, b + i, n - i);                                     \
-  }                                                                                            \
-  TARGET void Acc##T(float* acc, const uint16_t* x, size_t n) {                                \
-    constexpr size_t w = V::kF32;                                                              \
-    size_t i = 0;                                                                              \
-    for (; i + 2 * w <= n; i += 2 * w) {                                                       \
-      const V::F32 s0 = V::AddF32(V::LoadF32(acc + i), V::Load##T(x + i));                     \
-      const V::F32 s1 = V::AddF32(V::LoadF32(acc + i + w), V::Load##T(x + i + w));             \
-      V::StoreF32(acc + i, s0);                                                                \
-      V::StoreF32(acc + i + w, s1);                                                            \
-    }                                                                                          \
-    for (; i + w <= n; i += w) V::StoreF32(acc + i, V::AddF32(V::LoadF32(acc + i), V::Load##T(x + i))); \
-    scalar::Acc16<TO_FLOAT>(acc + i, x + i, n - i);                                            \
-  }                                                                                            \
-  TARGET void Load##T(float* acc, const uint16_t* x, size_t n) {                               \
-    constexpr size_t w = V::kF32;                                                              \
-    size_t i = 0;                                                                              \
-    for (; i + w <= n; i += w) V::StoreF32(acc + i, V::Load##T(x + i));                        \
-    scalar::Load16<TO_FLOAT>(acc + i, x + i, n - i);                                           \
-  }                                                                                            \
-  TARGET void Store##T(uint16_t* out, const float* acc, size_t n, float d) {                   \
-    constexpr size_t w = V::kF32;                                                              \
-    size_t i = 0;                                                                              \
-    if (d == 1.0f) {                                                                           \
-      for (; i + w <= n; i += w) V::Store##T(out + i, V::LoadF32(acc + i));                    \
-    } else {                                                                                   \
-      const V::F32 vd = V::SetF32(d);                                                          \
-      for (; i + w <= n; i += w) V::Store##T(out + i, V::DivF32(V::LoadF32(acc + i), vd));     \
-    }                                                                                          \
-    scalar::Store16<FROM_FLOAT>(out + i, acc + i, n - i, d);                                   \
+#define GL_DEFINE_VECTOR_16BIT_KERNELS(V, TARGET, T, TO_FLOAT, FROM_FLOAT)                         \
+  TARGET void Sum##T(float* acc, const uint16_t* a, const uint16_t* b, size_t n) {                 \
+    constexpr size_t w = V::kF32;                                                                  \
+    size_t i = HeadToAlign<V::kBytes>(acc, n);                                                     \
+    scalar::Sum16<TO_FLOAT>(acc, a, b, i);                                                         \
+    for (; i + 2 * w <= n; i += 2 * w) {                                                           \
+      const V::F32 s0 = V::AddF32(V::Load##T(a + i), V::Load##T(b + i));                           \
+      const V::F32 s1 = V::AddF32(V::Load##T(a + i + w), V::Load##T(b + i + w));                   \
+      V::StoreF32(acc + i, s0);                                                                    \
+      V::StoreF32(acc + i + w, s1);                                                                \
+    }                                                                                              \
+    for (; i + w <= n; i += w)                                                                     \
+      V::StoreF32(acc + i, V::AddF32(V::Load##T(a + i), V::Load##T(b + i)));                       \
+    scalar::Sum16<TO_FLOAT>(acc + i, a + i, b + i, n - i);                                         \
+  }                                                                                                \
+  TARGET void Acc##T(float* acc, const uint16_t* x, size_t n) {                                    \
+    constexpr size_t w = V::kF32;                                                                  \
+    size_t i = HeadToAlign<V::kBytes>(acc, n);                                                     \
+    scalar::Acc16<TO_FLOAT>(acc, x, i);                                                            \
+    for (; i + 2 * w <= n; i += 2 * w) {                                                           \
+      const V::F32 s0 = V::AddF32(V::LoadF32(acc + i), V::Load##T(x + i));                         \
+      const V::F32 s1 = V::AddF32(V::LoadF32(acc + i + w), V::Load##T(x + i + w));                 \
+      V::StoreF32(acc + i, s0);                                                                    \
+      V::StoreF32(acc + i + w, s1);                                                                \
+    }                                                                                              \
+    for (; i + w <= n; i += w)                                                                     \
+      V::StoreF32(acc + i, V::AddF32(V::LoadF32(acc + i), V::Load##T(x + i)));                     \
+    scalar::Acc16<TO_FLOAT>(acc + i, x + i, n - i);                                                \
+  }                                                                                                \
+  TARGET void Load##T(float* acc, const uint16_t* x, size_t n) {                                   \
+    constexpr size_t w = V::kF32;                                                                  \
+    size_t i = HeadToAlign<V::kBytes>(acc, n);                                                     \
+    scalar::Load16<TO_FLOAT>(acc, x, i);                                                           \
+    for (; i + w <= n; i += w) V::StoreF32(acc + i, V::Load##T(x + i));                            \
+    scalar::Load16<TO_FLOAT>(acc + i, x + i, n - i);                                               \
+  }                                                                                                \
+  TARGET void Store##T(uint16_t* out, const float* acc, size_t n, float d) {                       \
+    constexpr size_t w = V::kF32;                                                                  \
+    size_t i = HeadToAlign<V::kBytes>(acc, n);                                                     \
+    scalar::Store16<FROM_FLOAT>(out, acc, i, d);                                                   \
+    if (d == 1.0f) {                                                                               \
+      for (; i + w <= n; i += w) V::Store##T(out + i, V::LoadF32(acc + i));                        \
+    } else {                                                                                       \
+      const V::F32 vd = V::SetF32(d);                                                              \
+      for (; i + w <= n; i += w) V::Store##T(out + i, V::DivF32(V::LoadF32(acc + i), vd));         \
+    }                                                                                              \
+    scalar::Store16<FROM_FLOAT>(out + i, acc + i, n - i, d);                                       \
   }
 
-#define GL_KERNEL_TABLE(ISA)                                                                   \
-  constexpr Kernels kKernels = {ISA,    SumF32,  AccF32, DivF32,  SumF64,  AccF64, DivF64,   \
-                                SumU32, AccU32,  SumU64, AccU64,  SumF16,  AccF16, LoadF16,  \
+#define GL_KERNEL_TABLE(ISA)                                                               \
+  constexpr Kernels kKernels = {ISA,     SumF32,  AccF32,  DivF32,   SumF64,  AccF64,  DivF64, \
+                                SumU32,  AccU32,  SumU64,  AccU64,   SumF16,  AccF16,  LoadF16, \
                                 StoreF16, SumBF16, AccBF16, LoadBF16, StoreBF16};
 
 // Kernels are noinline targets; always_inline on the ops makes them inline into these.

@@ -692,7 +692,7 @@ void UcxLane::FailPeer(Peer* peer, Status status) {
   peer->failed = true;
   peer->failure = std::move(status);
   if (!stopping_) {
-    GL_LOG(kWarn) << peer->failure.ToString();
+    GL_LOG(kInfo) << peer->failure.ToString();
     if (receiver_ != nullptr) receiver_->OnPeerFailed(peer->id, peer->failure);
   }
   std::vector<SendOp*> ops(peer->in_flight.begin(), peer->in_flight.end());

@@ -845,17 +845,17 @@ TEST(ReduceDispatchTest, VectorMatchesScalarBitForBit) {
         const auto t = static_cast<DataType>(raw);
         const size_t ws = DataTypeSize(t), as = DataTypeSize(AccumulatorType(t));
         const size_t n = round < 10 ? round : (round < 20 ? 4099 : g.Below(3000));
-        const size_t off = g.Below(4);  // in elements
+        const size_t off = g.Below(17);  // in elements: every head length to 64-byte alignment
         auto random_bytes = [&](size_t count) {
           Bytes r{std::vector<unsigned char>(count)};
           for (auto& c : r.b) c = static_cast<unsigned char>(g.Bits64());
           return r;
         };
         // fp16/bf16 accumulators: also mix in values within the 16-bit types' range.
-        Bytes a = random_bytes((n + 4) * ws), b = random_bytes((n + 4) * ws);
-        Bytes acc0 = random_bytes((n + 4) * as);
+        Bytes a = random_bytes((n + 17) * ws), b = random_bytes((n + 17) * ws);
+        Bytes acc0 = random_bytes((n + 17) * as);
         if (as == 4 && ws == 2) {
-          for (size_t i = 0; i < n + 4; i += 2) {
+          for (size_t i = 0; i < n + 17; i += 2) {
             const float f = t == DataType::kFloat16 ? RandomF16Acc(g) : RandomBf16Acc(g);
             std::memcpy(acc0.at(i * 4), &f, 4);
           }
