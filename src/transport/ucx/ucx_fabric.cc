@@ -35,6 +35,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -71,6 +72,19 @@ constexpr int kPollTimeoutMs = 100;
 thread_local const void* t_progress_lane = nullptr;
 
 std::string UcsError(ucs_status_t s) { return ucs_status_string(s); }
+
+// UCP_ERR_HANDLING_MODE_PEER (the default) reports a dead peer on the endpoint, but UCX 1.13
+// then never selects shared memory (sysv/posix/cma lack peer failure handling), so processes on
+// one host talk over TCP loopback. GRADLINK_UCX_ERROR_MODE=none trades that endpoint-level
+// detection (the scheduler still detects dead members) for the shared-memory path.
+ucp_err_handling_mode_t PeerErrorMode() {
+  static const ucp_err_handling_mode_t mode = [] {
+    const char* v = std::getenv("GRADLINK_UCX_ERROR_MODE");
+    return (v != nullptr && std::strcmp(v, "none") == 0) ? UCP_ERR_HANDLING_MODE_NONE
+                                                         : UCP_ERR_HANDLING_MODE_PEER;
+  }();
+  return mode;
+}
 
 // Errors that concern one send, not the endpoint; anything else means the endpoint is unusable.
 bool IsLocalSendError(ucs_status_t s) {
@@ -370,7 +384,7 @@ Result<PeerId> UcxLane::ConnectNow(std::span<const std::byte> remote_address,
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                   UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_NAME;
   ep.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
-  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_mode = PeerErrorMode();
   ep.err_handler.cb = &UcxLane::ErrorHandlerThunk;
   ep.err_handler.arg = peer.get();
   ep.name = peer->name.c_str();
