@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all setup build test demo bench-reduce clean
+.PHONY: all setup build test demo bench-reduce fuzz test-asan test-tsan clean
 
 all: build
 
@@ -25,6 +25,36 @@ test: build
 # every element of every result checked.
 demo: build
 	$(BUILD)/bin/gradlink-bench -w 2 -s 2 -b 4K -e 64M -f 4 -n 10
+
+# libFuzzer targets under ASan+UBSan (clang), each run for FUZZ_SECONDS.
+FUZZ_SECONDS ?= 60
+fuzz: setup
+	cmake -S . -B $(BUILD)-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	  -DGRADLINK_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
+	cmake --build $(BUILD)-fuzz -j$(JOBS) --target frame_fuzz messages_fuzz
+	for t in frame messages; do \
+	  mkdir -p $(BUILD)-fuzz/corpus/$$t && \
+	  $(BUILD)-fuzz/tests/fuzz/$${t}_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    $(BUILD)-fuzz/corpus/$$t tests/fuzz/corpus/$$t || exit 1; \
+	done
+
+# The unit tests under sanitizers (UCX's memory hooks must be off under TSan).
+test-asan: setup
+	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug \
+	  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer"
+	cmake --build $(BUILD)-asan -j$(JOBS)
+	cd $(BUILD)-asan && ctest --output-on-failure -j$(JOBS) -LE integration
+
+test-tsan: setup
+	cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="-fsanitize=thread"
+	cmake --build $(BUILD)-tsan -j$(JOBS)
+	cd $(BUILD)-tsan && UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_RELOC=no \
+	  ctest --output-on-failure -j$(JOBS) -LE integration
+
+# Reducer throughput against memcpy (Google Benchmark).
+bench-reduce: build
+	$(BUILD)/reduce_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 
 clean:
 	rm -rf $(BUILD)

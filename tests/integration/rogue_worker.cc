@@ -1,0 +1,532 @@
+// gl_rogue_worker: a worker built from gradlink's internals (join, UCX lanes, wire codec) that
+// takes part honestly in a job and, between its honest rounds, throws malformed and unexpected
+// frames at every server's push and pull lanes from separate UCX endpoints.
+//
+// The job: --workers honest gl_probe_worker --mode honest processes (ranks 0..n-2) and this
+// process as rank n-1, all summing the fp32 tensor "rogue.t" of --count elements for --rounds
+// rounds. The servers must drop every bad frame (closing the connection it came on, or
+// refusing it) and keep serving: this process checks every element of its own pulls, the honest
+// workers check theirs, and the harness checks that every process exits 0.
+//
+// Exit codes: 0 pass, 1 failure (message on stderr), 3 wrong elements, 2 usage.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/join.h"
+#include "transport/transport.h"
+#include "wire/frame.h"
+#include "wire/messages.h"
+
+namespace gl = gradlink;
+namespace wire = gradlink::wire;
+namespace transport = gradlink::transport;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr char kTensor[] = "rogue.t";
+// Never an op id of a real worker (those count up from 1): replies carrying it must be dropped.
+constexpr uint64_t kBogusCookie = 0xFFFFFFFF00000000ull;
+
+int64_t Value(uint64_t j, uint32_t rank, uint64_t round, uint64_t t) {
+  return static_cast<int64_t>((j * 7 + rank * 3 + round * 5 + t * 11) % 13) - 6;
+}
+
+// Receives pull responses (and the servers' kDataError answers to our bad pushes).
+class PullReceiver final : public transport::Receiver {
+ public:
+  struct Expect {
+    uint64_t key = 0;
+    uint32_t partition = 0;
+    uint64_t round = 0;
+    uint64_t count = 0;
+    std::span<std::byte> dest;
+    bool done = false;
+    std::vector<std::byte> error_text;
+    gl::Status error;
+  };
+
+  void ExpectReply(uint64_t cookie, Expect e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    expects_[cookie] = std::move(e);
+  }
+
+  // Waits until every expected reply arrived. Returns the first error.
+  gl::Status WaitAll(Clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const bool all = cv_.wait_until(lock, deadline, [this] {
+      if (!failure_.ok()) return true;
+      for (auto& [c, e] : expects_) {
+        if (!e.done) return false;
+      }
+      return true;
+    });
+    if (!failure_.ok()) return failure_;
+    if (!all) return gl::Timeout("pull responses missing at the deadline");
+    for (auto& [c, e] : expects_) {
+      if (!e.error.ok()) return e.error;
+    }
+    expects_.clear();
+    return gl::Status::Ok();
+  }
+
+  void Fail(const gl::Status& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.ok()) failure_ = s;
+    cv_.notify_all();
+  }
+
+  uint64_t ignored() const { return ignored_.load(); }
+
+  gl::Result<std::span<std::byte>> OnHeader(const wire::Header& h) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = expects_.find(h.cookie);
+    if (it == expects_.end() || it->second.done) {
+      // The servers answer our refused bad pushes with kDataError: expected, and dropped.
+      ignored_++;
+      if (h.type != wire::MsgType::kDataError || h.cookie != kBogusCookie) {
+        unexpected_++;
+        std::fprintf(stderr, "rogue: unexpected frame type %d cookie %llx\n",
+                     static_cast<int>(h.type), (unsigned long long)h.cookie);
+      }
+      return gl::Aborted("not expected");
+    }
+    Expect& e = it->second;
+    if (h.key != e.key || h.partition != e.partition || h.round != e.round) {
+      failure_ = gl::ProtocolError("pull reply does not match its push");
+      cv_.notify_all();
+      return failure_;
+    }
+    if (h.type == wire::MsgType::kDataError) {
+      e.error_text.resize(h.payload_bytes);
+      return std::span<std::byte>(e.error_text);
+    }
+    if (h.type != wire::MsgType::kPullResponse ||
+        h.dtype != static_cast<uint8_t>(gl::DataType::kFloat32) || h.count != e.count) {
+      failure_ = gl::ProtocolError("pull reply has the wrong type or shape");
+      cv_.notify_all();
+      return failure_;
+    }
+    return e.dest;
+  }
+
+  void OnPayload(const wire::Header& h, std::span<std::byte>) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = expects_.find(h.cookie);
+    if (it == expects_.end()) return;
+    Expect& e = it->second;
+    e.done = true;
+    if (h.type == wire::MsgType::kDataError) {
+      auto text = wire::DecodeText(e.error_text);
+      e.error = gl::Status(static_cast<gl::Code>(h.code == 0 ? 10 : h.code),
+                           "server error: " + (text.ok() ? *text : std::string("?")));
+    }
+    cv_.notify_all();
+  }
+
+  void OnReceiveFailed(const wire::Header& h, const gl::Status& s) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = expects_.find(h.cookie);
+    if (it == expects_.end()) return;
+    it->second.done = true;
+    it->second.error = s;
+    cv_.notify_all();
+  }
+
+  void OnPeerFailed(transport::PeerId, const gl::Status& s) override { Fail(s); }
+
+  uint64_t unexpected() const { return unexpected_.load(); }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, Expect> expects_;
+  gl::Status failure_;
+  std::atomic<uint64_t> ignored_{0}, unexpected_{0};
+};
+
+// For lanes that should receive nothing (our push lane, the evil lane).
+class CountingReceiver final : public transport::Receiver {
+ public:
+  gl::Result<std::span<std::byte>> OnHeader(const wire::Header&) override {
+    frames_++;
+    return gl::Aborted("not expected");
+  }
+  void OnPayload(const wire::Header&, std::span<std::byte>) override {}
+  void OnReceiveFailed(const wire::Header&, const gl::Status&) override {}
+  void OnPeerFailed(transport::PeerId, const gl::Status&) override { peer_failures_++; }
+  std::atomic<uint64_t> frames_{0}, peer_failures_{0};
+};
+
+// One malformed or unexpected frame.
+struct BadFrame {
+  std::string what;
+  std::vector<std::byte> header;
+  std::vector<std::byte> payload;
+};
+
+template <typename T>
+void Patch(std::vector<std::byte>& b, size_t off, T v) {
+  for (size_t i = 0; i < sizeof(T); ++i) b[off + i] = std::byte((v >> (8 * i)) & 0xFF);
+}
+
+std::vector<std::byte> Enc(const wire::Header& h) {
+  const wire::HeaderBytes hb = wire::EncodeHeader(h);
+  return std::vector<std::byte>(hb.begin(), hb.end());
+}
+
+std::vector<BadFrame> MakeBadFrames(uint32_t job, uint32_t rank, uint32_t num_workers,
+                                    uint64_t key, uint32_t num_partitions) {
+  // A push that the server would refuse on its merits alone (a round far in the future), so
+  // that a variant which slipped through validation could still not change any sum.
+  wire::Header base;
+  base.type = wire::MsgType::kPush;
+  base.job = job;
+  base.sender = rank;
+  base.key = wire::TensorKey("bogus-job", "bogus-tensor");
+  base.partition = 0;
+  base.dtype = static_cast<uint8_t>(gl::DataType::kFloat32);
+  base.round = 1000000;
+  base.count = 4;
+  base.payload_bytes = 16;
+  base.cookie = kBogusCookie;
+  const std::vector<std::byte> p16(16, std::byte{0x41});
+  std::vector<BadFrame> v;
+  auto patched = [&](std::string what, size_t off, auto value, std::vector<std::byte> payload) {
+    std::vector<std::byte> h = Enc(base);
+    Patch(h, off, value);
+    v.push_back({std::move(what), std::move(h), std::move(payload)});
+  };
+  // Offsets from src/wire/frame.cc.
+  patched("bad magic 0", 0, uint32_t{0}, p16);
+  patched("bad magic GLK2", 0, uint32_t{0x324B4C47}, p16);
+  patched("bad magic all ones", 0, uint32_t{0xFFFFFFFF}, p16);
+  patched("version 0", 4, uint8_t{0}, p16);
+  patched("version 2", 4, uint8_t{2}, p16);
+  patched("version 255", 4, uint8_t{255}, p16);
+  for (uint8_t t : {0, 11, 31, 35, 200, 255}) {
+    patched("message type " + std::to_string(t), 5, t, p16);
+  }
+  patched("unknown flag", 6, uint16_t{0x8000}, p16);
+  patched("reserved bytes set", 30, uint16_t{1}, p16);
+  patched("status code out of range", 29, uint8_t{200}, p16);
+  patched("dtype 0", 28, uint8_t{0}, p16);
+  patched("dtype 7", 28, uint8_t{7}, p16);
+  patched("count does not match the payload", 40, uint64_t{5}, p16);
+  patched("count overflows", 40, uint64_t{1} << 62, p16);
+  patched("payload length says 100, carries 16", 48, uint64_t{100}, p16);
+  patched("payload length says 0, carries 16", 48, uint64_t{0}, p16);
+  patched("payload length says 2^40", 48, uint64_t{1} << 40, p16);
+  patched("payload length says 2^64-1", 48, ~uint64_t{0}, p16);
+  {
+    wire::Header h = base;  // length agrees with count but not with what is carried
+    h.count = 8;
+    h.payload_bytes = 32;
+    v.push_back({"count and length agree, 16 bytes carried", Enc(h), p16});
+  }
+  {
+    wire::Header h = base;  // a rendezvous-sized payload under a header that lies about it
+    h.count = 256 * 1024;
+    h.payload_bytes = 1 << 20;
+    v.push_back({"2 MiB carried, header says 1 MiB", Enc(h), std::vector<std::byte>(2 << 20)});
+  }
+  {
+    std::vector<std::byte> h = Enc(base);
+    h.resize(32);
+    v.push_back({"32-byte header", h, p16});
+    h = Enc(base);
+    h.push_back(std::byte{0});
+    v.push_back({"65-byte header", h, p16});
+    v.push_back({"empty header", {}, p16});
+  }
+  // Well-formed frames that the server must refuse.
+  {
+    wire::Header h = base;
+    h.type = wire::MsgType::kPullResponse;
+    v.push_back({"kPullResponse sent to a server", Enc(h), p16});
+    h.type = wire::MsgType::kRegister;
+    h.dtype = 0;
+    h.count = 0;
+    v.push_back({"control frame on a data lane", Enc(h), p16});
+    h = base;
+    h.job = job ^ 1;
+    v.push_back({"push of another job", Enc(h), p16});
+    h = base;
+    h.sender = num_workers;
+    v.push_back({"push from rank == num_workers", Enc(h), p16});
+    h.sender = 0xFFFFFFFF;
+    v.push_back({"push from rank 2^32-1", Enc(h), p16});
+    h = base;
+    v.push_back({"push of an undeclared key", Enc(h), p16});
+    h.sender = 0;  // the servers answer rank 0, an honest worker, which must drop the answer
+    v.push_back({"push of an undeclared key as rank 0", Enc(h), p16});
+    h = base;
+    h.key = key;
+    h.partition = num_partitions + 5;
+    v.push_back({"push of a partition that does not exist", Enc(h), p16});
+    h.partition = 0xFFFFFFFF;
+    v.push_back({"push of partition 2^32-1", Enc(h), p16});
+    h = base;
+    h.count = 1 << 20;
+    h.payload_bytes = 4 << 20;
+    v.push_back({"4 MiB push of an undeclared key", Enc(h), std::vector<std::byte>(4 << 20)});
+  }
+  return v;
+}
+
+struct Args {
+  std::string scheduler, job = "default";
+  uint32_t rank = 1;
+  uint64_t count = 300000;
+  uint64_t partition_bytes = 256 * 1024;
+  int rounds = 5;
+  int wait_s = 60;
+};
+
+int Run(const Args& a) {
+  const uint32_t job = wire::JobHash(a.job);
+  const auto join_deadline = Clock::now() + std::chrono::seconds(a.wait_s);
+  auto fabric = gl::MakeFabric("ucx", nullptr);
+  if (!fabric.ok()) {
+    std::fprintf(stderr, "rogue: fabric: %s\n", fabric.status().ToString().c_str());
+    return 1;
+  }
+  PullReceiver pulls;
+  CountingReceiver push_rx, evil_rx;
+  auto push_lane = (*fabric)->CreateLane("rogue push lane");
+  auto pull_lane = (*fabric)->CreateLane("rogue pull lane");
+  auto evil_lane = (*fabric)->CreateLane("rogue evil lane");
+  if (!push_lane.ok() || !pull_lane.ok() || !evil_lane.ok()) {
+    std::fprintf(stderr, "rogue: cannot create lanes\n");
+    return 1;
+  }
+  gl::Status st = (*push_lane)->Start(&push_rx);
+  if (st.ok()) st = (*pull_lane)->Start(&pulls);
+  if (st.ok()) st = (*evil_lane)->Start(&evil_rx);
+  if (!st.ok()) {
+    std::fprintf(stderr, "rogue: start lanes: %s\n", st.ToString().c_str());
+    return 1;
+  }
+
+  wire::RegisterMsg reg;
+  reg.role = wire::Role::kWorker;
+  reg.requested_rank = static_cast<int32_t>(a.rank);
+  reg.host = "rogue";
+  reg.push_address = (*push_lane)->address();
+  reg.pull_address = (*pull_lane)->address();
+  auto joined = gl::JoinJob(a.scheduler, job, reg, join_deadline);
+  if (!joined.ok()) {
+    std::fprintf(stderr, "rogue: join: %s\n", joined.status().ToString().c_str());
+    return 1;
+  }
+  transport::ControlChannel& ch = *joined->channel;
+  const wire::WelcomeMsg& welcome = joined->welcome;
+  const uint32_t rank = welcome.your_id, n = welcome.num_workers;
+  std::vector<const wire::Member*> servers(welcome.num_servers, nullptr);
+  for (const wire::Member& m : welcome.members) {
+    if (m.role == wire::Role::kServer) servers[m.id] = &m;
+  }
+  std::vector<transport::PeerId> server_peer(servers.size());
+  for (size_t s = 0; s < servers.size(); ++s) {
+    auto p = (*push_lane)->Connect(servers[s]->push_address, "server " + std::to_string(s));
+    if (!p.ok()) {
+      std::fprintf(stderr, "rogue: connect: %s\n", p.status().ToString().c_str());
+      return 1;
+    }
+    server_peer[s] = *p;
+  }
+  std::printf("rogue: joined as rank %u of %u, %zu servers\n", rank, n, servers.size());
+  std::fflush(stdout);
+
+  // Declare, exactly as gradlink's worker does, and wait for the plan.
+  const uint64_t key = wire::TensorKey(a.job, kTensor);
+  {
+    wire::Header h;
+    h.type = wire::MsgType::kDeclare;
+    h.job = job;
+    h.sender = rank;
+    h.key = key;
+    h.dtype = static_cast<uint8_t>(gl::DataType::kFloat32);
+    h.count = a.count;
+    st = ch.Send(h, wire::Encode(wire::DeclareMsg{kTensor, a.partition_bytes}));
+    if (!st.ok()) {
+      std::fprintf(stderr, "rogue: declare: %s\n", st.ToString().c_str());
+      return 1;
+    }
+  }
+  std::vector<wire::PartitionPlan> plan;
+  while (plan.empty()) {
+    auto f = ch.Receive(join_deadline);
+    if (!f.ok()) {
+      std::fprintf(stderr, "rogue: waiting for the plan: %s\n", f.status().ToString().c_str());
+      return 1;
+    }
+    if (f->header.type != wire::MsgType::kAssign || f->header.key != key) continue;
+    if (f->header.code != 0) {
+      std::fprintf(stderr, "rogue: the scheduler refused the declaration (code %d)\n", f->header.code);
+      return 1;
+    }
+    auto am = wire::DecodeAssign(f->payload, a.count, welcome.num_servers);
+    if (!am.ok()) {
+      std::fprintf(stderr, "rogue: bad plan: %s\n", am.status().ToString().c_str());
+      return 1;
+    }
+    plan = am->partitions;
+  }
+  // From here the control channel only matters if the job is aborted.
+  std::atomic<bool> stop{false};
+  std::thread control([&] {
+    while (!stop.load()) {
+      auto f = ch.Receive(Clock::now() + std::chrono::milliseconds(100));
+      if (!f.ok()) {
+        if (f.status().code() == gl::Code::kTimeout) continue;
+        if (!stop.load()) pulls.Fail(gl::PeerLost("rogue lost the scheduler: " + f.status().message()));
+        return;
+      }
+      if (f->header.type == wire::MsgType::kAbort) {
+        auto text = wire::DecodeText(f->payload);
+        pulls.Fail(gl::Aborted("job aborted: " + (text.ok() ? *text : std::string("?"))));
+        return;
+      }
+    }
+  });
+  auto finish = [&](int rc) {
+    stop = true;
+    wire::Header h;
+    h.type = wire::MsgType::kGoodbye;
+    h.job = job;
+    h.sender = rank;
+    ch.Send(h, {}, Clock::now() + std::chrono::seconds(5)).IgnoreError();
+    ch.Close();
+    control.join();
+    (*evil_lane)->Stop();
+    (*pull_lane)->Stop();
+    (*push_lane)->Stop();
+    std::printf("rogue: exit %d\n", rc);
+    return rc;
+  };
+
+  const std::vector<BadFrame> bad =
+      MakeBadFrames(job, rank, n, key, static_cast<uint32_t>(plan.size()));
+  uint64_t bad_sent = 0, bad_send_errors = 0;
+  // Each bad frame goes on a fresh endpoint: the server closes the connection a bad frame
+  // came on, and we want every frame to reach it.
+  auto throw_bad_frames = [&](int round) -> bool {
+    for (size_t s = 0; s < servers.size(); ++s) {
+      for (int lane = 0; lane < 2; ++lane) {
+        const auto& addr = lane == 0 ? servers[s]->push_address : servers[s]->pull_address;
+        for (const BadFrame& b : bad) {
+          auto peer = (*evil_lane)->Connect(addr, "server " + std::to_string(s) + " (bad frames)");
+          if (!peer.ok()) {
+            std::fprintf(stderr, "rogue: evil connect: %s\n", peer.status().ToString().c_str());
+            return false;
+          }
+          std::mutex mu;
+          std::condition_variable cv;
+          bool done = false;
+          gl::Status result;
+          (*evil_lane)->SendRawForTesting(*peer, b.header, b.payload, [&](const gl::Status& s2) {
+            std::lock_guard<std::mutex> lock(mu);
+            done = true;
+            result = s2;
+            cv.notify_all();
+          });
+          std::unique_lock<std::mutex> lock(mu);
+          if (!cv.wait_until(lock, Clock::now() + std::chrono::seconds(10), [&] { return done; })) {
+            std::fprintf(stderr, "rogue: sending bad frame '%s' did not complete in 10 s\n",
+                         b.what.c_str());
+            return false;
+          }
+          ++bad_sent;
+          if (!result.ok()) ++bad_send_errors;
+        }
+      }
+    }
+    std::printf("rogue: before round %d: %zu bad frames to each lane of %zu servers\n", round,
+                bad.size(), servers.size());
+    std::fflush(stdout);
+    return true;
+  };
+
+  std::vector<float> data(a.count), result(a.count);
+  uint64_t wrong_total = 0;
+  for (int round = 0; round < a.rounds; ++round) {
+    if (!throw_bad_frames(round)) return finish(1);
+    for (uint64_t j = 0; j < a.count; ++j) data[j] = static_cast<float>(Value(j, rank, round, 0));
+    std::fill(result.begin(), result.end(), -1000.0f);
+    std::mutex send_mu;
+    gl::Status send_failure;
+    for (uint32_t p = 0; p < plan.size(); ++p) {
+      wire::Header h;
+      h.type = wire::MsgType::kPush;
+      h.job = job;
+      h.sender = rank;
+      h.key = key;
+      h.partition = p;
+      h.dtype = static_cast<uint8_t>(gl::DataType::kFloat32);
+      h.round = static_cast<uint64_t>(round);
+      h.count = plan[p].count;
+      h.payload_bytes = plan[p].count * 4;
+      h.cookie = (uint64_t{1} << 40) | (static_cast<uint64_t>(round) << 20) | p;
+      PullReceiver::Expect e;
+      e.key = key;
+      e.partition = p;
+      e.round = static_cast<uint64_t>(round);
+      e.count = plan[p].count;
+      e.dest = std::as_writable_bytes(std::span(result).subspan(plan[p].offset, plan[p].count));
+      pulls.ExpectReply(h.cookie, std::move(e));
+      auto payload = std::as_bytes(std::span(data).subspan(plan[p].offset, plan[p].count));
+      (*push_lane)->Send(server_peer[plan[p].server], h, payload, [&](const gl::Status& s2) {
+        if (!s2.ok()) pulls.Fail(s2);
+      });
+    }
+    st = pulls.WaitAll(Clock::now() + std::chrono::seconds(a.wait_s));
+    if (!st.ok()) {
+      std::fprintf(stderr, "rogue: round %d: %s\n", round, st.ToString().c_str());
+      return finish(1);
+    }
+    uint64_t wrong = 0;
+    for (uint64_t j = 0; j < a.count; ++j) {
+      int64_t sum = 0;
+      for (uint32_t r = 0; r < n; ++r) sum += Value(j, r, round, 0);
+      if (result[j] != static_cast<float>(sum)) ++wrong;
+    }
+    if (wrong != 0) std::fprintf(stderr, "rogue: round %d: %llu wrong elements\n", round, (unsigned long long)wrong);
+    wrong_total += wrong;
+  }
+  std::printf("rogue: %d rounds, %llu wrong elements; %llu bad frames sent (%llu sends failed), "
+              "%llu server answers to them dropped, %llu frames on lanes that expect none\n",
+              a.rounds, (unsigned long long)wrong_total, (unsigned long long)bad_sent,
+              (unsigned long long)bad_send_errors, (unsigned long long)pulls.ignored(),
+              (unsigned long long)(push_rx.frames_.load() + evil_rx.frames_.load()));
+  if (pulls.unexpected() != 0) {
+    std::fprintf(stderr, "rogue: %llu unexpected frames on the pull lane\n",
+                 (unsigned long long)pulls.unexpected());
+    return finish(1);
+  }
+  return finish(wrong_total == 0 ? 0 : 3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"gradlink integration test: a worker that also sends bad frames to the servers"};
+  Args a;
+  app.add_option("--scheduler", a.scheduler)->required();
+  app.add_option("--job", a.job);
+  app.add_option("--rank", a.rank);
+  app.add_option("--count", a.count);
+  app.add_option("--partition-bytes", a.partition_bytes);
+  app.add_option("--rounds", a.rounds);
+  app.add_option("--wait-s", a.wait_s);
+  CLI11_PARSE(app, argc, argv);
+  return Run(a);
+}
