@@ -41,7 +41,8 @@ struct WorkerOptions {
   std::string job = "default";  // must equal the scheduler's
   int32_t rank = -1;            // rank to claim (e.g. torchrun's RANK); -1: assigned on join
   uint64_t partition_bytes = 4u << 20;       // tensors are cut into partitions of this size
-  uint64_t max_bytes_in_flight = 32u << 20;  // pushed but not yet pulled; at least 1 partition
+  // Bytes of pushes handed to the transport and not yet sent; at least one partition.
+  uint64_t max_bytes_in_flight = 32u << 20;
   bool single_lane = false;  // push and pull on one lane (comparison mode)
   std::string transport = "ucx";
   std::shared_ptr<transport::Fabric> fabric;

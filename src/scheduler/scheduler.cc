@@ -24,12 +24,15 @@ using wire::Role;
 
 constexpr auto kRegisterTimeout = std::chrono::seconds(10);
 constexpr auto kPoll = std::chrono::milliseconds(100);
+// Connections that have not registered yet, at most; more are closed at once.
+constexpr size_t kMaxUnregistered = 256;
 
 std::string RoleName(Role r) { return r == Role::kWorker ? "worker" : "server"; }
 
 struct Connection {
   std::shared_ptr<ControlChannel> channel;
   std::thread reader;
+  std::atomic<bool> reader_done{false};
   bool registered = false;
   bool left = false;  // said goodbye
   Role role = Role::kWorker;
@@ -122,10 +125,35 @@ class SchedulerImpl final : public Scheduler {
       }
       auto conn = std::make_shared<Connection>();
       conn->channel = std::shared_ptr<ControlChannel>(std::move(ch).value());
+      std::vector<std::shared_ptr<Connection>> reaped = ReapClosed();
+      for (auto& c : reaped) c->reader.join();  // they have returned: this does not wait
       std::lock_guard<std::mutex> lock(mu_);
+      size_t unregistered = 0;
+      for (auto& c : conns_) unregistered += c->registered ? 0 : 1;
+      if (unregistered >= kMaxUnregistered) {
+        GL_LOG(kWarn) << "scheduler: " << unregistered << " connections have not registered; "
+                      << "refusing " << conn->channel->peer_name();
+        continue;  // the channel closes with `conn`
+      }
       conns_.push_back(conn);
-      conn->reader = std::thread([this, conn] { ReadLoop(conn); });
+      conn->reader = std::thread([this, conn] {
+        ReadLoop(conn);
+        conn->reader_done = true;
+      });
     }
+  }
+
+  // Removes the connections that closed before registering (a registered member stays: the job
+  // names it in errors). Their threads are to be joined by the caller, outside the lock.
+  std::vector<std::shared_ptr<Connection>> ReapClosed() {
+    std::vector<std::shared_ptr<Connection>> reaped;
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(conns_, [&](const std::shared_ptr<Connection>& c) {
+      if (c->registered || !c->reader_done.load()) return false;
+      reaped.push_back(c);
+      return true;
+    });
+    return reaped;
   }
 
   void ReadLoop(std::shared_ptr<Connection> c) {
@@ -173,6 +201,7 @@ class SchedulerImpl final : public Scheduler {
 
   Status Handle(const std::shared_ptr<Connection>& c, const Frame& f) {
     if (f.header.job != job_hash_) {
+      Refuse(*c, InvalidArgument("this scheduler runs job '" + opts_.job + "'"));
       return InvalidArgument("frame of another job (job hash " + std::to_string(f.header.job) +
                              ", expected '" + opts_.job + "')");
     }

@@ -15,6 +15,9 @@
 namespace gradlink::transport {
 namespace {
 
+// Once a frame has begun, the rest of it may take this long to arrive.
+constexpr auto kFrameGrace = std::chrono::seconds(5);
+
 int MillisLeft(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   if (left.count() <= 0) return 0;
@@ -100,8 +103,8 @@ Status ControlChannel::WriteAll(const std::byte* p, size_t n, Clock::time_point 
 }
 
 Status ControlChannel::ReadExact(std::byte* p, size_t n, Clock::time_point deadline,
-                                 bool* got_nothing) {
-  size_t done = 0;
+                                 size_t* done_out) {
+  size_t& done = *done_out;
   while (done < n) {
     if (closed_.load()) return PeerLost("connection to " + peer_name_ + " closed");
     ssize_t r = ::recv(fd_, p + done, n - done, 0);
@@ -113,10 +116,7 @@ Status ControlChannel::ReadExact(std::byte* p, size_t n, Clock::time_point deadl
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
       return PeerLost("receiving from " + peer_name_ + ": " + std::strerror(errno));
     }
-    if (Clock::now() >= deadline) {
-      *got_nothing = done == 0;
-      return Timeout("receiving from " + peer_name_ + " timed out");
-    }
+    if (Clock::now() >= deadline) return Timeout("receiving from " + peer_name_ + " timed out");
     pollfd pfd{fd_, POLLIN, 0};
     ::poll(&pfd, 1, MillisLeft(deadline));
   }
@@ -134,13 +134,15 @@ Status ControlChannel::Send(wire::Header h, std::span<const std::byte> payload,
 
 Result<Frame> ControlChannel::Receive(Clock::time_point deadline) {
   wire::HeaderBytes hb;
-  bool got_nothing = false;
-  Status s = ReadExact(hb.data(), hb.size(), deadline, &got_nothing);
-  if (!s.ok()) {
-    // A frame cut in half by a deadline cannot be resumed: the stream is lost.
-    if (s.code() == Code::kTimeout && !got_nothing) Close();
-    return s;
+  size_t got = 0;
+  Status s = ReadExact(hb.data(), hb.size(), deadline, &got);
+  if (!s.ok() && s.code() == Code::kTimeout && got > 0) {
+    // The caller's deadline fell inside a header (a TCP segment can arrive late). The rest of
+    // the frame gets the same grace as a payload; only then is the stream given up.
+    s = ReadExact(hb.data(), hb.size(), Clock::now() + kFrameGrace, &got);
+    if (!s.ok()) Close();
   }
+  if (!s.ok()) return s;
   Result<wire::Header> h = wire::DecodeHeader(hb);
   if (!h.ok()) {
     Close();
@@ -153,9 +155,10 @@ Result<Frame> ControlChannel::Receive(Clock::time_point deadline) {
   Frame f;
   f.header = *h;
   f.payload.resize(h->payload_bytes);
-  // The payload follows its header at once; allow it a little more time than the caller's wait.
-  s = ReadExact(f.payload.data(), f.payload.size(),
-                std::max(deadline, Clock::now() + std::chrono::seconds(5)), &got_nothing);
+  // The payload follows its header; allow it a little more time than the caller's wait.
+  got = 0;
+  s = ReadExact(f.payload.data(), f.payload.size(), std::max(deadline, Clock::now() + kFrameGrace),
+                &got);
   if (!s.ok()) {
     Close();
     return s;

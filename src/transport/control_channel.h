@@ -50,7 +50,8 @@ class ControlChannel {
   const std::string& peer_name() const { return peer_name_; }
 
  private:
-  Status ReadExact(std::byte* p, size_t n, Clock::time_point deadline, bool* got_nothing);
+  // Reads until `*done == n`; `*done` counts what has arrived, also on failure.
+  Status ReadExact(std::byte* p, size_t n, Clock::time_point deadline, size_t* done);
   Status WriteAll(const std::byte* p, size_t n, Clock::time_point deadline);
 
   int fd_;

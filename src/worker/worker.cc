@@ -37,8 +37,9 @@ struct Op {
   PushPullOptions options;
   uint64_t id = 0;
   // Guarded by WorkerImpl::mu_.
-  uint64_t round = 0;
-  enum class Part : uint8_t { kQueued, kSent, kDone };
+  std::atomic<uint64_t> round{0};  // atomic: Wait() reads it (for its message) without mu_
+  // kSent holds bytes-in-flight credit until the push has left; kPushed waits for its pull.
+  enum class Part : uint8_t { kQueued, kSent, kPushed, kDone };
   std::vector<Part> parts;
   uint32_t outstanding = 0;  // partitions not yet pulled
   uint32_t receiving = 0;    // pulls being written into `data` right now
@@ -343,33 +344,39 @@ class WorkerImpl final : public Worker {
   // Sends outside the lock: a lane may complete a send inline.
   void Issue(std::vector<Outgoing>& out) {
     for (Outgoing& o : out) {
-      push_lane_->Send(o.peer, o.header, o.payload, [this, op = o.op, part = o.header.partition](
-                                                        const Status& s) {
-        if (!s.ok()) FailOp(op, part, s);
-      });
+      push_lane_->Send(o.peer, o.header, o.payload,
+                       [this, op = o.op, part = o.header.partition](const Status& s) {
+                         PushDone(op, part, s);
+                       });
     }
   }
 
-  void FailOp(const std::shared_ptr<Op>& op, uint32_t part, const Status& s) {
-    (void)part;
+  // A push has left (or failed). Credit comes back here, not at the pull: a worker waiting for
+  // its pulls must never hold the credit that the other workers' rounds need. Which partitions
+  // a worker pushes first depends on its own timing, so credit held until the pull can make two
+  // workers each wait on partitions only the other can still send.
+  void PushDone(const std::shared_ptr<Op>& op, uint32_t part, const Status& s) {
     std::vector<Outgoing> out;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      FailOpLocked(*op, s);
+      ReleaseCreditLocked(*op, part);
+      if (!s.ok()) FailOpLocked(*op, s);
       PumpLocked(&out);
     }
     Issue(out);
   }
 
+  void ReleaseCreditLocked(Op& op, uint32_t part) {
+    if (op.parts[part] != Op::Part::kSent) return;
+    op.parts[part] = Op::Part::kPushed;
+    bytes_in_flight_ -= op.tensor->parts[part].count * DataTypeSize(op.tensor->dtype);
+  }
+
   void FailOpLocked(Op& op, const Status& s) {
     if (op.finished || !op.failure.ok()) return;
     op.failure = s;
-    // Give back the credits of partitions that will never be answered now.
-    const uint64_t size = DataTypeSize(op.tensor->dtype);
-    for (uint32_t p = 0; p < op.parts.size(); ++p) {
-      if (op.parts[p] == Op::Part::kSent) bytes_in_flight_ -= op.tensor->parts[p].count * size;
-      op.parts[p] = Op::Part::kDone;
-    }
+    // Queued partitions are skipped by PumpLocked(); sent ones give their credit back when
+    // their send completes.
     if (op.receiving == 0) FinishLocked(op, s);
   }
 
@@ -421,8 +428,9 @@ class WorkerImpl final : public Worker {
     Op& op = *it->second;
     const TensorState& t = *op.tensor;
     if (!op.failure.ok()) return Aborted("reply for a failed push_pull");
+    // The pull may overtake the completion of its own push (kSent) but never precede the push.
     if (h.key != t.key || h.partition >= op.parts.size() || h.round != op.round ||
-        op.parts[h.partition] != Op::Part::kSent) {
+        (op.parts[h.partition] != Op::Part::kSent && op.parts[h.partition] != Op::Part::kPushed)) {
       protocol_errors_++;
       return ProtocolError("pull reply does not match its push");
     }
@@ -450,7 +458,6 @@ class WorkerImpl final : public Worker {
       if (it == ops_.end()) return;
       std::shared_ptr<Op> op = it->second;
       op->receiving--;
-      const uint64_t bytes = op->tensor->parts[h.partition].count * DataTypeSize(op->tensor->dtype);
       if (h.type == MsgType::kDataError) {
         auto node = error_text_.extract({h.cookie, h.partition});
         std::string text = "(unreadable error)";
@@ -462,9 +469,9 @@ class WorkerImpl final : public Worker {
         FailOpLocked(*op, Status(code, text + " (from " + server_names_[op->tensor->parts[h.partition].server] + ")"));
       } else if (!ok) {
         FailOpLocked(*op, why);
-      } else if (op->failure.ok() && op->parts[h.partition] == Op::Part::kSent) {
+      } else if (op->failure.ok() && op->parts[h.partition] != Op::Part::kDone) {
+        ReleaseCreditLocked(*op, h.partition);
         op->parts[h.partition] = Op::Part::kDone;
-        bytes_in_flight_ -= bytes;
         if (--op->outstanding == 0) FinishLocked(*op, Status::Ok());
       }
       if (!op->failure.ok() && op->receiving == 0) FinishLocked(*op, op->failure);
