@@ -2,6 +2,7 @@
 // whatever decodes re-encodes to the same bytes.
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cstdlib>
 #include <span>
 
