@@ -33,6 +33,7 @@ struct Connection {
   std::shared_ptr<ControlChannel> channel;
   std::thread reader;
   std::atomic<bool> reader_done{false};
+  transport::Clock::time_point last_heard;  // guarded by the scheduler's mutex
   bool registered = false;
   bool left = false;  // said goodbye
   Role role = Role::kWorker;
@@ -116,6 +117,7 @@ class SchedulerImpl final : public Scheduler {
                                std::to_string(opts_.join_timeout.count()) + " ms"));
         }
       }
+      CheckLiveness();
       auto ch = listener_->Accept(transport::Clock::now() + kPoll);
       if (!ch.ok()) {
         if (ch.status().code() == Code::kTimeout) continue;
@@ -140,6 +142,33 @@ class SchedulerImpl final : public Scheduler {
         ReadLoop(conn);
         conn->reader_done = true;
       });
+    }
+  }
+
+  // Once the job runs: heartbeats to every member, and a member silent for kSilenceLimit
+  // (hung, stopped, cut off) fails the job, naming it.
+  void CheckLiveness() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_ || finished_) return;
+    const auto now = transport::Clock::now();
+    for (auto& c : conns_) {
+      if (!c->registered || c->left) continue;
+      if (now - c->last_heard > transport::kSilenceLimit) {
+        FinishLocked(PeerLost(MemberName(*c) + " sent nothing for " +
+                              std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                 now - c->last_heard)
+                                                 .count()) +
+                              " ms: hung or cut off"));
+        return;
+      }
+    }
+    if (now - last_heartbeat_ < transport::kHeartbeatInterval) return;
+    last_heartbeat_ = now;
+    for (auto& c : conns_) {
+      if (!c->registered || c->left) continue;
+      // A member whose socket is full is hung; the silence check above will name it.
+      c->channel->Send(MakeHeader(MsgType::kHeartbeat), {}, now + std::chrono::milliseconds(20))
+          .IgnoreError();
     }
   }
 
@@ -206,6 +235,7 @@ class SchedulerImpl final : public Scheduler {
                              ", expected '" + opts_.job + "')");
     }
     std::lock_guard<std::mutex> lock(mu_);
+    c->last_heard = transport::Clock::now();
     if (!c->registered && f.header.type != MsgType::kRegister) {
       return ProtocolError("first frame must be kRegister");
     }
@@ -215,6 +245,7 @@ class SchedulerImpl final : public Scheduler {
       case MsgType::kAssignAck: return OnAssignAck(c, f);
       case MsgType::kBarrier: return OnBarrier(c, f);
       case MsgType::kGoodbye: return OnGoodbye(c);
+      case MsgType::kHeartbeat: return started_ ? Status::Ok() : ProtocolError("early kHeartbeat");
       default:
         return ProtocolError("unexpected message type " +
                              std::to_string(static_cast<int>(f.header.type)));
@@ -283,6 +314,7 @@ class SchedulerImpl final : public Scheduler {
       workers[next] = c;
     }
     started_ = true;
+    for (auto& c : conns_) c->last_heard = transport::Clock::now();
     wire::WelcomeMsg w;
     w.num_workers = opts_.num_workers;
     w.num_servers = opts_.num_servers;
@@ -455,7 +487,7 @@ class SchedulerImpl final : public Scheduler {
   std::map<uint32_t, std::shared_ptr<Connection>> workers_, servers_;
   uint32_t registered_workers_ = 0, registered_servers_ = 0, workers_left_ = 0;
   bool started_ = false, finished_ = false, stopping_ = false;
-  transport::Clock::time_point started_at_;
+  transport::Clock::time_point started_at_, last_heartbeat_;
   Status result_;
   std::map<uint64_t, Declaration> decls_;
   std::map<uint64_t, std::set<uint32_t>> barriers_;

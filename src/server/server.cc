@@ -121,8 +121,16 @@ class ServerImpl final : public Server {
   // ---- Control plane -------------------------------------------------------------------------
 
   void ControlLoop() {
+    Liveness liveness(channel_.get(), job_hash_, id_);
     while (!stopped_.load()) {
+      Status alive = liveness.Tick();
+      if (!alive.ok()) {
+        Finish(PeerLost("server " + std::to_string(id_) + ": " + alive.message()));
+        channel_->Close();
+        return;
+      }
       auto f = channel_->Receive(transport::Clock::now() + kPoll);
+      if (f.ok()) liveness.Heard();
       if (!f.ok()) {
         if (f.status().code() == Code::kTimeout) continue;
         if (!stopped_.load()) {
@@ -142,6 +150,8 @@ class ServerImpl final : public Server {
           }
           break;
         }
+        case MsgType::kHeartbeat:
+          break;
         case MsgType::kShutdown:
           Finish(Status::Ok());
           return;

@@ -19,6 +19,13 @@ namespace gradlink::transport {
 
 using Clock = std::chrono::steady_clock;
 
+// Liveness on the control plane: once a job has started, the scheduler and every member send
+// kHeartbeat this often, and a side that hears nothing from the other for kSilenceLimit takes
+// it for dead (a hung process: SIGSTOP, a partition). A crashed process is seen at once, by
+// its closed connection.
+inline constexpr auto kHeartbeatInterval = std::chrono::milliseconds(500);
+inline constexpr auto kSilenceLimit = std::chrono::milliseconds(3000);
+
 struct Frame {
   wire::Header header;
   std::vector<std::byte> payload;

@@ -13,6 +13,30 @@ Result<std::shared_ptr<transport::Fabric>> MakeFabric(const std::string& kind,
   return InvalidArgument("unknown transport '" + kind + "' (expected ucx or inproc)");
 }
 
+Liveness::Liveness(transport::ControlChannel* channel, uint32_t job_hash, uint32_t sender)
+    : channel_(channel), last_heard_(transport::Clock::now()) {
+  heartbeat_.type = wire::MsgType::kHeartbeat;
+  heartbeat_.job = job_hash;
+  heartbeat_.sender = sender;
+}
+
+Status Liveness::Tick() {
+  const auto now = transport::Clock::now();
+  if (now - last_heard_ > transport::kSilenceLimit) {
+    return PeerLost("the scheduler (" + channel_->peer_name() + ") sent nothing for " +
+                    std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       now - last_heard_)
+                                       .count()) +
+                    " ms: hung or cut off");
+  }
+  if (now - last_sent_ >= transport::kHeartbeatInterval) {
+    last_sent_ = now;
+    Status s = channel_->Send(heartbeat_, {}, now + std::chrono::milliseconds(100));
+    if (!s.ok() && s.code() != Code::kTimeout) return s;
+  }
+  return Status::Ok();
+}
+
 Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
                        const wire::RegisterMsg& reg, transport::Clock::time_point deadline) {
   std::string host;
@@ -32,6 +56,7 @@ Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
       }
       return f.status();
     }
+    if (f->header.type == wire::MsgType::kHeartbeat) continue;
     if (f->header.type == wire::MsgType::kAbort) {
       auto text = wire::DecodeText(f->payload);
       return Aborted("scheduler " + scheduler + " refused us: " +

@@ -25,4 +25,20 @@ struct Joined {
 Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
                        const wire::RegisterMsg& reg, transport::Clock::time_point deadline);
 
+// A member's half of control-plane liveness. The control loop calls Heard() for every frame
+// from the scheduler and Tick() at least every 100 ms.
+class Liveness {
+ public:
+  Liveness(transport::ControlChannel* channel, uint32_t job_hash, uint32_t sender);
+  void Heard() { last_heard_ = transport::Clock::now(); }
+  // Sends a heartbeat when one is due; kPeerLost naming the scheduler when it has been silent
+  // for kSilenceLimit.
+  Status Tick();
+
+ private:
+  transport::ControlChannel* channel_;
+  wire::Header heartbeat_;
+  transport::Clock::time_point last_heard_, last_sent_;
+};
+
 }  // namespace gradlink

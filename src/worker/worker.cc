@@ -503,8 +503,16 @@ class WorkerImpl final : public Worker {
   // ---- Control plane -------------------------------------------------------------------------
 
   void ControlLoop() {
+    Liveness liveness(channel_.get(), job_hash_, rank_);
     while (!shut_down_.load()) {
+      Status alive = liveness.Tick();
+      if (!alive.ok()) {
+        FailAll(PeerLost("worker " + std::to_string(rank_) + ": " + alive.message()));
+        channel_->Close();
+        return;
+      }
       auto f = channel_->Receive(Clock::now() + kPoll);
+      if (f.ok()) liveness.Heard();
       if (!f.ok()) {
         if (f.status().code() == Code::kTimeout) continue;
         if (!shut_down_.load()) {
@@ -522,6 +530,8 @@ class WorkerImpl final : public Worker {
           }
           break;
         }
+        case MsgType::kHeartbeat:
+          break;
         case MsgType::kBarrierRelease: {
           std::lock_guard<std::mutex> lock(mu_);
           barrier_released_ = std::max(barrier_released_, f->header.round);
