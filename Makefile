@@ -5,12 +5,13 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all setup build test demo bench-reduce fuzz test-asan test-tsan clean
+.PHONY: all setup build test demo bench bench-reduce fuzz test-asan test-tsan clean
 
 all: build
 
 setup:
 	@scripts/setup.sh
+	@scripts/setup_python.sh
 
 $(BUILD)/CMakeCache.txt: CMakeLists.txt
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS)
@@ -21,9 +22,15 @@ build: setup $(BUILD)/CMakeCache.txt
 test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 600 -j$(JOBS)
 
-# The main job: a local job (1 scheduler, 2 servers, 2 workers over UCX) sweeping 4 KiB..64 MiB,
-# every element of every result checked.
+# The main job: a small transformer language model trained by 2 workers through 2 aggregation
+# servers (gradlink-run starts the scheduler, servers and workers), then a check that the
+# distributed parameters equal single-process training on the global batch.
+DEMO_STEPS ?= 60
 demo: build
+	$(BUILD)/bin/gradlink-run -n 2 -s 2 -- .venv/bin/python examples/train_lm.py --steps $(DEMO_STEPS) --check
+
+# push_pull bandwidth sweep like nccl-tests (2 workers, 2 servers), every element checked.
+bench: build
 	$(BUILD)/bin/gradlink-bench -w 2 -s 2 -b 4K -e 64M -f 4 -n 10
 
 # libFuzzer targets under ASan+UBSan (clang), each run for FUZZ_SECONDS.

@@ -1,0 +1,138 @@
+"""Broadcasts through the servers: the root pushes its values, every other worker pushes zeros,
+so the sum is exactly the root's values (x + 0 == x in every dtype; non-root workers push -0.0
+for floating point, which keeps even the sign of a root's zero). No averaging."""
+
+import collections
+import io
+
+import torch
+
+from gradlink import InvalidArgumentError
+
+from . import _core
+
+# Types the servers cannot sum travel as a wider integer and are converted back exactly.
+_WIDEN = {
+    torch.bool: torch.int32,
+    torch.uint8: torch.int32,
+    torch.int8: torch.int32,
+    torch.int16: torch.int32,
+}
+
+
+def broadcast_async(tensor, root_rank=0, name=None, priority=0):
+    """Starts overwriting `tensor` on every worker with root_rank's values; returns a handle
+    for synchronize(). `name` as in push_pull_async (prefixed with "broadcast.")."""
+    _core._check_tensor(tensor, "broadcast")
+    ctx = _core._require()
+    if not 0 <= root_rank < ctx.size:
+        raise InvalidArgumentError("broadcast: root_rank %d out of range for %d workers"
+                                   % (root_rank, ctx.size))
+    if name is None:
+        name = "noname.%d" % next(ctx.noname)
+    name = "broadcast." + name
+    is_root = ctx.rank == root_rank
+    with torch.no_grad():
+        t = tensor.detach()
+        finish = None
+        if t.is_complex():
+            src = t if t.is_contiguous() else t.contiguous()
+            buf = torch.view_as_real(src)  # shares src's memory
+            if src is not t:
+                finish = lambda: t.copy_(src)  # noqa: E731
+        elif t.dtype in _WIDEN:
+            buf = t.to(_WIDEN[t.dtype]).contiguous()
+            finish = lambda: t.copy_(buf)  # noqa: E731
+        elif t.is_contiguous():
+            buf = t
+        else:
+            buf = t.contiguous()
+            finish = lambda: t.copy_(buf)  # noqa: E731
+        if not is_root:
+            if buf.is_floating_point():
+                buf.fill_(-0.0)
+            else:
+                buf.zero_()
+        return _core.start(tensor, buf, name, False, priority, finish=finish)
+
+
+def broadcast(tensor, root_rank=0, name=None):
+    """Overwrites `tensor` on every worker with root_rank's values, in place; returns it."""
+    return _core.synchronize(broadcast_async(tensor, root_rank, name))
+
+
+def _named_tensors(params):
+    if isinstance(params, torch.nn.Module):
+        params = params.state_dict()
+    if isinstance(params, collections.abc.Mapping):
+        items = list(params.items())
+    else:
+        items = list(params)
+        for item in items:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise InvalidArgumentError(
+                    "broadcast_parameters: expected a state_dict, a module or (name, tensor) "
+                    "pairs such as model.named_parameters()")
+    names = [n for n, _ in items]
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError("broadcast_parameters: names are not unique")
+    return items
+
+
+def broadcast_parameters(params, root_rank=0, prefix="parameters"):
+    """Makes every worker's tensors equal to root_rank's, in place.
+
+    `params`: a state_dict (model.state_dict(): parameters and buffers), a module, or (name,
+    tensor) pairs (model.named_parameters()). Keys are "broadcast.<prefix>.<name>": use another
+    `prefix` for a second model whose parameter names collide with different shapes."""
+    handles = []
+    items = _named_tensors(params)
+    for i, (name, t) in enumerate(items):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError("broadcast_parameters: '%s' is a %s, not a tensor"
+                                       % (name, type(t).__name__))
+        # The first tensors (the first layers) go first.
+        handles.append(broadcast_async(t, root_rank, "%s.%s" % (prefix, name),
+                                       priority=len(items) - i))
+    for h in handles:
+        _core.synchronize(h)
+
+
+def broadcast_object(obj, root_rank=0, name="object"):
+    """Returns root_rank's `obj` on every worker (serialized with torch.save, so tensors inside
+    are fine); other workers' `obj` is ignored. Two broadcasts through the servers: the size,
+    then the bytes as int64 words."""
+    ctx = _core._require()
+    if ctx.rank == root_rank:
+        f = io.BytesIO()
+        torch.save(obj, f)
+        data = f.getvalue()
+        size = torch.tensor([len(data)], dtype=torch.int64)
+    else:
+        data = None
+        size = torch.zeros(1, dtype=torch.int64)
+    broadcast(size, root_rank, "object.%s.size" % name)
+    n = int(size.item())
+    words = (n + 7) // 8
+    buf = torch.zeros(words * 8, dtype=torch.uint8)
+    if data is not None:
+        buf[:n] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    broadcast(buf.view(torch.int64), root_rank, "object.%s.%d" % (name, words))
+    if ctx.rank == root_rank:
+        return obj
+    return torch.load(io.BytesIO(buf[:n].numpy().tobytes()), map_location="cpu")
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """Makes every worker's optimizer state (per-parameter state such as momentum buffers and
+    Adam moments, and the param_groups' hyperparameters such as lr) equal to root_rank's.
+
+    The root's optimizer.state_dict() travels through the servers (broadcast_object) and the
+    other workers load it, so it works even when only the root has taken a step (e.g. after
+    loading a checkpoint on rank 0)."""
+    state = optimizer.state_dict() if _core.rank() == root_rank else None
+    state = broadcast_object(state, root_rank, name="optimizer_state")
+    if _core.rank() != root_rank:
+        optimizer.load_state_dict(state)

@@ -1,0 +1,370 @@
+"""The process-wide gradlink worker of gradlink.torch, and push_pull on torch tensors."""
+
+import atexit
+import itertools
+import os
+import queue
+import sys
+import threading
+
+import torch
+
+import gradlink
+from gradlink import InvalidArgumentError
+
+# torch dtype -> gradlink dtype name (the types the servers can sum).
+DTYPES = {
+    torch.float32: "fp32",
+    torch.float64: "fp64",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+}
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class _Context:
+    def __init__(self, worker, local_rank, local_size, timeout):
+        self.worker = worker
+        self.rank = worker.rank
+        self.size = worker.size
+        self.local_rank = local_rank
+        self.local_size = local_size
+        self.timeout = timeout
+        self.tensors = {}  # name -> gradlink.Tensor
+        self.noname = itertools.count()
+        self.lock = threading.Lock()
+        self.completer = None
+
+    def declare(self, name, dtype, count):
+        t = self.tensors.get(name)
+        if t is not None and t.dtype == dtype and t.count == count:
+            return t
+        # New, or redeclared with another shape (the worker raises MismatchError).
+        t = self.worker.declare(name, dtype, count)
+        self.tensors[name] = t
+        return t
+
+
+_ctx = None
+_ctx_lock = threading.Lock()
+
+
+def _env(*names, default=None):
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            return v
+    return default
+
+
+def _env_int(*names, default=None):
+    v = _env(*names)
+    if v is None:
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise InvalidArgumentError("%s=%r is not an integer" % ("/".join(names), v)) from None
+
+
+def _scheduler_from_env():
+    s = _env("GRADLINK_SCHEDULER")
+    if s:
+        return s
+    addr = _env("MASTER_ADDR")
+    if addr is not None and _env("RANK") is not None:
+        # torchrun: the gradlink scheduler listens next to torch's store, on MASTER_PORT + 1
+        # unless GRADLINK_SCHEDULER_PORT says otherwise.
+        port = _env_int("GRADLINK_SCHEDULER_PORT")
+        if port is None:
+            port = _env_int("MASTER_PORT", default=29500) + 1
+        return "%s:%d" % (addr, port)
+    return None
+
+
+def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=None,
+         partition_bytes=None, max_bytes_in_flight=None, single_lane=None, fail_fast=None):
+    """Joins the gradlink job; returns once every worker and server has joined.
+
+    Arguments default to the environment:
+
+    * gradlink-run: ``GRADLINK_SCHEDULER`` (host:port), ``GRADLINK_RANK``, ``GRADLINK_JOB``,
+      ``GRADLINK_WORKERS``, ``GRADLINK_LOCAL_RANK``, ``GRADLINK_LOCAL_SIZE``.
+    * torchrun: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``
+      and ``MASTER_PORT``: the scheduler is expected at ``MASTER_ADDR:MASTER_PORT+1``
+      (``GRADLINK_SCHEDULER_PORT`` overrides the port, ``GRADLINK_SCHEDULER`` the address).
+      Start it (and the servers) with your launcher, e.g. on the master node
+      ``gradlink-scheduler --host 0.0.0.0 --port $((MASTER_PORT+1)) -w $WORLD_SIZE -s S`` and
+      ``gradlink-server --scheduler $MASTER_ADDR:$((MASTER_PORT+1))`` S times.
+
+    ``timeout`` (``GRADLINK_TIMEOUT``, default 300 s) is the default deadline of synchronize();
+    ``partition_bytes`` (``GRADLINK_PARTITION_BYTES``), ``max_bytes_in_flight``
+    (``GRADLINK_MAX_BYTES_IN_FLIGHT``), ``connect_timeout`` (``GRADLINK_CONNECT_TIMEOUT``,
+    default 60 s) and ``single_lane`` (``GRADLINK_SINGLE_LANE=1``) tune the worker.
+    Calling init() again is a no-op. shutdown() runs at exit.
+
+    ``fail_fast`` (``GRADLINK_FAIL_FAST``, default on): an uncaught exception in the main thread
+    prints its traceback and ends the process at once (status 1) without leaving the job
+    cleanly, so that the scheduler sees this worker lost and every other worker's pending and
+    later calls raise PeerLostError naming it within seconds. (A worker that leaves cleanly while
+    the others still wait for its gradients would leave them waiting until their timeout.)
+    """
+    global _ctx
+    with _ctx_lock:
+        if _ctx is not None:
+            return
+        scheduler = scheduler or _scheduler_from_env()
+        if not scheduler:
+            raise InvalidArgumentError(
+                "gradlink.torch.init(): no scheduler: run under gradlink-run, set "
+                "GRADLINK_SCHEDULER=host:port, or run under torchrun (MASTER_ADDR/MASTER_PORT)")
+        if rank is None:
+            rank = _env_int("GRADLINK_RANK", "RANK", default=-1)
+        job = job or _env("GRADLINK_JOB", default="default")
+        expected = _env_int("GRADLINK_WORKERS", "WORLD_SIZE")
+        if timeout is None:
+            timeout = float(_env("GRADLINK_TIMEOUT", default=DEFAULT_TIMEOUT_S))
+        if connect_timeout is None:
+            connect_timeout = float(_env("GRADLINK_CONNECT_TIMEOUT", default=60.0))
+        kwargs = {}
+        pb = partition_bytes or _env_int("GRADLINK_PARTITION_BYTES")
+        if pb:
+            kwargs["partition_bytes"] = pb
+        mb = max_bytes_in_flight or _env_int("GRADLINK_MAX_BYTES_IN_FLIGHT")
+        if mb:
+            kwargs["max_bytes_in_flight"] = mb
+        if single_lane is None:
+            single_lane = _env("GRADLINK_SINGLE_LANE", default="0") not in ("0", "", "false")
+        worker = gradlink.Worker(scheduler, job=job, rank=rank, single_lane=single_lane,
+                                 connect_timeout=connect_timeout, **kwargs)
+        if expected is not None and worker.size != expected:
+            worker.shutdown()
+            raise InvalidArgumentError(
+                "gradlink.torch.init(): the job has %d workers, the environment says %d"
+                % (worker.size, expected))
+        local_rank = _env_int("GRADLINK_LOCAL_RANK", "LOCAL_RANK", default=0)
+        local_size = _env_int("GRADLINK_LOCAL_SIZE", "LOCAL_WORLD_SIZE", default=1)
+        _ctx = _Context(worker, local_rank, local_size, timeout)
+        if fail_fast is None:
+            fail_fast = _env("GRADLINK_FAIL_FAST", default="1") not in ("0", "", "false")
+        if fail_fast:
+            _install_fail_fast()
+    atexit.register(shutdown)
+
+
+def _install_fail_fast():
+    previous = sys.excepthook
+    if getattr(previous, "_gradlink", False):
+        return
+
+    def hook(etype, value, tb):
+        try:
+            previous(etype, value, tb)
+            if _ctx is not None and not issubclass(etype, KeyboardInterrupt):
+                sys.stderr.write("gradlink: uncaught %s on rank %d: leaving the job abruptly so "
+                                 "the other workers fail fast\n" % (etype.__name__, _ctx.rank))
+        finally:
+            if _ctx is not None:
+                for stream in (sys.stdout, sys.stderr):
+                    try:
+                        stream.flush()
+                    except Exception:  # noqa: BLE001
+                        pass
+                os._exit(1)
+
+    hook._gradlink = True
+    sys.excepthook = hook
+
+
+def _require():
+    ctx = _ctx
+    if ctx is None:
+        raise InvalidArgumentError("gradlink.torch is not initialized: call gradlink.torch.init()")
+    return ctx
+
+
+def is_initialized():
+    return _ctx is not None
+
+
+def rank():
+    """This worker's rank, 0 .. size()-1."""
+    return _require().rank
+
+
+def size():
+    """Number of workers in the job."""
+    return _require().size
+
+
+def local_rank():
+    """Rank among the workers on this machine (GRADLINK_LOCAL_RANK or torchrun's LOCAL_RANK)."""
+    return _require().local_rank
+
+
+def local_size():
+    """Number of workers on this machine (GRADLINK_LOCAL_SIZE or LOCAL_WORLD_SIZE)."""
+    return _require().local_size
+
+
+def num_servers():
+    return _require().worker.num_servers
+
+
+def barrier(timeout=None):
+    """Blocks until every worker has entered the barrier."""
+    ctx = _require()
+    ctx.worker.barrier(ctx.timeout if timeout is None else timeout)
+
+
+def shutdown():
+    """Leaves the job cleanly (pending operations fail with AbortedError). Idempotent."""
+    global _ctx
+    with _ctx_lock:
+        ctx, _ctx = _ctx, None
+    if ctx is None:
+        return
+    try:
+        ctx.worker.shutdown()
+    finally:
+        if ctx.completer is not None:
+            ctx.completer.stop()
+
+
+class PushPullHandle:
+    """The pending result of push_pull_async(); pass it to synchronize() or poll()."""
+
+    __slots__ = ("_h", "tensor", "_finish", "_done", "_timeout", "name")
+
+    def __init__(self, h, tensor, finish, timeout, name):
+        self._h = h
+        self.tensor = tensor
+        self._finish = finish  # copies a staging buffer back into `tensor`
+        self._done = False
+        self._timeout = timeout
+        self.name = name
+
+    def poll(self):
+        return self._done or self._h.poll()
+
+    def wait(self, timeout=None):
+        if not self._done:
+            self._h.wait(self._timeout if timeout is None else timeout)
+            if self._finish is not None:
+                with torch.no_grad():
+                    self._finish()
+            self._done = True
+            self._finish = None
+        return self.tensor
+
+
+def _check_tensor(tensor, what):
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError("%s: expected a torch.Tensor, got %s" % (what, type(tensor).__name__))
+    if tensor.device.type != "cpu":
+        raise InvalidArgumentError(
+            "%s: %s tensors are not supported yet, only CPU tensors: copy to the CPU "
+            "(t.cpu()), push_pull, and copy back" % (what, tensor.device.type))
+    if tensor.is_sparse:
+        raise InvalidArgumentError("%s: sparse tensors are not supported" % what)
+
+
+def start(tensor, buf, name, average, priority, finish=None):
+    """Declares `name` for buf's dtype/shape and starts summing buf in place."""
+    ctx = _require()
+    dtype = DTYPES.get(buf.dtype)
+    if dtype is None:
+        raise InvalidArgumentError(
+            "push_pull of '%s': dtype %s cannot be summed (supported: %s)"
+            % (name, buf.dtype, ", ".join(str(d) for d in DTYPES)))
+    t = ctx.declare(name, dtype, buf.numel())
+    h = ctx.worker.push_pull(t, buf.data_ptr(), buf.numel(), dtype, average, priority, buf)
+    return PushPullHandle(h, tensor, finish, ctx.timeout, name)
+
+
+def push_pull_async(tensor, average=True, name=None, priority=0):
+    """Starts summing (average=True: averaging) `tensor` over all workers, in place.
+
+    `tensor` must be a CPU tensor of float32/64, float16, bfloat16, int32 or int64 (a
+    non-contiguous one is summed through a contiguous copy and written back by synchronize()).
+    Do not touch it until synchronize() returns. `name` identifies the tensor across workers
+    (the key is a hash of it): give every tensor a unique name, the same on every worker. Without
+    a name the n-th unnamed call of this process is named "push_pull.noname.<n>", so unnamed
+    calls must be made in the same order on every worker, and each one creates a new key: pass
+    a name for anything called every step. Higher `priority` is sent first.
+    """
+    _check_tensor(tensor, "push_pull")
+    ctx = _require()
+    if name is None:
+        name = "push_pull.noname.%d" % next(ctx.noname)
+    with torch.no_grad():
+        if tensor.is_contiguous():
+            return start(tensor, tensor.detach(), name, average, priority)
+        t = tensor.detach()
+        buf = t.contiguous()
+        return start(tensor, buf, name, average, priority, finish=lambda: t.copy_(buf))
+
+
+def synchronize(handle, timeout=None):
+    """Waits for a push_pull_async()/broadcast_async() handle; returns its tensor (now holding
+    the result). Raises the operation's GradlinkError; gradlink.TimeoutError after `timeout`
+    seconds (default: init()'s timeout)."""
+    return handle.wait(timeout)
+
+
+def poll(handle):
+    """True once synchronize(handle) would not block."""
+    return handle.poll()
+
+
+def push_pull(tensor, average=True, name=None, priority=0):
+    """Sums (average=True: averages) `tensor` over all workers, in place; returns it."""
+    return synchronize(push_pull_async(tensor, average=average, name=name, priority=priority))
+
+
+class Completer:
+    """A dedicated thread that waits for handles and then runs their callbacks (e.g. completes
+    torch futures), so user callbacks never run on a thread that communication depends on."""
+
+    def __init__(self):
+        self._q = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="gradlink-completion", daemon=True)
+        self._thread.start()
+
+    def submit(self, handle, on_done, on_error):
+        self._q.put((handle, on_done, on_error))
+
+    def stop(self):
+        self._q.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(10)
+
+    def _run(self):
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            handle, on_done, on_error = item
+            try:
+                result = handle.wait()
+            except BaseException as e:  # noqa: B902 - delivered to the future
+                try:
+                    on_error(e)
+                except BaseException:  # noqa: B902
+                    pass
+                continue
+            try:
+                on_done(result)
+            except BaseException:  # noqa: B902
+                pass
+
+
+def completer():
+    ctx = _require()
+    with ctx.lock:
+        if ctx.completer is None:
+            ctx.completer = Completer()
+        return ctx.completer

@@ -1,0 +1,171 @@
+"""DistributedOptimizer: averages gradients over the workers while backward() runs."""
+
+import contextlib
+import warnings
+
+import torch
+
+from gradlink import InvalidArgumentError
+
+from . import _core
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    # Mixed into a subclass of the wrapped optimizer's class (see DistributedOptimizer).
+
+    def __init__(self, params, named_parameters, backward_passes_per_step=1, average=True,
+                 prefix="grad"):
+        super(self.__class__, self).__init__(params)
+        _core._require()
+        if backward_passes_per_step < 1:
+            raise InvalidArgumentError("backward_passes_per_step must be >= 1")
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [("param.%d.%d" % (g, i), p)
+                                for g, group in enumerate(self.param_groups)
+                                for i, p in enumerate(group["params"])]
+        if any(not isinstance(p, tuple) or len(p) != 2 for p in named_parameters):
+            raise InvalidArgumentError(
+                "named_parameters should be a sequence of (name, parameter) pairs, usually "
+                "model.named_parameters()")
+        names = [n for n, _ in named_parameters]
+        if len(set(names)) != len(names):
+            dups = sorted({n for n in names if names.count(n) > 1})
+            raise InvalidArgumentError("named_parameters has duplicate names: %s" % ", ".join(dups))
+        by_id = {id(p): n for n, p in named_parameters}
+        unnamed = [p for p in all_params if id(p) not in by_id]
+        if unnamed:
+            raise InvalidArgumentError(
+                "%d of the optimizer's parameters are not in named_parameters" % len(unnamed))
+        # Priorities: the parameters registered first are (usually) used first by the next
+        # forward pass, so their gradients, which backward produces last, jump the queue.
+        order = [p for _, p in named_parameters if any(p is q for q in all_params)]
+        self._gl_names = {p: by_id[id(p)] for p in all_params}
+        self._gl_priority = {p: len(order) - i for i, p in enumerate(order)}
+        self._gl_prefix = prefix
+        self._gl_average = average
+        self.backward_passes_per_step = backward_passes_per_step
+        self._gl_delay = {p: backward_passes_per_step for p in all_params}
+        self._gl_handles = {}
+        self._gl_grad_accs = []
+        self._gl_requires_update = set()
+        self._gl_synchronized = False
+        self._gl_should_synchronize = True
+        self._gl_register_hooks()
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = passes
+        for p in self._gl_delay:
+            self._gl_delay[p] = passes
+
+    def _gl_register_hooks(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if not p.requires_grad:
+                    continue
+                self._gl_requires_update.add(p)
+                # The hook of p's gradient accumulator runs once p.grad holds this pass's sum.
+                p_tmp = p.expand_as(p)
+                grad_acc = p_tmp.grad_fn.next_functions[0][0]
+                grad_acc.register_hook(self._gl_make_hook(p))
+                self._gl_grad_accs.append(grad_acc)
+
+    def _gl_push_pull_grad_async(self, p):
+        if p.grad is None:
+            # Unused in this step on this worker: every worker must still push (rounds stay
+            # aligned), a zero gradient.
+            p.grad = torch.zeros_like(p)
+        name = "%s.%s" % (self._gl_prefix, self._gl_names[p])
+        return _core.push_pull_async(p.grad, average=self._gl_average, name=name,
+                                     priority=self._gl_priority[p])
+
+    def _gl_make_hook(self, p):
+        def hook(*ignore):
+            if p in self._gl_handles and self._gl_handles[p] is not None:
+                if self._gl_delay[p] <= 0:
+                    raise AssertionError(
+                        "gradients were computed more than backward_passes_per_step times "
+                        "before optimizer.step() or synchronize(); increase "
+                        "backward_passes_per_step to accumulate gradients locally")
+            if p.grad is not None and p.grad.requires_grad:
+                raise AssertionError("gradlink: p.grad must not require grad")
+            handle = None
+            self._gl_delay[p] -= 1
+            if self._gl_delay[p] == 0:
+                handle = self._gl_push_pull_grad_async(p)
+            self._gl_handles[p] = handle
+
+        return hook
+
+    def synchronize(self):
+        """Waits until every gradient has been averaged over the workers (starting those that
+        backward did not produce). step() calls it unless inside skip_synchronize()."""
+        missing = self._gl_requires_update - set(self._gl_handles)
+        # In registration order, so every worker starts them in the same order.
+        for p in sorted(missing, key=lambda q: -self._gl_priority[q]):
+            self._gl_handles[p] = self._gl_push_pull_grad_async(p)
+        for p, handle in list(self._gl_handles.items()):
+            if handle is None:  # fewer than backward_passes_per_step passes so far
+                self._gl_handles[p] = self._gl_push_pull_grad_async(p)
+        try:
+            for p, handle in self._gl_handles.items():
+                _core.synchronize(handle)
+        finally:
+            for p in self._gl_handles:
+                self._gl_delay[p] = self.backward_passes_per_step
+            self._gl_handles.clear()
+        self._gl_synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """For `optimizer.synchronize(); clip gradients; with optimizer.skip_synchronize():
+        optimizer.step()`."""
+        self._gl_should_synchronize = False
+        try:
+            yield
+        finally:
+            self._gl_should_synchronize = True
+
+    def step(self, closure=None):
+        if self._gl_should_synchronize:
+            if self._gl_synchronized:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() after "
+                    "optimizer.synchronize(): gradients are averaged again")
+            self.synchronize()
+        self._gl_synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._gl_handles:
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(); that would zero gradients that "
+                "are being averaged")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, backward_passes_per_step=1,
+                         average=True, prefix="grad"):
+    """Wraps `optimizer` so that gradients are averaged over all workers.
+
+    During backward, a hook on each parameter's gradient accumulator starts push_pull of that
+    gradient as soon as it is ready (overlapping communication with the rest of backward);
+    step() waits for all of them and then steps. Gradients are sent in priority order: the
+    parameters registered first (used first by the next forward pass) first.
+
+    named_parameters: model.named_parameters(); names give the keys ("grad.<name>"), the same on
+    every worker. backward_passes_per_step: number of backward passes whose gradients are
+    summed locally before they are averaged over the workers (gradient accumulation; the local
+    passes are summed, not averaged, as in Horovod). average=False sums instead.
+
+    The result is an instance of a subclass of optimizer's class, built from its param_groups
+    (its state is kept)."""
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    opt = cls(optimizer.param_groups, named_parameters, backward_passes_per_step, average, prefix)
+    if optimizer.state:
+        opt.state.update(optimizer.state)
+    return opt

@@ -1,0 +1,136 @@
+"""gradlink.torch in real multi-process jobs started through gradlink-run."""
+
+import os
+import re
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs"))
+import common  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_push_pull_and_broadcast_basics(run_job):
+    job = run_job(3, 2, "basics.py")
+    assert job.rc == 0, job.explain()
+    for r in range(3):
+        assert "BASICS OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
+
+
+@pytest.mark.parametrize("kind,passes", [("sgd", 1), ("adam", 1), ("sgd", 2)])
+def test_distributed_optimizer_matches_single_process(run_job, tmp_path, kind, passes):
+    steps = 6
+    job = run_job(2, 2, ["train_equiv.py", "--opt", kind, "--steps", str(steps),
+                         "--passes", str(passes), "--out", str(tmp_path)])
+    assert job.rc == 0, job.explain()
+    ref = common.reference(kind, steps, size=2, passes=passes)
+    start = common.make_model().state_dict()
+    for r in range(2):
+        got = torch.load(tmp_path / ("rank%d.pt" % r))
+        for name, want in ref.items():
+            assert not torch.equal(want, start[name])  # training moved it
+            torch.testing.assert_close(got[name], want, rtol=1e-9, atol=1e-12,
+                                       msg=lambda m: "rank %d %s: %s" % (r, name, m))
+
+
+def test_ddp_hook_matches_gloo_allreduce(run_job, tmp_path):
+    job = run_job(2, 2, ["ddp_equiv.py", "--steps", "5", "--out", str(tmp_path)])
+    assert job.rc == 0, job.explain()
+    for r in range(2):
+        assert "DDP OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
+    r0, r1 = (torch.load(tmp_path / ("rank%d.pt" % r)) for r in range(2))
+    for variant in r0:
+        for name in r0[variant]:
+            assert torch.equal(r0[variant][name], r1[variant][name]), (variant, name)
+
+
+def _equal_exactly(a, b, path=""):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, path
+        assert torch.equal(a, b), path
+        if a.is_floating_point():
+            assert torch.equal(torch.signbit(a), torch.signbit(b)), path + " (sign of zero)"
+    elif isinstance(a, dict):
+        assert set(a) == set(b), path
+        for k in a:
+            _equal_exactly(a[k], b[k], "%s/%s" % (path, k))
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _equal_exactly(x, y, "%s/%d" % (path, i))
+    else:
+        assert a == b, (path, a, b)
+
+
+def test_broadcast_parameters_and_optimizer_state(run_job, tmp_path):
+    root = 1
+    job = run_job(3, 2, ["broadcast.py", "--root", str(root), "--out", str(tmp_path)])
+    assert job.rc == 0, job.explain()
+    want = torch.load(tmp_path / ("before%d.pt" % root))
+    other = torch.load(tmp_path / "before0.pt")
+    assert not torch.equal(want["model"]["0.weight"], other["model"]["0.weight"])
+    for r in range(3):
+        _equal_exactly(want, torch.load(tmp_path / ("after%d.pt" % r)), "rank%d" % r)
+
+
+def test_shape_mismatch_raises_on_every_rank(run_job):
+    job = run_job(2, 1, "mismatch.py")
+    assert job.rc == 0, job.explain()
+    for r in range(2):
+        lines = job.lines("[worker %d]" % r)
+        hit = [line for line in lines if line.startswith("MISMATCH rank %d" % r)]
+        assert hit, job.explain()
+        assert "shape_differs" in hit[0] and "fp32[10]" in hit[0] and "fp32[11]" in hit[0]
+        assert "after mismatch rank %d: [1.0, 1.0, 1.0, 1.0]" % r in lines
+
+
+def test_killed_worker_fails_the_others_and_the_launcher(run_job):
+    job = run_job(3, 2, ["killed.py", "--victim", "1"], timeout=90)
+    assert job.rc == 128 + 9, job.explain()
+    assert re.search(r"gradlink-run: worker 1 \(pid \d+\) failed: killed by SIGKILL", job.err), \
+        job.explain()
+    assert re.search(r"gradlink-run: job failed: worker 1 .* failed first", job.err), job.explain()
+    for r in (0, 2):
+        raised = [line for line in job.lines("[worker %d]" % r) if line.startswith("RAISED")]
+        assert raised, job.explain()
+        m = re.match(r"RAISED (\w+) after ([\d.]+) s", raised[0])
+        assert m.group(1) in ("PeerLostError", "AbortedError"), raised[0]
+        assert float(m.group(2)) < 20, raised[0]   # bounded: seconds, not a hang
+        assert "worker 1" in raised[0], raised[0]  # names the lost worker
+
+
+def test_uncaught_exception_fails_the_others_fast(run_job, tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import time, torch, gradlink, gradlink.torch as gl\n"
+        "gl.init()\n"
+        "if gl.rank() == 1:\n"
+        "    time.sleep(0.5)\n"
+        "    raise RuntimeError('boom')\n"
+        "t0 = time.monotonic()\n"
+        "try:\n"
+        "    gl.push_pull(torch.ones(4), name='x')\n"
+        "except gradlink.PeerLostError as e:\n"
+        "    print('RAISED after %.2f s: %s' % (time.monotonic() - t0, e))\n")
+    job = run_job(2, 1, [str(script)])
+    assert job.rc == 1, job.explain()
+    assert "RuntimeError: boom" in job.text
+    assert "gradlink-run: worker 1" in job.err, job.explain()
+    raised = [line for line in job.lines("[worker 0]") if line.startswith("RAISED")]
+    assert raised and "worker 1" in raised[0], job.explain()
+
+
+def test_train_lm_check(run_job):
+    script = os.path.join(REPO, "examples", "train_lm.py")
+    job = run_job(2, 2, [script, "--check", "--steps", "8", "--d-model", "32", "--layers", "1",
+                         "--heads", "2", "--context", "32", "--batch", "8", "--log-every", "4",
+                         "--sample", "20"], timeout=120)
+    assert job.rc == 0, job.explain()
+    lines = job.lines("[worker 0]")
+    assert any("check passed" in line for line in lines), job.explain()
+    assert any("tok/s" in line and "loss" in line for line in lines), job.explain()
+    assert "train_lm: check: rank 1 parameters identical to rank 0's" in job.lines("[worker 1]")
