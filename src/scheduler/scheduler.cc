@@ -446,6 +446,12 @@ class SchedulerImpl final : public Scheduler {
 
   Status OnGoodbye(const std::shared_ptr<Connection>& c) {
     c->left = true;
+    if (c->role == Role::kWorker && started_ && workers_left_ + 1 < opts_.num_workers) {
+      // Rounds that need this worker can never complete: the servers fail them, naming it.
+      wire::Header h = MakeHeader(MsgType::kMemberLeft);
+      h.count = c->id;
+      for (auto& [id, s] : servers_) s->channel->Send(h, {}).IgnoreError();
+    }
     if (c->role == Role::kWorker && started_ && ++workers_left_ == opts_.num_workers) {
       for (auto& [id, s] : servers_) {
         s->left = true;

@@ -20,6 +20,7 @@ PartitionState::PartitionState(uint64_t key, uint32_t partition, std::string nam
       stage_(num_workers, Stage::kFree),
       cookie_(num_workers, 0),
       flags_(num_workers, 0),
+      gone_(num_workers, false),
       staging_(num_workers) {}
 
 std::string PartitionState::Describe() const {
@@ -58,6 +59,7 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
       failure_ = Describe() + ": rank " + std::to_string(rank) + " pushed " + got + "[" +
                  std::to_string(h.count) + "], declared " + std::string(DataTypeName(dtype_)) +
                  "[" + std::to_string(count_) + "]";
+      failure_code_ = Code::kMismatch;
     }
     stage_[rank] = Stage::kFailed;
     *run_engine = true;
@@ -78,6 +80,7 @@ void PartitionState::EndPush(uint32_t rank, bool ok) {
     stage_[rank] = Stage::kFailed;
     if (failure_.empty()) {
       failure_ = Describe() + ": the push of rank " + std::to_string(rank) + " failed to arrive";
+      failure_code_ = Code::kPeerLost;
     }
   }
 }
@@ -131,7 +134,7 @@ std::optional<Completion> PartitionState::Progress() {
   c.slot = slot;
   c.cookies = cookie_;
   if (!failure_.empty()) {
-    c.status = Mismatch(failure_);
+    c.status = Status(failure_code_, failure_);
   } else {
     const uint16_t f0 = flags_[0];
     for (uint32_t r = 1; r < num_workers_; ++r) {
@@ -161,7 +164,28 @@ std::optional<Completion> PartitionState::Progress() {
   next_ = 0;
   failure_.clear();
   std::fill(stage_.begin(), stage_.end(), Stage::kFree);
+  for (uint32_t r = 0; r < num_workers_; ++r) {
+    if (gone_[r]) FailRankLocked(r);
+  }
   return c;
+}
+
+void PartitionState::FailRankLocked(uint32_t rank) {
+  stage_[rank] = Stage::kFailed;
+  if (failure_.empty()) {
+    failure_ = Describe() + " round " + std::to_string(round_) + ": worker " +
+               std::to_string(rank) + " left the job before pushing it";
+    failure_code_ = Code::kAborted;
+  }
+}
+
+bool PartitionState::MarkGone(uint32_t rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rank >= num_workers_ || gone_[rank]) return false;
+  gone_[rank] = true;
+  // A push already on its way or in belongs to this round, which may still complete.
+  if (stage_[rank] == Stage::kFree) FailRankLocked(rank);
+  return true;
 }
 
 bool PartitionState::SendDone(uint32_t slot) {

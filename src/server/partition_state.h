@@ -57,6 +57,10 @@ class PartitionState {
   // completed one; the caller sends it and calls SendDone(slot) once per worker after that.
   std::optional<Completion> Progress();
 
+  // Worker `rank` has left the job: every round that still needs its push fails with kAborted.
+  // Returns true when the caller should run Progress().
+  bool MarkGone(uint32_t rank);
+
   // One result send of `slot` finished. Returns true when the slot became free (call Progress()).
   bool SendDone(uint32_t slot);
 
@@ -66,6 +70,7 @@ class PartitionState {
   enum class Stage : uint8_t { kFree, kReceiving, kStaged, kSummed, kFailed };
 
   std::string Describe() const;
+  void FailRankLocked(uint32_t rank);
 
   const uint64_t key_;
   const uint32_t partition_;
@@ -82,6 +87,8 @@ class PartitionState {
   std::vector<uint64_t> cookie_;   // per rank
   std::vector<uint16_t> flags_;    // per rank
   std::string failure_;            // why the current round fails; empty: it does not
+  Code failure_code_ = Code::kOk;
+  std::vector<bool> gone_;         // per rank: left the job
   uint32_t next_ = 0;              // ranks [0, next_) are in the accumulator
   uint32_t sends_pending_[2] = {0, 0};
 

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <map>
+#include <optional>
 #include <shared_mutex>
 #include <thread>
 
@@ -47,13 +48,19 @@ class ServerImpl final : public Server {
     channel_ = std::move(joined.channel);
     id_ = joined.welcome.your_id;
     num_workers_ = joined.welcome.num_workers;
-    worker_peers_.assign(num_workers_, 0);
-    worker_names_.assign(num_workers_, "");
+    worker_peers_.assign(num_workers_, std::nullopt);
     for (const wire::Member& m : joined.welcome.members) {
       if (m.role != wire::Role::kWorker) continue;
-      std::string name = "worker " + std::to_string(m.id) + " (" + m.host + ")";
-      GL_ASSIGN_OR_RETURN(worker_peers_[m.id], reply_lane().Connect(m.pull_address, name));
-      worker_names_[m.id] = std::move(name);
+      const std::string name = "worker " + std::to_string(m.id) + " (" + m.host + ")";
+      // A worker that is already gone must not take the server down: the scheduler fails the
+      // job if it is lost, and a reply to it fails on its own.
+      auto peer = reply_lane().Connect(m.pull_address, name);
+      if (peer.ok()) {
+        worker_peers_[m.id] = *peer;
+      } else {
+        GL_LOG(kWarn) << "server " << id_ << ": cannot reach " << name << ": "
+                      << peer.status().ToString();
+      }
     }
     for (uint32_t i = 0; i < opts_.engine_threads; ++i) {
       engines_.push_back(std::make_unique<WorkQueue>());
@@ -152,6 +159,9 @@ class ServerImpl final : public Server {
         }
         case MsgType::kHeartbeat:
           break;
+        case MsgType::kMemberLeft:
+          OnMemberLeft(f->header.count);
+          break;
         case MsgType::kShutdown:
           Finish(Status::Ok());
           return;
@@ -196,6 +206,30 @@ class ServerImpl final : public Server {
     return channel_->Send(ack, {});
   }
 
+  void OnMemberLeft(uint64_t rank) {
+    if (rank >= num_workers_) {
+      protocol_errors_++;
+      return;
+    }
+    std::shared_lock<std::shared_mutex> lock(parts_mu_);
+    for (auto& [id, part] : parts_) {
+      PartitionState* p = part.get();
+      EngineFor(*p).Post([this, p, rank] {
+        if (p->MarkGone(static_cast<uint32_t>(rank))) RunEngine(p);
+      });
+    }
+  }
+
+  // Sends to worker `rank`'s pull lane; completes `done` with kPeerLost if it is unreachable.
+  void SendToWorker(uint32_t rank, const wire::Header& h, std::span<const std::byte> payload,
+                    transport::SendCallback done) {
+    if (!worker_peers_[rank]) {
+      done(PeerLost("worker " + std::to_string(rank) + " is unreachable"));
+      return;
+    }
+    reply_lane().Send(*worker_peers_[rank], h, payload, std::move(done));
+  }
+
   // ---- Data plane ----------------------------------------------------------------------------
 
   PartitionState* Find(uint64_t key, uint32_t partition) {
@@ -221,7 +255,7 @@ class ServerImpl final : public Server {
     h.cookie = push.cookie;
     auto text = std::make_shared<std::vector<std::byte>>(wire::EncodeText(error.message()));
     h.payload_bytes = text->size();
-    reply_lane().Send(worker_peers_[rank], h, *text, [text](const Status&) {});
+    SendToWorker(rank, h, *text, [text](const Status&) {});
   }
 
   Result<std::span<std::byte>> OnPushHeader(const wire::Header& h) {
@@ -287,7 +321,7 @@ class ServerImpl final : public Server {
       const uint32_t slot = c->slot;
       for (uint32_t rank = 0; rank < num_workers_; ++rank) {
         h.cookie = c->cookies[rank];
-        reply_lane().Send(worker_peers_[rank], h, payload, [this, p, slot, text](const Status& s) {
+        SendToWorker(rank, h, payload, [this, p, slot, text](const Status& s) {
           if (!s.ok()) GL_LOG(kInfo) << "server " << id_ << ": pull response failed: " << s.ToString();
           if (p->SendDone(slot)) EngineFor(*p).Post([this, p] { RunEngine(p); });
         });
@@ -344,8 +378,7 @@ class ServerImpl final : public Server {
   std::unique_ptr<Lane> push_lane_, pull_lane_;
   PushReceiver push_receiver_{this};
   PullReceiver pull_receiver_{this};
-  std::vector<PeerId> worker_peers_;
-  std::vector<std::string> worker_names_;
+  std::vector<std::optional<PeerId>> worker_peers_;  // nullopt: unreachable
   std::unique_ptr<transport::ControlChannel> channel_;
   std::thread control_;
   std::vector<std::unique_ptr<WorkQueue>> engines_;

@@ -43,10 +43,15 @@ Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
   uint16_t port = 0;
   GL_RETURN_IF_ERROR(transport::ParseHostPort(scheduler, &host, &port));
   GL_ASSIGN_OR_RETURN(auto channel, transport::ControlChannel::Connect(host, port, deadline));
+  // The channel's errors name only the address: say whom we lost.
+  const auto lost = [&](const Status& s) {
+    return Status(s.code(), "lost the scheduler (" + scheduler + ") while joining: " + s.message());
+  };
   wire::Header h;
   h.type = wire::MsgType::kRegister;
   h.job = job_hash;
-  GL_RETURN_IF_ERROR(channel->Send(h, wire::Encode(reg), deadline));
+  Status sent = channel->Send(h, wire::Encode(reg), deadline);
+  if (!sent.ok()) return lost(sent);
   while (true) {
     auto f = channel->Receive(deadline);
     if (!f.ok()) {
@@ -54,7 +59,7 @@ Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
         return Timeout("the job did not start before the deadline (scheduler " + scheduler +
                        "): are all workers and servers started?");
       }
-      return f.status();
+      return lost(f.status());
     }
     if (f->header.type == wire::MsgType::kHeartbeat) continue;
     if (f->header.type == wire::MsgType::kAbort) {

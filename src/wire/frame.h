@@ -39,6 +39,7 @@ enum class MsgType : uint8_t {
   kShutdown = 9,       // scheduler -> members: the job is over
   kAbort = 10,         // scheduler -> members: the job failed (status code + message)
   kHeartbeat = 11,     // both ways, every kHeartbeatInterval once the job has started
+  kMemberLeft = 12,    // scheduler -> servers: worker `count` left cleanly before the others
   // Data plane (transport lanes).
   kPush = 32,          // worker -> server: one partition of one round (+ pull request)
   kPullResponse = 33,  // server -> worker: the round's result for that partition

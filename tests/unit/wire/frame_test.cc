@@ -133,7 +133,7 @@ TEST(FrameTest, RoundTripEveryKnownType) {
   const MsgType control[] = {MsgType::kRegister,  MsgType::kWelcome,        MsgType::kDeclare,
                              MsgType::kAssign,    MsgType::kAssignAck,      MsgType::kBarrier,
                              MsgType::kBarrierRelease, MsgType::kGoodbye,   MsgType::kShutdown,
-                             MsgType::kAbort};
+                             MsgType::kAbort,     MsgType::kHeartbeat};
   for (MsgType t : control) {
     Header h = SampleControl();
     h.type = t;
@@ -254,16 +254,16 @@ TEST(FrameTest, RejectsBadVersion) {
 }
 
 TEST(FrameTest, RejectsUnknownTypes) {
-  for (uint8_t t : {0, 12, 31, 35, 255}) {
+  for (uint8_t t : {0, 13, 31, 35, 255}) {
     for (const Header& base : {SampleControl(), SamplePush()}) {
       HeaderBytes b = EncodeHeader(base);
       PutLe(b, kOffType, t, 1);
       ExpectProtocolError(DecodeHeader(b), "type " + std::to_string(t));
     }
   }
-  // Every value outside 1..10 and 32..34.
+  // Every value outside 1..12 and 32..34.
   for (int t = 0; t < 256; ++t) {
-    const bool known = (t >= 1 && t <= 10) || (t >= 32 && t <= 34);
+    const bool known = (t >= 1 && t <= 12) || (t >= 32 && t <= 34);
     if (known) continue;
     HeaderBytes b = EncodeHeader(SampleControl());
     PutLe(b, kOffType, static_cast<uint64_t>(t), 1);

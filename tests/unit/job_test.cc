@@ -1,0 +1,1071 @@
+// Whole jobs in one process: a Scheduler (TCP on 127.0.0.1, port 0), S servers and W workers on
+// threads, talking over the inproc fabric. Checks every element of every sum against a scalar
+// reference, for all dtypes, many keys and rounds, mixed priorities, declaration orders that
+// differ between workers, shape/dtype mismatches, deadlines, and members that leave mid-job.
+// Every wait has a deadline: a test fails, it never hangs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/naming.h"
+#include "gradlink/scheduler.h"
+#include "gradlink/server.h"
+#include "gradlink/worker.h"
+#include "transport/join.h"
+#include "transport/transport.h"
+#include "wire/frame.h"
+
+namespace gradlink {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr auto kConnectTimeout = 10s;
+constexpr auto kOpTimeout = 20s;
+
+Clock::time_point In(Clock::duration d) { return Clock::now() + d; }
+
+constexpr DataType kAllTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                                  DataType::kBFloat16, DataType::kInt32,  DataType::kInt64};
+
+// ---- Independent references --------------------------------------------------------------------
+
+// Round to nearest even into binary16 / bfloat16, for normal finite values (all the tests use).
+uint16_t RefFloatToHalf(float f) {
+  if (f == 0.0f) return std::signbit(f) ? 0x8000 : 0;
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  int e;
+  const double m = std::frexp(std::fabs(double(f)), &e);  // |f| = m * 2^e, m in [0.5, 1)
+  double q = std::nearbyint(m * 2048.0);                  // 11 significant bits
+  if (q == 2048.0) {
+    q = 1024.0;
+    ++e;
+  }
+  const int biased = (e - 1) + 15;
+  EXPECT_GT(biased, 0) << f << " is not a normal fp16 value";
+  EXPECT_LT(biased, 31) << f << " overflows fp16";
+  return static_cast<uint16_t>(sign | (biased << 10) | (static_cast<int>(q) - 1024));
+}
+uint16_t RefFloatToBf16(float f) {
+  if (f == 0.0f) return std::signbit(f) ? 0x8000 : 0;
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  int e;
+  const double m = std::frexp(std::fabs(double(f)), &e);
+  double q = std::nearbyint(m * 256.0);  // 8 significant bits
+  if (q == 256.0) {
+    q = 128.0;
+    ++e;
+  }
+  const int biased = (e - 1) + 127;
+  return static_cast<uint16_t>(sign | (biased << 7) | (static_cast<int>(q) - 128));
+}
+// Exact for the values used: k/4 with small k.
+float RefHalfToFloat(uint16_t h) {
+  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  const float v = e == 0 ? std::ldexp(float(m), -24) : std::ldexp(float(m + 1024), e - 25);
+  return (h & 0x8000) ? -v : v;
+}
+float RefBf16ToFloat(uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); }
+
+uint64_t Mix(uint64_t x) {  // splitmix64
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// The value rank `rank` pushes for element `i` of tensor `tensor` in round `round`, as bytes of
+// `dtype`. Floats are arbitrary; fp16/bf16 are quarters in [-16, 16] (exact in every type, so
+// the fp32 sum is exact and rounds once), with element 0 = 2048 / 256 on rank 0 and 1 elsewhere
+// so that accumulating in the narrow type would lose the ones.
+void FillValue(DataType dtype, uint64_t tensor, uint32_t rank, uint64_t round, uint64_t i,
+               std::byte* out) {
+  const uint64_t r = Mix(Mix(Mix(tensor) ^ rank) ^ (round << 32) ^ i);
+  switch (dtype) {
+    case DataType::kFloat32: {
+      const float v = float(int64_t(r % 2000001) - 1000000) / float(1 + (r >> 40) % 1000);
+      std::memcpy(out, &v, 4);
+      return;
+    }
+    case DataType::kFloat64: {
+      const double v = double(int64_t(r % 2000000001) - 1000000000) / double(1 + (r >> 40) % 100000);
+      std::memcpy(out, &v, 8);
+      return;
+    }
+    case DataType::kFloat16:
+    case DataType::kBFloat16: {
+      float v = float(int64_t(r % 129) - 64) / 4.0f;
+      if (i == 0) v = rank == 0 ? (dtype == DataType::kFloat16 ? 2048.0f : 256.0f) : 1.0f;
+      const uint16_t bits = dtype == DataType::kFloat16 ? RefFloatToHalf(v) : RefFloatToBf16(v);
+      std::memcpy(out, &bits, 2);
+      return;
+    }
+    case DataType::kInt32: {
+      const uint32_t v = static_cast<uint32_t>(r);  // full range: sums wrap
+      std::memcpy(out, &v, 4);
+      return;
+    }
+    case DataType::kInt64: {
+      std::memcpy(out, &r, 8);
+      return;
+    }
+  }
+}
+
+void FillTensor(DataType dtype, uint64_t tensor, uint32_t rank, uint64_t round,
+                std::vector<std::byte>& buf) {
+  const size_t size = DataTypeSize(dtype);
+  for (uint64_t i = 0; i < buf.size() / size; ++i) {
+    FillValue(dtype, tensor, rank, round, i, buf.data() + i * size);
+  }
+}
+
+// The expected result for element i: the pushes of ranks 0..W-1 summed in rank order, in the
+// accumulator type, divided by W when averaging, converted back.
+void ExpectedValue(DataType dtype, uint64_t tensor, uint32_t workers, uint64_t round, uint64_t i,
+                   bool average, std::byte* out) {
+  std::byte v[8];
+  switch (dtype) {
+    case DataType::kFloat32: {
+      float acc = 0, x;
+      for (uint32_t r = 0; r < workers; ++r) {
+        FillValue(dtype, tensor, r, round, i, v);
+        std::memcpy(&x, v, 4);
+        acc = r == 0 ? x : acc + x;
+      }
+      if (average) acc = acc / float(workers);
+      std::memcpy(out, &acc, 4);
+      return;
+    }
+    case DataType::kFloat64: {
+      double acc = 0, x;
+      for (uint32_t r = 0; r < workers; ++r) {
+        FillValue(dtype, tensor, r, round, i, v);
+        std::memcpy(&x, v, 8);
+        acc = r == 0 ? x : acc + x;
+      }
+      if (average) acc = acc / double(workers);
+      std::memcpy(out, &acc, 8);
+      return;
+    }
+    case DataType::kFloat16:
+    case DataType::kBFloat16: {
+      float acc = 0;
+      for (uint32_t r = 0; r < workers; ++r) {
+        FillValue(dtype, tensor, r, round, i, v);
+        uint16_t b;
+        std::memcpy(&b, v, 2);
+        const float x = dtype == DataType::kFloat16 ? RefHalfToFloat(b) : RefBf16ToFloat(b);
+        acc = r == 0 ? x : acc + x;
+      }
+      if (average) acc = acc / float(workers);
+      const uint16_t bits = dtype == DataType::kFloat16 ? RefFloatToHalf(acc) : RefFloatToBf16(acc);
+      std::memcpy(out, &bits, 2);
+      return;
+    }
+    case DataType::kInt32: {
+      uint32_t acc = 0, x;
+      for (uint32_t r = 0; r < workers; ++r) {
+        FillValue(dtype, tensor, r, round, i, v);
+        std::memcpy(&x, v, 4);
+        acc += x;
+      }
+      int32_t res = static_cast<int32_t>(acc);
+      if (average) res = res / static_cast<int32_t>(workers);
+      std::memcpy(out, &res, 4);
+      return;
+    }
+    case DataType::kInt64: {
+      uint64_t acc = 0, x;
+      for (uint32_t r = 0; r < workers; ++r) {
+        FillValue(dtype, tensor, r, round, i, v);
+        std::memcpy(&x, v, 8);
+        acc += x;
+      }
+      int64_t res = static_cast<int64_t>(acc);
+      if (average) res = res / static_cast<int64_t>(workers);
+      std::memcpy(out, &res, 8);
+      return;
+    }
+  }
+}
+
+// Checks a whole result buffer; reports at most a few bad elements.
+::testing::AssertionResult CheckTensor(DataType dtype, uint64_t tensor, uint32_t workers,
+                                       uint64_t round, bool average,
+                                       const std::vector<std::byte>& got) {
+  const size_t size = DataTypeSize(dtype);
+  int bad = 0;
+  std::string detail;
+  for (uint64_t i = 0; i < got.size() / size; ++i) {
+    std::byte want[8];
+    ExpectedValue(dtype, tensor, workers, round, i, average, want);
+    if (std::memcmp(want, got.data() + i * size, size) != 0) {
+      if (++bad <= 3) {
+        uint64_t w = 0, g = 0;
+        std::memcpy(&w, want, size);
+        std::memcpy(&g, got.data() + i * size, size);
+        detail += " [element " + std::to_string(i) + ": bits 0x" + KeyHex(g).substr(2) +
+                  ", expected 0x" + KeyHex(w).substr(2) + "]";
+      }
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << DataTypeName(dtype) << " tensor " << tensor << " round "
+                                       << round << ": " << bad << " wrong elements" << detail;
+}
+
+// ---- A job in this process -------------------------------------------------------------------
+
+struct JobConfig {
+  uint32_t workers = 2;
+  uint32_t servers = 1;
+  uint64_t partition_bytes = 64 << 10;
+  uint64_t max_bytes_in_flight = 32 << 20;
+  std::string job = "job-test";
+  std::vector<uint32_t> fake_worker_ranks;  // ranks joined by a bare control channel (no Worker)
+};
+
+class Job {
+ public:
+  // Starts everything on threads; fails the test (and leaves the job partial) on error.
+  void Start(const JobConfig& config) {
+    config_ = config;
+    fabric_ = transport::CreateInprocFabric();
+    SchedulerOptions so;
+    so.port = 0;
+    so.num_workers = config.workers;
+    so.num_servers = config.servers;
+    so.job = config.job;
+    so.join_timeout = kConnectTimeout;
+    Result<std::unique_ptr<Scheduler>> sched = Scheduler::Start(so);
+    ASSERT_TRUE(sched.ok()) << sched.status().ToString();
+    scheduler_ = std::move(sched).value();
+    const std::string address = "127.0.0.1:" + std::to_string(scheduler_->port());
+
+    servers_.resize(config.servers);
+    workers_.resize(config.workers);
+    fakes_.resize(config.workers);
+    std::vector<Status> errors(config.servers + config.workers);
+    std::vector<std::thread> threads;
+    for (uint32_t i = 0; i < config.servers; ++i) {
+      threads.emplace_back([&, i] {
+        ServerOptions o;
+        o.scheduler = address;
+        o.job = config.job;
+        o.transport = "inproc";
+        o.fabric = fabric_;
+        o.connect_timeout = kConnectTimeout;
+        o.host_name = "server-host-" + std::to_string(i);
+        Result<std::unique_ptr<Server>> s = Server::Start(o);
+        if (s.ok()) servers_[i] = std::move(s).value();
+        else errors[i] = s.status();
+      });
+    }
+    for (uint32_t r = 0; r < config.workers; ++r) {
+      const bool fake = std::find(config.fake_worker_ranks.begin(), config.fake_worker_ranks.end(),
+                                  r) != config.fake_worker_ranks.end();
+      threads.emplace_back([&, r, fake] {
+        if (fake) {
+          wire::RegisterMsg reg;
+          reg.role = wire::Role::kWorker;
+          reg.requested_rank = static_cast<int32_t>(r);
+          reg.host = "fake-worker-" + std::to_string(r);
+          reg.push_address.assign(8, std::byte{0xEE});  // no lane: nothing will reach it
+          reg.pull_address.assign(8, std::byte{0xEE});
+          Result<Joined> j = JoinJob(address, wire::JobHash(config.job), reg, In(kConnectTimeout));
+          if (j.ok()) fakes_[r] = std::move(j->channel);
+          else errors[config.servers + r] = j.status();
+          return;
+        }
+        WorkerOptions o;
+        o.scheduler = address;
+        o.job = config.job;
+        o.rank = static_cast<int32_t>(r);
+        o.partition_bytes = config.partition_bytes;
+        o.max_bytes_in_flight = config.max_bytes_in_flight;
+        o.transport = "inproc";
+        o.fabric = fabric_;
+        o.connect_timeout = kConnectTimeout;
+        o.host_name = "worker-host-" + std::to_string(r);
+        Result<std::unique_ptr<Worker>> w = Worker::Connect(o);
+        if (w.ok()) workers_[r] = std::move(w).value();
+        else errors[config.servers + r] = w.status();
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const Status& s : errors) ASSERT_TRUE(s.ok()) << s.ToString();
+    for (uint32_t r = 0; r < config.workers; ++r) {
+      if (!workers_[r]) continue;
+      EXPECT_EQ(workers_[r]->rank(), r);
+      EXPECT_EQ(workers_[r]->size(), config.workers);
+      EXPECT_EQ(workers_[r]->num_servers(), config.servers);
+    }
+  }
+
+  // Every worker says goodbye; the job must then end cleanly everywhere.
+  void FinishCleanly() {
+    for (auto& w : workers_) {
+      if (w) {
+        EXPECT_TRUE(w->Shutdown(In(5s)).ok());
+      }
+    }
+    for (auto& s : servers_) {
+      if (s) {
+        Status st = s->Wait(In(5s));
+        EXPECT_TRUE(st.ok()) << "server " << s->id() << ": " << st.ToString();
+      }
+    }
+    Status st = scheduler_->Wait(In(5s));
+    EXPECT_TRUE(st.ok()) << "scheduler: " << st.ToString();
+    EXPECT_EQ(scheduler_->protocol_errors(), 0u);
+    for (auto& s : servers_) {
+      if (s) {
+        EXPECT_EQ(s->stats().protocol_errors, 0u);
+        EXPECT_EQ(s->stats().mismatches, 0u);
+      }
+    }
+  }
+
+  ~Job() {
+    for (auto& w : workers_) {
+      if (w) w->Shutdown(In(5s)).IgnoreError();
+    }
+    workers_.clear();
+    fakes_.clear();
+    for (auto& s : servers_) {
+      if (s) s->Stop();
+    }
+    servers_.clear();
+    if (scheduler_) scheduler_->Stop();
+  }
+
+  // A zeroed buffer for PushPull that lives until the workers have shut down: an operation that
+  // a failing test leaves pending (or one the library still reads after failing it) never
+  // touches freed memory.
+  std::vector<std::byte>& Buffer(size_t bytes) {
+    std::lock_guard<std::mutex> lock(buffers_mu_);
+    return buffers_.emplace_back(bytes);
+  }
+
+  Worker& worker(uint32_t r) { return *workers_[r]; }
+  Server& server(uint32_t i) { return *servers_[i]; }
+  Scheduler& scheduler() { return *scheduler_; }
+  void DropFake(uint32_t r) { fakes_[r].reset(); }  // closes without a goodbye
+  const JobConfig& config() const { return config_; }
+
+ private:
+  JobConfig config_;
+  std::mutex buffers_mu_;
+  std::list<std::vector<std::byte>> buffers_;  // destroyed after the members below
+  std::shared_ptr<transport::Fabric> fabric_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::vector<std::unique_ptr<Server>> servers_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<std::unique_ptr<transport::ControlChannel>> fakes_;
+};
+
+// Runs fn(rank) on one thread per worker and joins them.
+void OnEveryWorker(uint32_t workers, const std::function<void(uint32_t)>& fn) {
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < workers; ++r) threads.emplace_back([&fn, r] { fn(r); });
+  for (auto& t : threads) t.join();
+}
+
+struct TensorSpec {
+  std::string name;
+  DataType dtype;
+  uint64_t count;
+  bool average = false;
+  int32_t priority = 0;
+};
+
+// Each worker declares `specs` (in the order `order(rank)` gives), then for each round fills
+// every tensor, PushPulls all of them at once, waits, and checks every element.
+// `issue_gap` (if > 0) sleeps a rank-dependent random time up to that long between calls, as
+// a backward pass produces gradients over time.
+void RunRounds(Job& job, const std::vector<TensorSpec>& specs, uint64_t rounds,
+               std::function<std::vector<size_t>(uint32_t)> order = nullptr,
+               std::chrono::microseconds issue_gap = std::chrono::microseconds(0)) {
+  const uint32_t workers = job.config().workers;
+  OnEveryWorker(workers, [&](uint32_t rank) {
+    Worker& w = job.worker(rank);
+    std::vector<size_t> idx(specs.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    if (order) idx = order(rank);
+    std::vector<TensorHandle> handles(specs.size());
+    std::vector<std::vector<std::byte>*> bufs(specs.size());
+    for (size_t i : idx) {
+      Result<TensorHandle> t = w.Declare(specs[i].name, specs[i].dtype, specs[i].count);
+      ASSERT_TRUE(t.ok()) << t.status().ToString();
+      EXPECT_EQ(t->key(), wire::TensorKey(job.config().job, specs[i].name));
+      handles[i] = *t;
+      bufs[i] = &job.Buffer(specs[i].count * DataTypeSize(specs[i].dtype));
+    }
+    std::mt19937 gap_rng(rank + 1);
+    for (uint64_t round = 0; round < rounds; ++round) {
+      std::vector<PushPullHandle> ops(specs.size());
+      for (size_t i : idx) {
+        if (issue_gap.count() > 0) {
+          std::this_thread::sleep_for(std::chrono::microseconds(gap_rng() % issue_gap.count()));
+        }
+        FillTensor(specs[i].dtype, i, rank, round, *bufs[i]);
+        ops[i] = w.PushPull(handles[i], *bufs[i], {specs[i].average, specs[i].priority});
+      }
+      const auto deadline = In(kOpTimeout);
+      for (size_t i : idx) {
+        Status s = ops[i].Wait(deadline);
+        ASSERT_TRUE(s.ok()) << "rank " << rank << " '" << specs[i].name << "' round " << round
+                            << ": " << s.ToString();
+        EXPECT_TRUE(ops[i].Poll());
+        EXPECT_TRUE(CheckTensor(specs[i].dtype, i, workers, round, specs[i].average, *bufs[i]))
+            << "rank " << rank << " '" << specs[i].name << "'";
+      }
+    }
+  });
+}
+
+// Partition rounds the servers must have completed for `rounds` steps over `specs`.
+uint64_t ExpectedPartitionRounds(const std::vector<TensorSpec>& specs, uint64_t partition_bytes,
+                                 uint64_t rounds) {
+  uint64_t n = 0;
+  for (const TensorSpec& t : specs) {
+    const uint64_t per_part = std::max<uint64_t>(1, partition_bytes / DataTypeSize(t.dtype));
+    n += (t.count + per_part - 1) / per_part;
+  }
+  return n * rounds;
+}
+
+uint64_t ServerRounds(Job& job) {
+  uint64_t n = 0;
+  for (uint32_t s = 0; s < job.config().servers; ++s) n += job.server(s).stats().rounds_completed;
+  return n;
+}
+
+// ---- (a) every dtype, sizes spanning servers, W x S -------------------------------------------
+
+class JobSizesTest : public ::testing::TestWithParam<std::tuple<uint32_t, uint32_t>> {};
+
+TEST_P(JobSizesTest, AllDtypesAllSizesFiveRounds) {
+  const auto [workers, servers] = GetParam();
+  JobConfig config;
+  config.workers = workers;
+  config.servers = servers;
+  config.partition_bytes = 64 << 10;  // 300000 elements span many partitions and both servers
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  std::vector<TensorSpec> specs;
+  for (DataType t : kAllTypes) {
+    for (uint64_t n : {1u, 1000u, 300000u}) {
+      specs.push_back({std::string(DataTypeName(t)) + "/" + std::to_string(n), t, n});
+    }
+  }
+  RunRounds(job, specs, 5);
+  EXPECT_EQ(ServerRounds(job), ExpectedPartitionRounds(specs, config.partition_bytes, 5));
+  if (servers > 1) {
+    // Both servers did work.
+    for (uint32_t s = 0; s < servers; ++s) EXPECT_GT(job.server(s).stats().rounds_completed, 0u);
+  }
+  job.FinishCleanly();
+}
+
+INSTANTIATE_TEST_SUITE_P(WorkersServers, JobSizesTest,
+                         ::testing::Combine(::testing::Values(1u, 2u, 3u),
+                                            ::testing::Values(1u, 2u)),
+                         [](const auto& info) {
+                           return "W" + std::to_string(std::get<0>(info.param)) + "_S" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+TEST(JobTest, AverageAllDtypes) {
+  JobConfig config;
+  config.workers = 3;
+  config.servers = 2;
+  config.partition_bytes = 4096;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  std::vector<TensorSpec> specs;
+  for (DataType t : kAllTypes) {
+    specs.push_back({"avg/" + std::string(DataTypeName(t)), t, 5000, /*average=*/true});
+  }
+  RunRounds(job, specs, 3);
+  job.FinishCleanly();
+}
+
+TEST(JobTest, SingleLaneMode) {
+  // single_lane is a per-process option; exercise it through dedicated members.
+  auto fabric = transport::CreateInprocFabric();
+  SchedulerOptions so;
+  so.num_workers = 2;
+  so.num_servers = 1;
+  so.join_timeout = kConnectTimeout;
+  auto sched = Scheduler::Start(so);
+  ASSERT_TRUE(sched.ok());
+  const std::string address = "127.0.0.1:" + std::to_string((*sched)->port());
+  std::vector<std::byte> bufs[2] = {std::vector<std::byte>(12000), std::vector<std::byte>(12000)};
+  std::unique_ptr<Server> server;  // declared after the buffers: shuts down before they go
+  std::unique_ptr<Worker> w[2];
+  std::thread ts([&] {
+    ServerOptions o;
+    o.scheduler = address;
+    o.transport = "inproc";
+    o.fabric = fabric;
+    o.single_lane = true;
+    o.connect_timeout = kConnectTimeout;
+    auto s = Server::Start(o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (s.ok()) server = std::move(s).value();
+  });
+  std::thread tw[2];
+  for (int r = 0; r < 2; ++r) {
+    tw[r] = std::thread([&, r] {
+      WorkerOptions o;
+      o.scheduler = address;
+      o.rank = r;
+      o.transport = "inproc";
+      o.fabric = fabric;
+      o.single_lane = r == 0;  // one worker of each kind
+      o.partition_bytes = 1024;
+      o.connect_timeout = kConnectTimeout;
+      auto x = Worker::Connect(o);
+      EXPECT_TRUE(x.ok()) << x.status().ToString();
+      if (x.ok()) w[r] = std::move(x).value();
+    });
+  }
+  ts.join();
+  tw[0].join();
+  tw[1].join();
+  ASSERT_TRUE(server && w[0] && w[1]);
+  OnEveryWorker(2, [&](uint32_t r) {
+    auto t = w[r]->Declare("single", DataType::kFloat32, 3000);
+    ASSERT_TRUE(t.ok());
+    std::vector<std::byte>& buf = bufs[r];
+    for (uint64_t round = 0; round < 3; ++round) {
+      FillTensor(DataType::kFloat32, 0, r, round, buf);
+      Status s = w[r]->PushPull(*t, buf).Wait(In(kOpTimeout));
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, round, false, buf));
+    }
+  });
+  for (auto& x : w) EXPECT_TRUE(x->Shutdown(In(5s)).ok());
+  EXPECT_TRUE(server->Wait(In(5s)).ok());
+  EXPECT_TRUE((*sched)->Wait(In(5s)).ok());
+  server->Stop();
+  (*sched)->Stop();
+}
+
+// ---- (b) declaration order differs between workers -------------------------------------------
+
+TEST(JobTest, WorkersDeclareInDifferentOrders) {
+  JobConfig config;
+  config.workers = 3;
+  config.servers = 2;
+  config.partition_bytes = 2048;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 12; ++i) {
+    specs.push_back({"layer" + std::to_string(i), kAllTypes[i % 6], uint64_t(100 + 300 * i)});
+  }
+  RunRounds(job, specs, 3, [&](uint32_t rank) {
+    std::vector<size_t> idx(specs.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    if (rank == 1) std::reverse(idx.begin(), idx.end());
+    if (rank == 2) std::shuffle(idx.begin(), idx.end(), std::mt19937(99));
+    return idx;
+  });
+  job.FinishCleanly();
+}
+
+TEST(JobTest, PushPullRightAfterDeclareWhileOthersDeclareLate) {
+  // Rank 0 declares and pushes "a" then "b"; rank 1 declares "b" first and "a" only after a
+  // pause. Keys do not depend on declaration order, so nothing deadlocks.
+  JobConfig config;
+  config.workers = 2;
+  config.servers = 1;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  OnEveryWorker(2, [&](uint32_t rank) {
+    Worker& w = job.worker(rank);
+    const std::vector<std::string> names =
+        rank == 0 ? std::vector<std::string>{"a", "b"} : std::vector<std::string>{"b", "a"};
+    std::vector<std::byte>* bufs[2] = {&job.Buffer(400), &job.Buffer(400)};
+    std::vector<PushPullHandle> ops;
+    for (const std::string& n : names) {
+      if (rank == 1 && n == "a") std::this_thread::sleep_for(200ms);
+      auto t = w.Declare(n, DataType::kFloat32, 100);
+      ASSERT_TRUE(t.ok());
+      const size_t id = n == "a" ? 0 : 1;
+      FillTensor(DataType::kFloat32, id, rank, 0, *bufs[id]);
+      ops.push_back(w.PushPull(*t, *bufs[id]));
+    }
+    for (auto& op : ops) ASSERT_TRUE(op.Wait(In(kOpTimeout)).ok());
+    EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, *bufs[0]));
+    EXPECT_TRUE(CheckTensor(DataType::kFloat32, 1, 2, 0, false, *bufs[1]));
+  });
+  job.FinishCleanly();
+}
+
+// ---- (c) mismatches ----------------------------------------------------------------------------
+
+void ExpectMismatchOnBothRanks(Job& job, const std::string& name, DataType t0, uint64_t n0,
+                               DataType t1, uint64_t n1) {
+  const auto start = Clock::now();
+  OnEveryWorker(2, [&](uint32_t rank) {
+    const DataType t = rank == 0 ? t0 : t1;
+    const uint64_t n = rank == 0 ? n0 : n1;
+    auto h = job.worker(rank).Declare(name, t, n);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();  // declaring is local; the check comes later
+    std::vector<std::byte>& buf = job.Buffer(n * DataTypeSize(t));
+    Status s = job.worker(rank).PushPull(*h, buf).Wait(In(5s));
+    ASSERT_EQ(s.code(), Code::kMismatch) << "rank " << rank << ": " << s.ToString();
+    const std::string& m = s.message();
+    const std::string key = KeyHex(wire::TensorKey(job.config().job, name));
+    EXPECT_NE(m.find(key), std::string::npos) << m;
+    EXPECT_NE(m.find("'" + name + "'"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+    const std::string d0 = std::string(DataTypeName(t0)) + "[" + std::to_string(n0) + "]";
+    const std::string d1 = std::string(DataTypeName(t1)) + "[" + std::to_string(n1) + "]";
+    EXPECT_NE(m.find(d0), std::string::npos) << m;
+    EXPECT_NE(m.find(d1), std::string::npos) << m;
+    // Later calls on that tensor fail at once with the same error.
+    Status again = job.worker(rank).PushPull(*h, buf).Wait(In(1s));
+    EXPECT_EQ(again.code(), Code::kMismatch) << again.ToString();
+  });
+  EXPECT_LT(Clock::now() - start, 5s);
+}
+
+TEST(JobTest, CountMismatchFailsEveryRank) {
+  JobConfig config;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  ExpectMismatchOnBothRanks(job, "x", DataType::kFloat32, 10, DataType::kFloat32, 12);
+  // The job goes on: a tensor they agree on still works.
+  RunRounds(job, {{"z", DataType::kFloat32, 10}}, 2);
+  job.FinishCleanly();
+}
+
+TEST(JobTest, DtypeMismatchFailsEveryRank) {
+  JobConfig config;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  ExpectMismatchOnBothRanks(job, "y", DataType::kFloat32, 10, DataType::kFloat64, 10);
+  ExpectMismatchOnBothRanks(job, "w", DataType::kFloat16, 7, DataType::kBFloat16, 9);
+  RunRounds(job, {{"z", DataType::kInt64, 10}}, 2);
+  job.FinishCleanly();
+}
+
+TEST(JobTest, LocalDeclarationErrors) {
+  JobConfig config;
+  config.workers = 1;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  Worker& w = job.worker(0);
+  auto a = w.Declare("t", DataType::kFloat32, 10);
+  ASSERT_TRUE(a.ok());
+  auto again = w.Declare("t", DataType::kFloat32, 10);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->key(), a->key());
+  EXPECT_EQ(w.Declare("t", DataType::kFloat64, 10).status().code(), Code::kMismatch);
+  EXPECT_EQ(w.Declare("t", DataType::kFloat32, 11).status().code(), Code::kMismatch);
+  EXPECT_EQ(w.Declare("", DataType::kFloat32, 1).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(w.Declare("big", DataType::kFloat64, uint64_t{1} << 62).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(w.Declare("bad dtype", static_cast<DataType>(0), 1).status().code(),
+            Code::kInvalidArgument);
+  // Wrong buffer size and empty handle fail at once.
+  std::vector<std::byte>& small = job.Buffer(39);
+  EXPECT_EQ(w.PushPull(*a, small).Wait(In(1s)).code(), Code::kInvalidArgument);
+  std::vector<std::byte>& buf = job.Buffer(40);
+  EXPECT_EQ(w.PushPull(TensorHandle(), buf).Wait(In(1s)).code(), Code::kInvalidArgument);
+  EXPECT_EQ(PushPullHandle().Wait(In(1s)).code(), Code::kInvalidArgument);
+  // The tensor itself still works.
+  FillTensor(DataType::kFloat32, 0, 0, 0, buf);
+  ASSERT_TRUE(w.PushPull(*a, buf).Wait(In(kOpTimeout)).ok());
+  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 1, 0, false, buf));
+  // An empty tensor completes at once.
+  auto e = w.Declare("empty", DataType::kFloat32, 0);
+  ASSERT_TRUE(e.ok());
+  EXPECT_TRUE(w.PushPull(*e, {}).Wait(In(kOpTimeout)).ok());
+  job.FinishCleanly();
+}
+
+// ---- (d) deadlines -----------------------------------------------------------------------------
+
+TEST(JobTest, WaitTimesOutWhenAnotherWorkerHasNotPushed) {
+  JobConfig config;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  auto t0 = job.worker(0).Declare("t", DataType::kFloat32, 1000);
+  auto t1 = job.worker(1).Declare("t", DataType::kFloat32, 1000);
+  ASSERT_TRUE(t0.ok() && t1.ok());
+  std::vector<std::byte>& b0 = job.Buffer(4000);
+  std::vector<std::byte>& b1 = job.Buffer(4000);
+  FillTensor(DataType::kFloat32, 0, 0, 0, b0);
+  FillTensor(DataType::kFloat32, 0, 1, 0, b1);
+  PushPullHandle op0 = job.worker(0).PushPull(*t0, b0);
+
+  auto start = Clock::now();
+  Status s = op0.Wait(Clock::now() - 1s);  // a deadline in the past
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.ToString();
+  EXPECT_LT(Clock::now() - start, 1s);
+  EXPECT_NE(s.message().find("'t'"), std::string::npos) << s.message();
+
+  start = Clock::now();
+  s = op0.Wait(In(200ms));
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.ToString();
+  EXPECT_GE(Clock::now() - start, 190ms);
+  EXPECT_LT(Clock::now() - start, 3s);
+  EXPECT_FALSE(op0.Poll());
+
+  // The operation goes on and completes once rank 1 pushes.
+  PushPullHandle op1 = job.worker(1).PushPull(*t1, b1);
+  ASSERT_TRUE(op0.Wait(In(kOpTimeout)).ok());
+  ASSERT_TRUE(op1.Wait(In(kOpTimeout)).ok());
+  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, b0));
+  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, b1));
+  job.FinishCleanly();
+}
+
+TEST(JobTest, Barrier) {
+  JobConfig config;
+  config.workers = 3;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  for (int i = 0; i < 3; ++i) {
+    OnEveryWorker(3, [&](uint32_t r) {
+      Status s = job.worker(r).Barrier(In(kOpTimeout));
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    });
+  }
+  job.FinishCleanly();
+}
+
+// ---- (e) many keys, many rounds ----------------------------------------------------------------
+
+TEST(JobTest, ManyKeysManyRounds) {
+  JobConfig config;
+  config.workers = 2;
+  config.servers = 2;
+  config.partition_bytes = 256;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 200; ++i) {
+    specs.push_back({"k" + std::to_string(i), kAllTypes[i % 6], uint64_t(1 + (i * 37) % 150)});
+  }
+  RunRounds(job, specs, 20);
+  EXPECT_EQ(ServerRounds(job), ExpectedPartitionRounds(specs, config.partition_bytes, 20));
+  job.FinishCleanly();
+}
+
+// ---- (f) priorities and credits ----------------------------------------------------------------
+
+std::vector<TensorSpec> PrioritySpecs(int n, bool increasing) {
+  std::vector<TensorSpec> specs;
+  std::mt19937 rng(3);
+  for (int i = 0; i < n; ++i) {
+    TensorSpec s{"p" + std::to_string(i), kAllTypes[i % 6], uint64_t(1 + rng() % 3000)};
+    s.priority = increasing ? i : static_cast<int32_t>(rng() % 11) - 5;
+    if (!increasing && i % 4 == 0) s.priority = std::numeric_limits<int32_t>::max();
+    if (!increasing && i % 7 == 0) s.priority = std::numeric_limits<int32_t>::min();
+    s.average = i % 3 == 0;
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+TEST(JobTest, MixedPriorities) {
+  JobConfig config;
+  config.workers = 3;
+  config.servers = 2;
+  config.partition_bytes = 1024;  // many partitions, all in flight at once (default credits)
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  RunRounds(job, PrioritySpecs(30, false), 4, nullptr, 300us);
+  job.FinishCleanly();
+}
+
+// Regression (credits): a partition used to hold its credit until its pull arrived, which needs
+// every worker's push of it. With a window smaller than a step and workers choosing different
+// partitions to send next (an op issued later with a higher priority jumps the queue at a
+// different moment on each worker), every window could fill with partitions the others had not
+// pushed yet: all waited forever. Credit now returns when the push has left.
+TEST(JobTest, CreditsWithIncreasingPrioritiesDoNotDeadlock) {
+  JobConfig config;
+  config.workers = 3;
+  config.servers = 2;
+  config.partition_bytes = 4096;
+  config.max_bytes_in_flight = 16 * 4096;  // 16 partitions; a step has 120
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 60; ++i) {
+    TensorSpec s{"g" + std::to_string(i), DataType::kFloat32, 2048};
+    s.priority = i;  // the layers the next forward pass needs first come last
+    specs.push_back(s);
+  }
+  RunRounds(job, specs, 4, nullptr, 300us);
+  job.FinishCleanly();
+}
+
+TEST(JobTest, OneCreditWithIncreasingPrioritiesDoesNotDeadlock) {
+  JobConfig config;
+  config.workers = 3;
+  config.servers = 2;
+  config.partition_bytes = 1024;
+  config.max_bytes_in_flight = 1024;  // one partition in flight: everything queues
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  RunRounds(job, PrioritySpecs(30, true), 4, nullptr, 300us);
+  job.FinishCleanly();
+}
+
+TEST(JobTest, FewCreditsSamePriority) {
+  JobConfig config;
+  config.workers = 3;
+  config.servers = 2;
+  config.partition_bytes = 4096;
+  config.max_bytes_in_flight = 4 * 4096;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 20; ++i) specs.push_back({"c" + std::to_string(i), DataType::kFloat32, 3000});
+  RunRounds(job, specs, 3, nullptr, 300us);
+  job.FinishCleanly();
+}
+
+// One worker averages, the other sums: each partition's round fails with kMismatch on every
+// rank, and the next call on the tensor works.
+void AverageDisagreementThenAgreement(Job& job, const std::string& name, uint64_t count) {
+  OnEveryWorker(2, [&](uint32_t rank) {
+    auto t = job.worker(rank).Declare(name, DataType::kFloat32, count);
+    ASSERT_TRUE(t.ok());
+    std::vector<std::byte>& buf = job.Buffer(count * 4);
+    Status s = job.worker(rank).PushPull(*t, buf, {.average = rank == 0}).Wait(In(kOpTimeout));
+    EXPECT_EQ(s.code(), Code::kMismatch) << "rank " << rank << ": " << s.ToString();
+    EXPECT_NE(s.message().find("'" + name + "'"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("averages"), std::string::npos) << s.message();
+    FillTensor(DataType::kFloat32, 0, rank, 0, buf);
+    s = job.worker(rank).PushPull(*t, buf, {.average = true}).Wait(In(5s));
+    ASSERT_TRUE(s.ok()) << "rank " << rank << ": " << s.ToString();
+    EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, true, buf));
+  });
+}
+
+TEST(JobTest, AverageFlagDisagreementIsAMismatch) {
+  JobConfig config;
+  config.partition_bytes = 1024;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  for (int i = 0; i < 5; ++i) AverageDisagreementThenAgreement(job, "avg" + std::to_string(i), 100);
+  job.FinishCleanly();
+}
+
+// BUG (src/worker/worker.cc FailOpLocked/OnPayload): when one partition of a multi-partition op
+// gets a kDataError, the worker finishes the op at once, although the other partitions' round is
+// still open on their servers (their replies are in flight, or their pushes were never sent).
+// The next call on the tensor then pushes round r+1 to a server still summing round r: refused
+// with kProtocolError ("pushed round 1 while the server sums round 0"), or accepted on one rank
+// and refused on the other, which leaves the first waiting forever. Worse, the op completes while
+// pushes of its other partitions are still being sent from the caller's buffer: a caller that
+// frees the buffer once Wait() has returned (as the API allows) gets a use-after-free inside the
+// lane (seen under ASan in inproc Deliver's memcpy). Enable once a failed op keeps pushing and
+// collecting all its partitions, and waits for its send completions, before it completes.
+TEST(JobTest, DISABLED_MultiPartitionMismatchDoesNotBreakLaterRounds) {
+  JobConfig config;
+  config.servers = 2;
+  config.partition_bytes = 1024;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  for (int i = 0; i < 10; ++i) {
+    AverageDisagreementThenAgreement(job, "avg" + std::to_string(i), 1000);  // 4 partitions
+  }
+  job.FinishCleanly();
+}
+
+TEST(JobTest, CallsOnOneTensorRunInCallOrder) {
+  JobConfig config;
+  config.workers = 2;
+  config.servers = 2;
+  config.partition_bytes = 512;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  constexpr int kRounds = 6;
+  OnEveryWorker(2, [&](uint32_t rank) {
+    auto t = job.worker(rank).Declare("seq", DataType::kFloat64, 700);
+    ASSERT_TRUE(t.ok());
+    std::vector<std::vector<std::byte>*> bufs;
+    for (int k = 0; k < kRounds; ++k) bufs.push_back(&job.Buffer(5600));
+    std::vector<PushPullHandle> ops;
+    for (int k = 0; k < kRounds; ++k) {  // all issued before any completes
+      FillTensor(DataType::kFloat64, 0, rank, k, *bufs[k]);
+      ops.push_back(job.worker(rank).PushPull(*t, *bufs[k], {false, k % 2 ? 10 : -10}));
+    }
+    for (int k = 0; k < kRounds; ++k) {
+      ASSERT_TRUE(ops[k].Wait(In(kOpTimeout)).ok());
+      EXPECT_TRUE(CheckTensor(DataType::kFloat64, 0, 2, k, false, *bufs[k])) << "call " << k;
+    }
+  });
+  job.FinishCleanly();
+}
+
+// ---- (g) members that leave mid-job --------------------------------------------------------------
+
+TEST(JobTest, UncleanWorkerLossAbortsTheJob) {
+  // Rank 1 joins with a bare control connection and drops it without a goodbye: the scheduler
+  // aborts the job, and rank 0's pending operation fails (naming the lost worker) instead of
+  // waiting for a push that will never come.
+  JobConfig config;
+  config.workers = 2;
+  config.servers = 2;
+  config.fake_worker_ranks = {1};
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  auto t = job.worker(0).Declare("t", DataType::kFloat32, 100);
+  ASSERT_TRUE(t.ok());
+  std::vector<std::byte>& buf = job.Buffer(400);
+  PushPullHandle op = job.worker(0).PushPull(*t, buf);
+  EXPECT_EQ(op.Wait(In(100ms)).code(), Code::kTimeout);
+
+  const auto start = Clock::now();
+  job.DropFake(1);
+  Status s = op.Wait(In(5s));
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_TRUE(s.code() == Code::kPeerLost || s.code() == Code::kAborted) << s.ToString();
+  EXPECT_NE(s.message().find("worker 1"), std::string::npos) << s.message();
+  // Sticky: later operations fail at once too.
+  Status later = job.worker(0).PushPull(*t, buf).Wait(In(1s));
+  EXPECT_EQ(later.code(), s.code()) << later.ToString();
+  EXPECT_FALSE(job.worker(0).Declare("u", DataType::kFloat32, 1).ok());
+  // Everyone learns that the job failed.
+  Status sched = job.scheduler().Wait(In(5s));
+  EXPECT_EQ(sched.code(), Code::kPeerLost) << sched.ToString();
+  for (uint32_t i = 0; i < 2; ++i) {
+    Status srv = job.server(i).Wait(In(5s));
+    EXPECT_FALSE(srv.ok());
+    EXPECT_NE(srv.code(), Code::kTimeout) << srv.ToString();
+  }
+}
+
+TEST(JobTest, ShutdownFailsTheWorkersOwnPendingOps) {
+  JobConfig config;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  auto t = job.worker(0).Declare("t", DataType::kFloat32, 100);
+  ASSERT_TRUE(t.ok());
+  std::vector<std::byte>& buf = job.Buffer(400);
+  PushPullHandle op = job.worker(0).PushPull(*t, buf);
+  const auto start = Clock::now();
+  EXPECT_TRUE(job.worker(0).Shutdown(In(5s)).ok());
+  Status s = op.Wait(In(5s));
+  EXPECT_EQ(s.code(), Code::kAborted) << s.ToString();
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_TRUE(job.worker(0).Shutdown(In(5s)).ok());  // idempotent
+  EXPECT_EQ(job.worker(0).PushPull(*t, buf).Wait(In(1s)).code(), Code::kAborted);
+}
+
+TEST(JobTest, SchedulerStopAbortsPendingOps) {
+  JobConfig config;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  auto t = job.worker(0).Declare("t", DataType::kFloat32, 100);
+  ASSERT_TRUE(t.ok());
+  std::vector<std::byte>& buf = job.Buffer(400);
+  PushPullHandle op = job.worker(0).PushPull(*t, buf);
+  const auto start = Clock::now();
+  job.scheduler().Stop();
+  Status s = op.Wait(In(5s));
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_TRUE(s.code() == Code::kAborted || s.code() == Code::kPeerLost) << s.ToString();
+  EXPECT_EQ(job.scheduler().Wait(In(1s)).code(), Code::kAborted);
+}
+
+// A worker that leaves cleanly while another still waits on a round that needs its push: the
+// scheduler tells the servers (kMemberLeft), which fail that round naming the worker.
+TEST(JobTest, CleanGoodbyeOfOneWorkerFailsTheOthersPendingOp) {
+  JobConfig config;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  auto t0 = job.worker(0).Declare("t", DataType::kFloat32, 100);
+  auto t1 = job.worker(1).Declare("t", DataType::kFloat32, 100);
+  ASSERT_TRUE(t0.ok() && t1.ok());
+  std::vector<std::byte>& buf = job.Buffer(400);
+  PushPullHandle op = job.worker(0).PushPull(*t0, buf);
+  EXPECT_EQ(op.Wait(In(100ms)).code(), Code::kTimeout);
+  const auto start = Clock::now();
+  EXPECT_TRUE(job.worker(1).Shutdown(In(5s)).ok());
+  Status s = op.Wait(In(5s));
+  EXPECT_LT(Clock::now() - start, 5500ms);
+  EXPECT_TRUE(s.code() == Code::kAborted || s.code() == Code::kPeerLost) << s.ToString();
+  EXPECT_NE(s.message().find("worker 1"), std::string::npos) << s.message();
+}
+
+// BUG (src/scheduler/scheduler.cc OnGoodbye): a server that leaves mid-job (Stop() sends a
+// goodbye) is only marked as left; the job is not aborted, so a worker whose push already sits on
+// that server waits forever. Enable once OnGoodbye aborts the job for a server leaving early.
+TEST(JobTest, DISABLED_ServerLeavingMidJobFailsPendingOps) {
+  JobConfig config;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  auto t0 = job.worker(0).Declare("t", DataType::kFloat32, 100);
+  auto t1 = job.worker(1).Declare("t", DataType::kFloat32, 100);
+  ASSERT_TRUE(t0.ok() && t1.ok());
+  std::vector<std::byte>& b0 = job.Buffer(400);
+  std::vector<std::byte>& b1 = job.Buffer(400);
+  PushPullHandle op = job.worker(0).PushPull(*t0, b0);
+  EXPECT_EQ(op.Wait(In(200ms)).code(), Code::kTimeout);  // pushed; waits for rank 1
+  const auto start = Clock::now();
+  job.server(0).Stop();
+  Status s = op.Wait(In(5s));
+  EXPECT_LT(Clock::now() - start, 5500ms);
+  EXPECT_TRUE(s.code() == Code::kAborted || s.code() == Code::kPeerLost) << s.ToString();
+  Status s1 = job.worker(1).PushPull(*t1, b1).Wait(In(5s));
+  EXPECT_TRUE(s1.code() == Code::kAborted || s1.code() == Code::kPeerLost) << s1.ToString();
+}
+
+// BUG (src/scheduler/scheduler.cc PlanLocked): an Assign must fit in one control frame
+// (kMaxControlPayload, about 52000 partitions) and in kMaxPartitions. A tensor with more
+// partitions makes the scheduler send an oversized frame; the server drops its scheduler
+// connection as a protocol error and the whole job dies with a misleading kPeerLost ("server 0
+// lost its connection"). It should fail this tensor only, saying why. Enable once fixed.
+TEST(JobTest, DISABLED_TensorWithTooManyPartitionsFailsCleanly) {
+  JobConfig config;
+  config.workers = 1;
+  config.partition_bytes = 4;  // one fp32 per partition
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  // 60000 partitions x 20 bytes > kMaxControlPayload (1 MiB).
+  auto t = job.worker(0).Declare("huge", DataType::kFloat32, 60000);
+  Status s;
+  std::vector<std::byte>& buf = job.Buffer(240000);
+  if (t.ok()) s = job.worker(0).PushPull(*t, buf).Wait(In(kOpTimeout));
+  else s = t.status();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.code(), Code::kTimeout) << s.ToString();
+  // The job survives: another tensor still works.
+  auto ok = job.worker(0).Declare("small", DataType::kFloat32, 10);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  std::vector<std::byte>& b = job.Buffer(40);
+  Status s2 = job.worker(0).PushPull(*ok, b).Wait(In(kOpTimeout));
+  EXPECT_TRUE(s2.ok()) << s2.ToString();
+}
+
+}  // namespace
+}  // namespace gradlink

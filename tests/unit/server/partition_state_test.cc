@@ -1,0 +1,638 @@
+// Tests of the per-(key, partition) round state machine of the server, without any transport:
+// rank-order summation that is bit-identical for every arrival order, fp32 accumulation of
+// fp16/bf16, averaging, refusal of stale, early and duplicate pushes, mismatched pushes failing
+// the whole round for every rank, and the double-buffered accumulator.
+#include "server/partition_state.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace gradlink::server {
+namespace {
+
+constexpr uint64_t kKey = 0x1234ABCDull;
+
+template <typename T>
+std::vector<std::byte> AsBytes(const std::vector<T>& v) {
+  std::vector<std::byte> b(v.size() * sizeof(T));
+  if (!b.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+template <typename T>
+std::vector<T> FromBytes(std::span<const std::byte> b) {
+  std::vector<T> v(b.size() / sizeof(T));
+  if (!v.empty()) std::memcpy(v.data(), b.data(), v.size() * sizeof(T));
+  return v;
+}
+
+class Harness {
+ public:
+  Harness(DataType dtype, uint64_t count, uint32_t workers)
+      : state_(kKey, 3, "layer.grad", dtype, count, workers), dtype_(dtype), count_(count) {}
+
+  PartitionState& state() { return state_; }
+
+  wire::Header MakePush(uint32_t rank, uint64_t round, uint16_t flags = 0) const {
+    wire::Header h;
+    h.type = wire::MsgType::kPush;
+    h.flags = flags;
+    h.sender = rank;
+    h.key = kKey;
+    h.partition = 3;
+    h.dtype = static_cast<uint8_t>(dtype_);
+    h.round = round;
+    h.count = count_;
+    h.payload_bytes = count_ * DataTypeSize(dtype_);
+    h.cookie = 1000 * round + rank + 1;
+    return h;
+  }
+
+  // BeginPush + copy; EndPush is separate so tests can interleave them.
+  Status Begin(const wire::Header& h, const std::vector<std::byte>& data, bool* run_engine) {
+    Result<std::span<std::byte>> span = state_.BeginPush(h, run_engine);
+    if (!span.ok()) return span.status();
+    EXPECT_EQ(span->size(), data.size());
+    if (span->size() == data.size() && !data.empty()) {
+      std::memcpy(span->data(), data.data(), data.size());
+    }
+    return Status::Ok();
+  }
+
+  Status Push(uint32_t rank, uint64_t round, const std::vector<std::byte>& data,
+              uint16_t flags = 0) {
+    bool run = false;
+    Status s = Begin(MakePush(rank, round, flags), data, &run);
+    if (s.ok()) state_.EndPush(rank, true);
+    return s;
+  }
+
+ private:
+  PartitionState state_;
+  DataType dtype_;
+  uint64_t count_;
+};
+
+// Frees a completion's slot: one SendDone per worker.
+void ReleaseSlot(PartitionState& st, const Completion& c, uint32_t workers) {
+  for (uint32_t i = 0; i < workers; ++i) {
+    const bool freed = st.SendDone(c.slot);
+    EXPECT_EQ(freed, i + 1 == workers) << "SendDone #" << i;
+  }
+}
+
+// Runs one round: pushes in `order`, calling Progress() after each push; returns the completion
+// (expects exactly the last push to complete the round) with its result copied out.
+struct Done {
+  Completion c;
+  std::vector<std::byte> result;
+};
+Done RunRound(Harness& h, uint64_t round, const std::vector<std::vector<std::byte>>& pushes,
+              const std::vector<uint32_t>& order, uint16_t flags = 0) {
+  Done d;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const uint32_t r = order[i];
+    Status s = h.Push(r, round, pushes[r], flags);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    std::optional<Completion> c = h.state().Progress();
+    if (i + 1 < order.size()) {
+      EXPECT_FALSE(c.has_value()) << "round completed after " << i + 1 << " pushes";
+      if (c) d.c = *c;
+    } else {
+      EXPECT_TRUE(c.has_value()) << "round not complete after every push";
+      if (c) {
+        d.c = *c;
+        d.result.assign(c->result.begin(), c->result.end());
+      }
+    }
+  }
+  return d;
+}
+
+std::vector<uint32_t> Iota(uint32_t n) {
+  std::vector<uint32_t> v(n);
+  std::iota(v.begin(), v.end(), 0u);
+  return v;
+}
+
+// ---- Rank-order summation --------------------------------------------------------------------
+
+// Per rank values. Element 0 makes the fp32 result depend on the summation order:
+// ((1e8 + 1) - 1e8) + 1 = 1 in rank order, but (1e8 - 1e8) + 1 + 1 = 2.
+std::vector<std::vector<float>> OrderSensitiveF32(uint32_t workers, size_t n) {
+  const float tricky[4] = {1e8f, 1.0f, -1e8f, 1.0f};
+  std::mt19937 rng(workers);
+  std::uniform_real_distribution<float> dist(-1000.0f, 1000.0f);
+  std::vector<std::vector<float>> v(workers, std::vector<float>(n));
+  for (uint32_t r = 0; r < workers; ++r) {
+    v[r][0] = tricky[r];
+    v[r][1] = r == 0 ? 3.0e7f : 0.7f * float(r + 1);  // more absorption-sensitive values
+    for (size_t i = 2; i < n; ++i) v[r][i] = dist(rng) * (i % 3 == 0 ? 1e-4f : 1.0f);
+  }
+  return v;
+}
+
+TEST(PartitionStateTest, Fp32SumIsRankOrderForEveryArrivalOrder) {
+  constexpr size_t kN = 64;
+  for (uint32_t w = 1; w <= 4; ++w) {
+    const auto vals = OrderSensitiveF32(w, kN);
+    std::vector<std::vector<std::byte>> pushes;
+    for (const auto& v : vals) pushes.push_back(AsBytes(v));
+    // Scalar reference, strictly in rank order: ((s0 + s1) + s2) + s3 in fp32.
+    std::vector<float> ref(kN);
+    for (size_t i = 0; i < kN; ++i) {
+      float acc = vals[0][i];
+      for (uint32_t r = 1; r < w; ++r) acc = acc + vals[r][i];
+      ref[i] = acc;
+    }
+    if (w >= 3) {
+      // The test would be vacuous if the order did not matter.
+      float alt = vals[0][0] + vals[2][0];
+      for (uint32_t r = 1; r < w; ++r) {
+        if (r != 2) alt = alt + vals[r][0];
+      }
+      EXPECT_NE(alt, ref[0]);
+    }
+
+    Harness h(DataType::kFloat32, kN, w);
+    std::vector<uint32_t> order = Iota(w);
+    uint64_t round = 0;
+    std::optional<std::vector<std::byte>> first;
+    do {
+      Done d = RunRound(h, round, pushes, order);
+      ASSERT_TRUE(d.c.status.ok()) << d.c.status.ToString();
+      EXPECT_EQ(d.c.round, round);
+      const std::vector<float> got = FromBytes<float>(d.result);
+      ASSERT_EQ(got.size(), kN);
+      for (size_t i = 0; i < kN; ++i) {
+        EXPECT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(ref[i]))
+            << "W=" << w << " element " << i << ": " << got[i] << " vs " << ref[i];
+      }
+      if (!first) first = d.result;
+      EXPECT_EQ(*first, d.result) << "not bit-identical across arrival orders";
+      // Cookies come back per rank.
+      ASSERT_EQ(d.c.cookies.size(), w);
+      for (uint32_t r = 0; r < w; ++r) EXPECT_EQ(d.c.cookies[r], 1000 * round + r + 1);
+      ReleaseSlot(h.state(), d.c, w);
+      ++round;
+      EXPECT_EQ(h.state().round(), round);
+    } while (std::next_permutation(order.begin(), order.end()));
+  }
+}
+
+TEST(PartitionStateTest, InterleavedBeginAndEndInAnyOrder) {
+  // All headers arrive first (in one order), payloads land in another, Progress() runs between.
+  constexpr uint32_t kW = 4;
+  constexpr size_t kN = 16;
+  const auto vals = OrderSensitiveF32(kW, kN);
+  std::vector<std::vector<std::byte>> pushes;
+  for (const auto& v : vals) pushes.push_back(AsBytes(v));
+  std::vector<float> ref(kN);
+  for (size_t i = 0; i < kN; ++i) ref[i] = ((vals[0][i] + vals[1][i]) + vals[2][i]) + vals[3][i];
+
+  Harness h(DataType::kFloat32, kN, kW);
+  std::vector<uint32_t> begin_order = Iota(kW);
+  uint64_t round = 0;
+  do {
+    std::vector<uint32_t> end_order(begin_order.rbegin(), begin_order.rend());
+    std::rotate(end_order.begin(), end_order.begin() + 1, end_order.end());
+    for (uint32_t r : begin_order) {
+      bool run = false;
+      ASSERT_TRUE(h.Begin(h.MakePush(r, round), pushes[r], &run).ok());
+      EXPECT_FALSE(run);
+      EXPECT_FALSE(h.state().Progress().has_value());  // nothing has landed yet
+    }
+    std::optional<Completion> c;
+    for (size_t i = 0; i < kW; ++i) {
+      h.state().EndPush(end_order[i], true);
+      c = h.state().Progress();
+      EXPECT_EQ(c.has_value(), i + 1 == kW);
+      EXPECT_FALSE(h.state().Progress().has_value());  // idempotent
+    }
+    ASSERT_TRUE(c.has_value());
+    ASSERT_TRUE(c->status.ok());
+    const std::vector<float> got = FromBytes<float>(c->result);
+    for (size_t i = 0; i < kN; ++i) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(ref[i])) << i;
+    }
+    ReleaseSlot(h.state(), *c, kW);
+    ++round;
+  } while (std::next_permutation(begin_order.begin(), begin_order.end()));
+}
+
+TEST(PartitionStateTest, ProgressOnlyAtTheEnd) {
+  // The engine may run once, after every push has landed.
+  constexpr uint32_t kW = 3;
+  Harness h(DataType::kFloat32, 1, kW);
+  const std::vector<std::vector<std::byte>> pushes = {
+      AsBytes(std::vector<float>{1e8f}), AsBytes(std::vector<float>{1.0f}),
+      AsBytes(std::vector<float>{-1e8f})};
+  for (uint32_t r : {2u, 0u, 1u}) ASSERT_TRUE(h.Push(r, 0, pushes[r]).ok());
+  std::optional<Completion> c = h.state().Progress();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(FromBytes<float>(c->result)[0], 0.0f);  // (1e8 + 1) - 1e8 in fp32
+}
+
+TEST(PartitionStateTest, Fp64SumIsRankOrder) {
+  constexpr uint32_t kW = 4;
+  const std::vector<std::vector<double>> vals = {{1e17, 0.1}, {1.0, 0.2}, {-1e17, 0.3}, {1.0, 0.4}};
+  std::vector<std::vector<std::byte>> pushes;
+  for (const auto& v : vals) pushes.push_back(AsBytes(v));
+  std::vector<double> ref(2);
+  for (size_t i = 0; i < 2; ++i) ref[i] = ((vals[0][i] + vals[1][i]) + vals[2][i]) + vals[3][i];
+  Harness h(DataType::kFloat64, 2, kW);
+  std::vector<uint32_t> order = Iota(kW);
+  uint64_t round = 0;
+  do {
+    Done d = RunRound(h, round++, pushes, order);
+    ASSERT_TRUE(d.c.status.ok());
+    const auto got = FromBytes<double>(d.result);
+    EXPECT_EQ(std::bit_cast<uint64_t>(got[0]), std::bit_cast<uint64_t>(ref[0]));
+    EXPECT_EQ(std::bit_cast<uint64_t>(got[1]), std::bit_cast<uint64_t>(ref[1]));
+    ReleaseSlot(h.state(), d.c, kW);
+  } while (std::next_permutation(order.begin(), order.end()));
+}
+
+TEST(PartitionStateTest, IntegersWrap) {
+  Harness h(DataType::kInt32, 2, 2);
+  const int32_t kMax = std::numeric_limits<int32_t>::max();
+  Done d = RunRound(h, 0,
+                    {AsBytes(std::vector<int32_t>{kMax, -5}), AsBytes(std::vector<int32_t>{1, 3})},
+                    {1, 0});
+  ASSERT_TRUE(d.c.status.ok());
+  EXPECT_EQ(FromBytes<int32_t>(d.result), (std::vector<int32_t>{std::numeric_limits<int32_t>::min(), -2}));
+
+  Harness h64(DataType::kInt64, 1, 3);
+  const int64_t kMax64 = std::numeric_limits<int64_t>::max();
+  Done d64 = RunRound(h64, 0,
+                      {AsBytes(std::vector<int64_t>{kMax64}), AsBytes(std::vector<int64_t>{2}),
+                       AsBytes(std::vector<int64_t>{-1})},
+                      {2, 1, 0});
+  ASSERT_TRUE(d64.c.status.ok());
+  EXPECT_EQ(FromBytes<int64_t>(d64.result)[0], std::numeric_limits<int64_t>::min());
+}
+
+// ---- fp16 / bf16 accumulate in fp32 ----------------------------------------------------------
+
+// binary16 bit patterns.
+constexpr uint16_t kH1 = 0x3C00;     // 1
+constexpr uint16_t kH3 = 0x4200;     // 3
+constexpr uint16_t kH2048 = 0x6800;  // 2048 (spacing 2 from here)
+constexpr uint16_t kH2050 = 0x6801;
+constexpr uint16_t kH2052 = 0x6802;
+// bfloat16 bit patterns.
+constexpr uint16_t kB1 = 0x3F80;    // 1
+constexpr uint16_t kB256 = 0x4380;  // 256 (spacing 2 from here)
+constexpr uint16_t kB258 = 0x4381;
+
+TEST(PartitionStateTest, Fp16AccumulatesInFp32) {
+  // 2048 + 1 + 1: in fp16 each +1 would round away (2049 ties to 2048); in fp32 the sum is 2050,
+  // which fp16 holds exactly. Every arrival order gives the same bits.
+  const std::vector<std::vector<std::byte>> pushes = {AsBytes(std::vector<uint16_t>{kH2048, kH1}),
+                                                      AsBytes(std::vector<uint16_t>{kH1, kH1}),
+                                                      AsBytes(std::vector<uint16_t>{kH1, kH1})};
+  Harness h(DataType::kFloat16, 2, 3);
+  std::vector<uint32_t> order = Iota(3);
+  uint64_t round = 0;
+  do {
+    Done d = RunRound(h, round++, pushes, order);
+    ASSERT_TRUE(d.c.status.ok());
+    ASSERT_EQ(d.result.size(), 4u);  // returned in the wire dtype
+    EXPECT_EQ(FromBytes<uint16_t>(d.result), (std::vector<uint16_t>{kH2050, kH3}));
+    ReleaseSlot(h.state(), d.c, 3);
+  } while (std::next_permutation(order.begin(), order.end()));
+}
+
+TEST(PartitionStateTest, Fp16RoundsOnceToNearestEven) {
+  // 2048 + 1 = 2049: a tie between 2048 and 2050, to even -> 2048.
+  // 2048 + 3 = 2051: a tie between 2050 and 2052, to even -> 2052.
+  Harness h(DataType::kFloat16, 2, 2);
+  Done d = RunRound(h, 0,
+                    {AsBytes(std::vector<uint16_t>{kH2048, kH2048}),
+                     AsBytes(std::vector<uint16_t>{kH1, kH3})},
+                    {0, 1});
+  ASSERT_TRUE(d.c.status.ok());
+  EXPECT_EQ(FromBytes<uint16_t>(d.result), (std::vector<uint16_t>{kH2048, kH2052}));
+}
+
+TEST(PartitionStateTest, Bf16AccumulatesInFp32) {
+  const std::vector<std::vector<std::byte>> pushes = {AsBytes(std::vector<uint16_t>{kB256}),
+                                                      AsBytes(std::vector<uint16_t>{kB1}),
+                                                      AsBytes(std::vector<uint16_t>{kB1})};
+  Harness h(DataType::kBFloat16, 1, 3);
+  std::vector<uint32_t> order = Iota(3);
+  uint64_t round = 0;
+  do {
+    Done d = RunRound(h, round++, pushes, order);
+    ASSERT_TRUE(d.c.status.ok());
+    EXPECT_EQ(FromBytes<uint16_t>(d.result), (std::vector<uint16_t>{kB258}));
+    ReleaseSlot(h.state(), d.c, 3);
+  } while (std::next_permutation(order.begin(), order.end()));
+}
+
+// ---- Average ---------------------------------------------------------------------------------
+
+TEST(PartitionStateTest, Average) {
+  {
+    Harness h(DataType::kFloat32, 2, 4);
+    Done d = RunRound(h, 0,
+                      {AsBytes(std::vector<float>{1, -8}), AsBytes(std::vector<float>{2, 0}),
+                       AsBytes(std::vector<float>{3, 0}), AsBytes(std::vector<float>{4, 2})},
+                      {3, 1, 0, 2}, wire::kFlagAverage);
+    ASSERT_TRUE(d.c.status.ok()) << d.c.status.ToString();
+    EXPECT_EQ(FromBytes<float>(d.result), (std::vector<float>{2.5f, -1.5f}));
+  }
+  {
+    // fp16: (2048 + 1 + 1) / 3 = 683.33 in fp32, rounded once to fp16: 683.5 (0x6157).
+    Harness h(DataType::kFloat16, 1, 3);
+    Done d = RunRound(h, 0,
+                      {AsBytes(std::vector<uint16_t>{kH2048}), AsBytes(std::vector<uint16_t>{kH1}),
+                       AsBytes(std::vector<uint16_t>{kH1})},
+                      {1, 2, 0}, wire::kFlagAverage);
+    ASSERT_TRUE(d.c.status.ok());
+    EXPECT_EQ(FromBytes<uint16_t>(d.result)[0], 0x6157);
+  }
+  {
+    // Integer averages truncate toward zero.
+    Harness h(DataType::kInt32, 2, 2);
+    Done d = RunRound(h, 0, {AsBytes(std::vector<int32_t>{-7, 7}), AsBytes(std::vector<int32_t>{0, 0})},
+                      {0, 1}, wire::kFlagAverage);
+    ASSERT_TRUE(d.c.status.ok());
+    EXPECT_EQ(FromBytes<int32_t>(d.result), (std::vector<int32_t>{-3, 3}));
+  }
+  {
+    // One worker: the average is the value.
+    Harness h(DataType::kFloat64, 1, 1);
+    Done d = RunRound(h, 0, {AsBytes(std::vector<double>{0.1})}, {0}, wire::kFlagAverage);
+    ASSERT_TRUE(d.c.status.ok());
+    EXPECT_EQ(FromBytes<double>(d.result)[0], 0.1);
+  }
+}
+
+TEST(PartitionStateTest, AverageFlagDisagreementIsAMismatch) {
+  Harness h(DataType::kFloat32, 1, 2);
+  const auto one = AsBytes(std::vector<float>{1});
+  ASSERT_TRUE(h.Push(0, 0, one, wire::kFlagAverage).ok());
+  EXPECT_FALSE(h.state().Progress().has_value());
+  ASSERT_TRUE(h.Push(1, 0, one, 0).ok());
+  std::optional<Completion> c = h.state().Progress();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->status.code(), Code::kMismatch);
+  EXPECT_NE(c->status.message().find("rank 1"), std::string::npos) << c->status.message();
+}
+
+// ---- Refused pushes --------------------------------------------------------------------------
+
+TEST(PartitionStateTest, PushForTheWrongRoundIsRefused) {
+  Harness h(DataType::kFloat32, 1, 2);
+  const auto v = AsBytes(std::vector<float>{1});
+  bool run = true;
+  // Early: round 1 while the server sums round 0.
+  Status s = h.Begin(h.MakePush(0, 1), v, &run);
+  EXPECT_EQ(s.code(), Code::kProtocolError) << s.ToString();
+  EXPECT_FALSE(run);
+  s = h.Begin(h.MakePush(0, std::numeric_limits<uint64_t>::max()), v, &run);
+  EXPECT_EQ(s.code(), Code::kProtocolError);
+  // Round 0 completes normally; a stale round-0 push is then refused too.
+  Done d = RunRound(h, 0, {v, v}, {1, 0});
+  ASSERT_TRUE(d.c.status.ok());
+  EXPECT_EQ(FromBytes<float>(d.result)[0], 2.0f);
+  ReleaseSlot(h.state(), d.c, 2);
+  s = h.Begin(h.MakePush(1, 0), v, &run);
+  EXPECT_EQ(s.code(), Code::kProtocolError) << s.ToString();
+  EXPECT_NE(s.message().find("round 0"), std::string::npos) << s.message();
+  EXPECT_FALSE(run);
+  // Round 1 is unaffected.
+  Done d1 = RunRound(h, 1, {v, v}, {0, 1});
+  ASSERT_TRUE(d1.c.status.ok());
+  EXPECT_EQ(FromBytes<float>(d1.result)[0], 2.0f);
+}
+
+TEST(PartitionStateTest, PushTwiceInOneRoundIsRefused) {
+  Harness h(DataType::kFloat32, 1, 2);
+  const auto one = AsBytes(std::vector<float>{1});
+  const auto hundred = AsBytes(std::vector<float>{100});
+  bool run = true;
+  ASSERT_TRUE(h.Push(0, 0, one).ok());
+  // Again after landing...
+  Status s = h.Begin(h.MakePush(0, 0), hundred, &run);
+  EXPECT_EQ(s.code(), Code::kProtocolError) << s.ToString();
+  EXPECT_NE(s.message().find("twice"), std::string::npos) << s.message();
+  EXPECT_FALSE(run);
+  // ...and while the first is still being received.
+  ASSERT_TRUE(h.Begin(h.MakePush(1, 0), one, &run).ok());
+  s = h.Begin(h.MakePush(1, 0), hundred, &run);
+  EXPECT_EQ(s.code(), Code::kProtocolError);
+  h.state().EndPush(1, true);
+  // The refused pushes changed nothing.
+  std::optional<Completion> c = h.state().Progress();
+  ASSERT_TRUE(c.has_value());
+  ASSERT_TRUE(c->status.ok());
+  EXPECT_EQ(FromBytes<float>(c->result)[0], 2.0f);
+}
+
+TEST(PartitionStateTest, PushFromUnknownRankIsRefused) {
+  Harness h(DataType::kFloat32, 1, 2);
+  bool run = true;
+  for (uint32_t rank : {2u, 1000u, 0xFFFFFFFFu}) {
+    Status s = h.Begin(h.MakePush(rank, 0), AsBytes(std::vector<float>{1}), &run);
+    EXPECT_EQ(s.code(), Code::kProtocolError) << rank;
+    EXPECT_FALSE(run);
+  }
+  h.state().EndPush(2, true);  // ignored: out of range
+  h.state().EndPush(0, true);  // ignored: rank 0 has not begun a push
+  EXPECT_FALSE(h.state().Progress().has_value());
+}
+
+// ---- Mismatched pushes fail the round for everyone -------------------------------------------
+
+struct BadPush {
+  const char* what;
+  DataType dtype;  // as pushed
+  uint8_t raw_dtype;
+  uint64_t count;
+};
+
+TEST(PartitionStateTest, MismatchedPushFailsTheWholeRound) {
+  const BadPush bads[] = {
+      {"count", DataType::kFloat32, 1, 5},
+      {"dtype", DataType::kInt32, 5, 4},
+      {"dtype and count", DataType::kFloat64, 2, 2},
+      {"invalid dtype", DataType::kFloat32, 9, 4},
+  };
+  for (uint32_t w = 1; w <= 4; ++w) {
+    for (const BadPush& bad : bads) {
+      for (uint32_t bad_rank = 0; bad_rank < w; ++bad_rank) {
+        std::vector<uint32_t> order = Iota(w);
+        do {
+          SCOPED_TRACE(std::string(bad.what) + " W=" + std::to_string(w) + " bad rank " +
+                       std::to_string(bad_rank));
+          Harness h(DataType::kFloat32, 4, w);
+          const auto good = AsBytes(std::vector<float>{1, 2, 3, 4});
+          std::optional<Completion> c;
+          for (size_t i = 0; i < order.size(); ++i) {
+            const uint32_t r = order[i];
+            if (r == bad_rank) {
+              wire::Header hd = h.MakePush(r, 0);
+              hd.dtype = bad.raw_dtype;
+              hd.count = bad.count;
+              bool run = false;
+              Result<std::span<std::byte>> span = h.state().BeginPush(hd, &run);
+              ASSERT_FALSE(span.ok());
+              EXPECT_EQ(span.status().code(), Code::kMismatch);
+              EXPECT_TRUE(run);  // the engine must look: the round may be over now
+            } else {
+              ASSERT_TRUE(h.Push(r, 0, good).ok());
+            }
+            c = h.state().Progress();
+            EXPECT_EQ(c.has_value(), i + 1 == order.size()) << "after push " << i;
+            if (c.has_value()) break;
+          }
+          ASSERT_TRUE(c.has_value()) << "the round hangs";
+          EXPECT_EQ(c->status.code(), Code::kMismatch);
+          const std::string& msg = c->status.message();
+          EXPECT_NE(msg.find("rank " + std::to_string(bad_rank)), std::string::npos) << msg;
+          EXPECT_NE(msg.find("0x00000000" "1234abcd"), std::string::npos) << msg;
+          EXPECT_NE(msg.find("layer.grad"), std::string::npos) << msg;
+          EXPECT_TRUE(c->result.empty());
+          ASSERT_EQ(c->cookies.size(), w);  // every rank gets the error
+          for (uint32_t r = 0; r < w; ++r) EXPECT_EQ(c->cookies[r], r + 1);
+
+          // The next round works.
+          ReleaseSlot(h.state(), *c, w);
+          EXPECT_EQ(h.state().round(), 1u);
+          std::vector<std::vector<std::byte>> pushes(w, good);
+          Done d = RunRound(h, 1, pushes, Iota(w));
+          ASSERT_TRUE(d.c.status.ok()) << d.c.status.ToString();
+          const auto got = FromBytes<float>(d.result);
+          for (size_t i = 0; i < 4; ++i) EXPECT_EQ(got[i], float(w) * float(i + 1));
+        } while (w <= 3 && std::next_permutation(order.begin(), order.end()));
+      }
+    }
+  }
+}
+
+TEST(PartitionStateTest, FailedReceiveFailsTheRound) {
+  Harness h(DataType::kFloat32, 1, 3);
+  const auto v = AsBytes(std::vector<float>{1});
+  ASSERT_TRUE(h.Push(0, 0, v).ok());
+  ASSERT_TRUE(h.Push(1, 0, v).ok());
+  EXPECT_FALSE(h.state().Progress().has_value());  // ranks 0 and 1 summed
+  bool run = false;
+  ASSERT_TRUE(h.Begin(h.MakePush(2, 0), v, &run).ok());
+  h.state().EndPush(2, false);
+  std::optional<Completion> c = h.state().Progress();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_FALSE(c->status.ok());
+  EXPECT_NE(c->status.message().find("rank 2"), std::string::npos) << c->status.message();
+  ReleaseSlot(h.state(), *c, 3);
+  Done d = RunRound(h, 1, {v, v, v}, {2, 1, 0});
+  ASSERT_TRUE(d.c.status.ok());
+  EXPECT_EQ(FromBytes<float>(d.result)[0], 3.0f);
+}
+
+// ---- Double-buffered accumulator -------------------------------------------------------------
+
+TEST(PartitionStateTest, DoubleBufferedRounds) {
+  for (DataType t : {DataType::kFloat32, DataType::kFloat16}) {
+    SCOPED_TRACE(std::string(DataTypeName(t)));
+    constexpr uint32_t kW = 2;
+    auto value = [t](float f) {
+      if (t == DataType::kFloat32) return AsBytes(std::vector<float>{f, f});
+      // Small integers in fp16: 1 -> 0x3C00, 2 -> 0x4000, 4 -> 0x4400, 8 -> 0x4800.
+      const uint16_t bits = f == 1 ? 0x3C00 : f == 2 ? 0x4000 : f == 4 ? 0x4400 : 0x4800;
+      return AsBytes(std::vector<uint16_t>{bits, bits});
+    };
+    auto expect_value = [t](std::span<const std::byte> r, float f) {
+      if (t == DataType::kFloat32) {
+        EXPECT_EQ(FromBytes<float>(r), (std::vector<float>{f, f}));
+      } else {
+        const uint16_t bits = f == 2 ? 0x4000 : f == 4 ? 0x4400 : f == 8 ? 0x4800 : 0x4C00;
+        EXPECT_EQ(FromBytes<uint16_t>(r), (std::vector<uint16_t>{bits, bits}));
+      }
+    };
+    Harness h(t, 2, kW);
+    // Round 0 = 1 + 1 = 2 (slot 0).
+    Done d0 = RunRound(h, 0, {value(1), value(1)}, {0, 1});
+    ASSERT_TRUE(d0.c.status.ok());
+    const std::span<const std::byte> live0 = d0.c.result;  // what the sends are reading
+    expect_value(live0, 2);
+    EXPECT_EQ(h.state().round(), 1u);
+
+    // Round 1 = 2 + 2 = 4 is summed while round 0's sends are pending (slot 1).
+    Done d1 = RunRound(h, 1, {value(2), value(2)}, {1, 0});
+    ASSERT_TRUE(d1.c.status.ok());
+    EXPECT_NE(d1.c.slot, d0.c.slot);
+    expect_value(d1.c.result, 4);
+    expect_value(live0, 2);  // round 0's result untouched
+    EXPECT_EQ(h.state().round(), 2u);
+
+    // Round 2 = 4 + 4 = 8 needs slot 0: pushes are accepted, but it cannot complete yet.
+    ASSERT_TRUE(h.Push(0, 2, value(4)).ok());
+    EXPECT_FALSE(h.state().Progress().has_value());
+    ASSERT_TRUE(h.Push(1, 2, value(4)).ok());
+    EXPECT_FALSE(h.state().Progress().has_value());
+    expect_value(live0, 2);  // still untouched: the sends of round 0 may still read it
+    // A third round can't be pushed before round 2 completes.
+    bool run = false;
+    EXPECT_EQ(h.Begin(h.MakePush(0, 3), value(8), &run).code(), Code::kProtocolError);
+
+    // Round 1's sends finishing frees slot 1, not slot 0: round 2 still waits.
+    ReleaseSlot(h.state(), d1.c, kW);
+    EXPECT_FALSE(h.state().Progress().has_value());
+    // First of round 0's two sends.
+    EXPECT_FALSE(h.state().SendDone(d0.c.slot));
+    EXPECT_FALSE(h.state().Progress().has_value());
+    // The last one frees slot 0: round 2 completes.
+    EXPECT_TRUE(h.state().SendDone(d0.c.slot));
+    std::optional<Completion> c2 = h.state().Progress();
+    ASSERT_TRUE(c2.has_value());
+    ASSERT_TRUE(c2->status.ok());
+    EXPECT_EQ(c2->round, 2u);
+    EXPECT_EQ(c2->slot, d0.c.slot);
+    expect_value(c2->result, 8);
+    EXPECT_EQ(h.state().round(), 3u);
+  }
+}
+
+TEST(PartitionStateTest, SendDoneWithoutPendingSends) {
+  Harness h(DataType::kFloat32, 1, 2);
+  EXPECT_FALSE(h.state().SendDone(0));
+  EXPECT_FALSE(h.state().SendDone(1));
+  EXPECT_FALSE(h.state().SendDone(2));
+  EXPECT_FALSE(h.state().SendDone(0xFFFFFFFFu));
+}
+
+TEST(PartitionStateTest, ManyRoundsWithAlternatingSlots) {
+  constexpr uint32_t kW = 3;
+  Harness h(DataType::kFloat32, 8, kW);
+  std::mt19937 rng(5);
+  for (uint64_t round = 0; round < 100; ++round) {
+    std::vector<std::vector<float>> vals(kW, std::vector<float>(8));
+    for (auto& v : vals)
+      for (float& x : v) x = float(rng() % 1000) / 8.0f;
+    std::vector<std::vector<std::byte>> pushes;
+    for (const auto& v : vals) pushes.push_back(AsBytes(v));
+    std::vector<uint32_t> order = Iota(kW);
+    std::shuffle(order.begin(), order.end(), rng);
+    Done d = RunRound(h, round, pushes, order);
+    ASSERT_TRUE(d.c.status.ok());
+    EXPECT_EQ(d.c.slot, round % 2);
+    const auto got = FromBytes<float>(d.result);
+    for (size_t i = 0; i < 8; ++i) EXPECT_EQ(got[i], (vals[0][i] + vals[1][i]) + vals[2][i]);
+    ReleaseSlot(h.state(), d.c, kW);
+  }
+}
+
+}  // namespace
+}  // namespace gradlink::server

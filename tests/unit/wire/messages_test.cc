@@ -1,0 +1,441 @@
+// Tests of the control-message payloads: round trips, every truncation and trailing bytes of
+// every valid encoding, and the semantic checks (ranges, coverage of kAssign partitions) that
+// keep a peer from confusing us or making us allocate much.
+#include "wire/messages.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "wire/codec.h"
+
+// ---- Allocation tracking ----------------------------------------------------------------------
+// Replaces the global allocator of this test binary to record the largest single allocation made
+// while tracking is on: the decoders must refuse huge counts before they allocate for them.
+namespace {
+std::atomic<bool> g_tracking{false};
+std::atomic<size_t> g_largest{0};
+
+void* Allocate(std::size_t n) {
+  if (g_tracking.load(std::memory_order_relaxed)) {
+    size_t prev = g_largest.load(std::memory_order_relaxed);
+    while (n > prev && !g_largest.compare_exchange_weak(prev, n)) {
+    }
+  }
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+}  // namespace
+
+void* operator new(std::size_t n) { return Allocate(n); }
+void* operator new[](std::size_t n) { return Allocate(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+namespace gradlink::wire {
+namespace {
+
+// Largest single allocation made by fn().
+size_t LargestAllocation(const std::function<void()>& fn) {
+  g_largest = 0;
+  g_tracking = true;
+  fn();
+  g_tracking = false;
+  return g_largest.load();
+}
+
+std::vector<std::byte> Bytes(std::initializer_list<int> v) {
+  std::vector<std::byte> out;
+  for (int x : v) out.push_back(std::byte(x));
+  return out;
+}
+
+template <typename T>
+void ExpectBad(const Result<T>& r, const std::string& what) {
+  ASSERT_FALSE(r.ok()) << what << ": accepted";
+  EXPECT_EQ(r.status().code(), Code::kProtocolError) << what << ": " << r.status().ToString();
+}
+
+// Every proper prefix of `enc` and `enc` plus one extra byte must fail to decode.
+template <typename Decode>
+void ExpectTruncationsAndTrailingFail(const std::vector<std::byte>& enc, Decode decode,
+                                      const std::string& what) {
+  for (size_t n = 0; n < enc.size(); ++n) {
+    std::vector<std::byte> prefix(enc.begin(), enc.begin() + static_cast<ptrdiff_t>(n));
+    auto r = decode(std::span<const std::byte>(prefix));
+    EXPECT_FALSE(r.ok()) << what << " truncated to " << n << " of " << enc.size() << " bytes";
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), Code::kProtocolError) << what;
+    }
+  }
+  for (int extra : {0, 1, 0xFF}) {
+    std::vector<std::byte> longer = enc;
+    longer.push_back(std::byte(extra));
+    auto r = decode(std::span<const std::byte>(longer));
+    EXPECT_FALSE(r.ok()) << what << " with a trailing byte";
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), Code::kProtocolError) << what;
+    }
+  }
+}
+
+// ---- kRegister -------------------------------------------------------------------------------
+
+RegisterMsg SampleRegister() {
+  RegisterMsg m;
+  m.role = Role::kServer;
+  m.requested_rank = 5;
+  m.host = "node-17/4242";
+  m.push_address = Bytes({0, 1, 2, 0xFF, 0x80});
+  m.pull_address = Bytes({9, 8, 7});
+  return m;
+}
+
+TEST(MessagesTest, RegisterRoundTrip) {
+  for (int32_t rank : {-1, 0, 5, std::numeric_limits<int32_t>::max()}) {
+    for (Role role : {Role::kWorker, Role::kServer}) {
+      RegisterMsg m = SampleRegister();
+      m.role = role;
+      m.requested_rank = rank;
+      Result<RegisterMsg> d = DecodeRegister(Encode(m));
+      ASSERT_TRUE(d.ok()) << d.status().ToString();
+      EXPECT_EQ(d->role, role);
+      EXPECT_EQ(d->requested_rank, rank);
+      EXPECT_EQ(d->host, m.host);
+      EXPECT_EQ(d->push_address, m.push_address);
+      EXPECT_EQ(d->pull_address, m.pull_address);
+    }
+  }
+  RegisterMsg empty;  // empty strings and addresses
+  Result<RegisterMsg> d = DecodeRegister(Encode(empty));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->requested_rank, -1);
+  EXPECT_TRUE(d->host.empty());
+  EXPECT_TRUE(d->push_address.empty());
+}
+
+TEST(MessagesTest, RegisterMaximalLengths) {
+  RegisterMsg m = SampleRegister();
+  m.host.assign(kMaxNameLength, 'h');
+  m.push_address.assign(kMaxAddressLength, std::byte{0xAB});
+  m.pull_address.assign(kMaxAddressLength, std::byte{0xCD});
+  Result<RegisterMsg> d = DecodeRegister(Encode(m));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->host, m.host);
+  EXPECT_EQ(d->push_address, m.push_address);
+}
+
+TEST(MessagesTest, RegisterRejects) {
+  RegisterMsg m = SampleRegister();
+  m.requested_rank = -2;
+  ExpectBad(DecodeRegister(Encode(m)), "rank -2");
+  m.requested_rank = std::numeric_limits<int32_t>::min();
+  ExpectBad(DecodeRegister(Encode(m)), "rank INT_MIN");
+
+  for (int role : {0, 3, 255}) {
+    std::vector<std::byte> enc = Encode(SampleRegister());
+    enc[0] = std::byte(role);
+    ExpectBad(DecodeRegister(enc), "role " + std::to_string(role));
+  }
+  m = SampleRegister();
+  m.host.assign(kMaxNameLength + 1, 'h');
+  ExpectBad(DecodeRegister(Encode(m)), "host too long");
+  m = SampleRegister();
+  m.push_address.assign(kMaxAddressLength + 1, std::byte{1});
+  ExpectBad(DecodeRegister(Encode(m)), "push address too long");
+  m = SampleRegister();
+  m.pull_address.assign(kMaxAddressLength + 1, std::byte{1});
+  ExpectBad(DecodeRegister(Encode(m)), "pull address too long");
+}
+
+TEST(MessagesTest, RegisterTruncationsAndTrailingBytes) {
+  ExpectTruncationsAndTrailingFail(Encode(SampleRegister()), DecodeRegister, "register");
+}
+
+TEST(MessagesTest, RegisterHugeLengthPrefixDoesNotAllocate) {
+  Writer w;
+  w.U8(1);
+  w.I32(-1);
+  w.U32(0xFFFFFFFFu);  // host length
+  const std::vector<std::byte> enc = w.Take();
+  const size_t largest = LargestAllocation([&] { ExpectBad(DecodeRegister(enc), "huge host"); });
+  EXPECT_LT(largest, 64u * 1024);
+}
+
+// ---- kWelcome --------------------------------------------------------------------------------
+
+WelcomeMsg SampleWelcome() {
+  WelcomeMsg m;
+  m.your_id = 1;
+  m.num_workers = 2;
+  m.num_servers = 1;
+  m.members.push_back({Role::kWorker, 0, "w0", Bytes({1}), Bytes({2})});
+  m.members.push_back({Role::kWorker, 1, "w1", Bytes({3, 4}), Bytes({})});
+  m.members.push_back({Role::kServer, 0, "s0", Bytes({5, 6, 7}), Bytes({8})});
+  return m;
+}
+
+TEST(MessagesTest, WelcomeRoundTrip) {
+  const WelcomeMsg m = SampleWelcome();
+  Result<WelcomeMsg> d = DecodeWelcome(Encode(m));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->your_id, m.your_id);
+  EXPECT_EQ(d->num_workers, m.num_workers);
+  EXPECT_EQ(d->num_servers, m.num_servers);
+  ASSERT_EQ(d->members.size(), m.members.size());
+  for (size_t i = 0; i < m.members.size(); ++i) {
+    EXPECT_EQ(d->members[i].role, m.members[i].role) << i;
+    EXPECT_EQ(d->members[i].id, m.members[i].id) << i;
+    EXPECT_EQ(d->members[i].host, m.members[i].host) << i;
+    EXPECT_EQ(d->members[i].push_address, m.members[i].push_address) << i;
+    EXPECT_EQ(d->members[i].pull_address, m.members[i].pull_address) << i;
+  }
+}
+
+TEST(MessagesTest, WelcomeRejectsMemberIdOutOfRange) {
+  WelcomeMsg m = SampleWelcome();
+  m.members[1].id = 2;  // worker id == num_workers
+  ExpectBad(DecodeWelcome(Encode(m)), "worker id == num_workers");
+  m = SampleWelcome();
+  m.members[0].id = 0xFFFFFFFFu;
+  ExpectBad(DecodeWelcome(Encode(m)), "worker id 2^32-1");
+  m = SampleWelcome();
+  m.members[2].id = 1;  // server id == num_servers
+  ExpectBad(DecodeWelcome(Encode(m)), "server id == num_servers");
+}
+
+TEST(MessagesTest, WelcomeRejectsWrongMemberCount) {
+  WelcomeMsg m = SampleWelcome();
+  m.num_workers = 3;  // says 3 + 1 members but carries 3
+  ExpectBad(DecodeWelcome(Encode(m)), "fewer members than announced");
+  m = SampleWelcome();
+  m.members.push_back({Role::kServer, 0, "extra", {}, {}});
+  ExpectBad(DecodeWelcome(Encode(m)), "more members than announced");
+  m = SampleWelcome();
+  m.num_workers = 0xFFFFFFFFu;  // the sum overflows 32 bits
+  m.num_servers = 4;
+  ExpectBad(DecodeWelcome(Encode(m)), "count sum overflow");
+}
+
+TEST(MessagesTest, WelcomeRejectsBadRole) {
+  std::vector<std::byte> enc = Encode(SampleWelcome());
+  enc[16] = std::byte{3};  // role byte of the first member (after four u32)
+  ExpectBad(DecodeWelcome(enc), "role 3");
+  enc[16] = std::byte{0};
+  ExpectBad(DecodeWelcome(enc), "role 0");
+}
+
+TEST(MessagesTest, WelcomeHugeMemberCountDoesNotAllocate) {
+  for (uint32_t n : {kMaxMembers + 1, 0x10000000u, 0xFFFFFFFFu}) {
+    Writer w;
+    w.U32(0);
+    w.U32(n);  // num_workers
+    w.U32(0);  // num_servers
+    w.U32(n);  // members
+    const std::vector<std::byte> enc = w.Take();
+    const size_t largest =
+        LargestAllocation([&] { ExpectBad(DecodeWelcome(enc), "members " + std::to_string(n)); });
+    EXPECT_LT(largest, 64u * 1024) << n;
+  }
+}
+
+TEST(MessagesTest, WelcomeTruncationsAndTrailingBytes) {
+  ExpectTruncationsAndTrailingFail(Encode(SampleWelcome()), DecodeWelcome, "welcome");
+  ExpectBad(DecodeWelcome({}), "empty welcome");
+}
+
+// ---- kDeclare --------------------------------------------------------------------------------
+
+TEST(MessagesTest, DeclareRoundTrip) {
+  for (uint64_t pb : {uint64_t{1}, uint64_t{4} << 20, std::numeric_limits<uint64_t>::max()}) {
+    DeclareMsg m{"layer1.weight.grad", pb};
+    Result<DeclareMsg> d = DecodeDeclare(Encode(m));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->name, m.name);
+    EXPECT_EQ(d->partition_bytes, pb);
+  }
+}
+
+TEST(MessagesTest, DeclareRejects) {
+  ExpectBad(DecodeDeclare(Encode(DeclareMsg{"x", 0})), "zero partition bytes");
+  ExpectBad(DecodeDeclare(Encode(DeclareMsg{std::string(kMaxNameLength + 1, 'n'), 64})),
+            "name too long");
+  EXPECT_TRUE(DecodeDeclare(Encode(DeclareMsg{std::string(kMaxNameLength, 'n'), 64})).ok());
+  ExpectTruncationsAndTrailingFail(Encode(DeclareMsg{"tensor", 4096}), DecodeDeclare, "declare");
+}
+
+// ---- kAssign ---------------------------------------------------------------------------------
+
+AssignMsg SampleAssign() {
+  AssignMsg m;
+  m.name = "fc2.bias";
+  m.partitions = {{0, 4, 0}, {4, 4, 1}, {8, 2, 0}};
+  return m;
+}
+
+TEST(MessagesTest, AssignRoundTrip) {
+  const AssignMsg m = SampleAssign();
+  Result<AssignMsg> d = DecodeAssign(Encode(m), 10, 2);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->name, m.name);
+  ASSERT_EQ(d->partitions.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(d->partitions[i].offset, m.partitions[i].offset);
+    EXPECT_EQ(d->partitions[i].count, m.partitions[i].count);
+    EXPECT_EQ(d->partitions[i].server, m.partitions[i].server);
+  }
+  // An empty tensor has no partitions.
+  AssignMsg empty{"empty", {}};
+  Result<AssignMsg> e = DecodeAssign(Encode(empty), 0, 1);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_TRUE(e->partitions.empty());
+  // One partition covering a huge tensor.
+  const uint64_t big = std::numeric_limits<uint64_t>::max();
+  AssignMsg one{"one", {{0, big, 3}}};
+  EXPECT_TRUE(DecodeAssign(Encode(one), big, 4).ok());
+}
+
+TEST(MessagesTest, AssignRejectsBadTilings) {
+  struct Case {
+    const char* what;
+    std::vector<PartitionPlan> parts;
+    uint64_t total;
+    uint32_t servers;
+  };
+  const uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  const Case cases[] = {
+      {"gap", {{0, 4, 0}, {5, 5, 0}}, 10, 1},
+      {"gap at the start", {{1, 9, 0}}, 10, 1},
+      {"overlap", {{0, 6, 0}, {5, 5, 0}}, 10, 1},
+      {"same offset twice", {{0, 5, 0}, {0, 5, 0}}, 10, 1},
+      {"out of order", {{5, 5, 0}, {0, 5, 0}}, 10, 1},
+      {"zero count", {{0, 0, 0}, {0, 10, 0}}, 10, 1},
+      {"zero count at the end", {{0, 10, 0}, {10, 0, 0}}, 10, 1},
+      {"server == num_servers", {{0, 5, 0}, {5, 5, 2}}, 10, 2},
+      {"server 2^32-1", {{0, 10, 0xFFFFFFFFu}}, 10, 2},
+      {"no servers", {{0, 10, 0}}, 10, 0},
+      {"short of the total", {{0, 4, 0}, {4, 4, 0}}, 10, 1},
+      {"past the total", {{0, 8, 0}, {8, 4, 0}}, 10, 1},
+      {"single past the total", {{0, 11, 0}}, 10, 1},
+      {"partitions for an empty tensor", {{0, 1, 0}}, 0, 1},
+      {"no partitions for a non-empty tensor", {}, 10, 1},
+      {"offset + count overflows", {{0, 4, 0}, {4, kMax, 0}}, 10, 1},
+      {"count wraps back to the total", {{0, 4, 0}, {4, kMax - 3, 0}, {4, 6, 0}}, 10, 1},
+      {"huge count", {{0, kMax, 0}}, 10, 1},
+  };
+  for (const Case& c : cases) {
+    AssignMsg m{"t", c.parts};
+    ExpectBad(DecodeAssign(Encode(m), c.total, c.servers), c.what);
+  }
+}
+
+TEST(MessagesTest, AssignRejectsLongName) {
+  AssignMsg m = SampleAssign();
+  m.name.assign(kMaxNameLength + 1, 'n');
+  ExpectBad(DecodeAssign(Encode(m), 10, 2), "name too long");
+}
+
+TEST(MessagesTest, AssignHugePartitionCountDoesNotAllocate) {
+  for (uint32_t n : {kMaxPartitions, kMaxPartitions + 1, 0x7FFFFFFFu, 0xFFFFFFFFu}) {
+    Writer w;
+    w.Str("t");
+    w.U32(n);
+    // One real partition, the rest missing.
+    w.U64(0);
+    w.U64(1);
+    w.U32(0);
+    const std::vector<std::byte> enc = w.Take();
+    const size_t largest = LargestAllocation(
+        [&] { ExpectBad(DecodeAssign(enc, n, 1), "partitions " + std::to_string(n)); });
+    EXPECT_LT(largest, 64u * 1024) << n;
+  }
+}
+
+TEST(MessagesTest, AssignTruncationsAndTrailingBytes) {
+  ExpectTruncationsAndTrailingFail(
+      Encode(SampleAssign()),
+      [](std::span<const std::byte> b) { return DecodeAssign(b, 10, 2); }, "assign");
+}
+
+// ---- Text ------------------------------------------------------------------------------------
+
+TEST(MessagesTest, TextRoundTrip) {
+  for (std::string s : {std::string(), std::string("kMismatch: rank 0 and rank 1"),
+                        std::string("bin\0ary\xff", 8), std::string(kMaxMessageLength, 'x')}) {
+    Result<std::string> d = DecodeText(EncodeText(s));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(*d, s);
+  }
+}
+
+TEST(MessagesTest, TextIsTruncatedToTheBoundWhenEncoded) {
+  const std::string long_text(kMaxMessageLength + 100, 'y');
+  Result<std::string> d = DecodeText(EncodeText(long_text));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->size(), kMaxMessageLength);
+}
+
+TEST(MessagesTest, TextRejects) {
+  Writer w;
+  w.Str(std::string(kMaxMessageLength + 1, 'z'));  // a peer that does not truncate
+  ExpectBad(DecodeText(w.Take()), "text too long");
+  Writer h;
+  h.U32(0xFFFFFFFFu);
+  const std::vector<std::byte> huge = h.Take();
+  const size_t largest = LargestAllocation([&] { ExpectBad(DecodeText(huge), "huge length"); });
+  EXPECT_LT(largest, 64u * 1024);
+  ExpectTruncationsAndTrailingFail(EncodeText("some error"), DecodeText, "text");
+}
+
+// ---- Codec -----------------------------------------------------------------------------------
+
+TEST(CodecTest, ReaderStaysFailedAfterAnError) {
+  const std::vector<std::byte> b = Bytes({1, 2, 3, 4, 5, 6, 7, 8});
+  Reader r(b);
+  uint64_t v64;
+  uint32_t v32;
+  EXPECT_TRUE(r.U32(&v32));
+  EXPECT_EQ(v32, 0x04030201u);
+  EXPECT_FALSE(r.U64(&v64));  // only 4 left
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.remaining(), 0u);
+  EXPECT_FALSE(r.U32(&v32));  // would fit, but the reader has failed
+  EXPECT_FALSE(r.Done());
+}
+
+TEST(CodecTest, LittleEndianRoundTrip) {
+  Writer w;
+  w.U8(0xAB);
+  w.U32(0x01020304u);
+  w.U64(0x1122334455667788ull);
+  w.I32(-5);
+  w.Str("hi");
+  std::vector<std::byte> b = w.Take();
+  ASSERT_EQ(b.size(), 1u + 4 + 8 + 4 + 4 + 2);
+  EXPECT_EQ(std::to_integer<int>(b[1]), 0x04);
+  Reader r(b);
+  uint8_t a;
+  uint32_t c;
+  uint64_t d;
+  int32_t e;
+  std::string s;
+  ASSERT_TRUE(r.U8(&a) && r.U32(&c) && r.U64(&d) && r.I32(&e) && r.Str(&s, 10));
+  EXPECT_TRUE(r.Done());
+  EXPECT_EQ(a, 0xAB);
+  EXPECT_EQ(c, 0x01020304u);
+  EXPECT_EQ(d, 0x1122334455667788ull);
+  EXPECT_EQ(e, -5);
+  EXPECT_EQ(s, "hi");
+}
+
+}  // namespace
+}  // namespace gradlink::wire
