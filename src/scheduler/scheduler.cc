@@ -377,9 +377,17 @@ class SchedulerImpl final : public Scheduler {
 
     const std::string keyhex_s = KeyHex(key);
     const char* keyhex = keyhex_s.c_str();
-    if (!disagree.empty()) {
+    const uint64_t per_part =
+        std::max<uint64_t>(1, decl.partition_bytes / DataTypeSize(decl.dtype));
+    if (disagree.empty() && decl.count / per_part >= wire::kMaxPartitionsPerTensor) {
+      decl.status = InvalidArgument(
+          "key " + keyhex_s + " '" + decl.name + "': " + std::to_string(decl.count) +
+          " elements in " + std::to_string(decl.partition_bytes) + "-byte partitions exceed " +
+          std::to_string(wire::kMaxPartitionsPerTensor) + " partitions; use larger partitions");
+    }
+    if (!decl.status.ok() || !disagree.empty()) {
       const auto& first = decl.by_rank.begin();
-      decl.status = Mismatch("key " + std::string(keyhex) + " '" + decl.name + "': rank " +
+      if (!disagree.empty()) decl.status = Mismatch("key " + std::string(keyhex) + " '" + decl.name + "': rank " +
                              std::to_string(first->first) + " declared " +
                              std::string(DataTypeName(decl.dtype)) + "[" +
                              std::to_string(decl.count) + "] with " +
@@ -388,7 +396,7 @@ class SchedulerImpl final : public Scheduler {
       GL_LOG(kWarn) << "scheduler: " << decl.status.ToString();
       decl.assign_header = MakeHeader(MsgType::kAssign);
       decl.assign_header.key = key;
-      decl.assign_header.code = static_cast<uint8_t>(Code::kMismatch);
+      decl.assign_header.code = static_cast<uint8_t>(decl.status.code());
       decl.assign_payload = wire::EncodeText(decl.status.message());
       SendToWorkersLocked(decl.assign_header, decl.assign_payload);
       return Status::Ok();
@@ -446,6 +454,11 @@ class SchedulerImpl final : public Scheduler {
 
   Status OnGoodbye(const std::shared_ptr<Connection>& c) {
     c->left = true;
+    if (c->role == Role::kServer && started_ && !finished_) {
+      // Its partitions have no other home: every worker would wait on them.
+      FinishLocked(PeerLost(MemberName(*c) + " left while the job was running"));
+      return Status::Ok();
+    }
     if (c->role == Role::kWorker && started_ && workers_left_ + 1 < opts_.num_workers) {
       // Rounds that need this worker can never complete: the servers fail them, naming it.
       wire::Header h = MakeHeader(MsgType::kMemberLeft);

@@ -66,6 +66,7 @@ Result<WelcomeMsg> DecodeWelcome(std::span<const std::byte> b) {
     return Bad("welcome message");
   }
   m.members.resize(n);
+  std::vector<bool> seen_worker(m.num_workers, false), seen_server(m.num_servers, false);
   for (Member& x : m.members) {
     if (!GetRole(r, &x.role) || !r.U32(&x.id) || !r.Str(&x.host, kMaxNameLength) ||
         !r.Bytes(&x.push_address, kMaxAddressLength) ||
@@ -74,6 +75,9 @@ Result<WelcomeMsg> DecodeWelcome(std::span<const std::byte> b) {
     }
     const uint32_t limit = x.role == Role::kWorker ? m.num_workers : m.num_servers;
     if (x.id >= limit) return Bad("welcome message (member id out of range)");
+    std::vector<bool>& seen = x.role == Role::kWorker ? seen_worker : seen_server;
+    if (seen[x.id]) return Bad("welcome message (duplicate member id)");
+    seen[x.id] = true;
   }
   if (!r.Done()) return Bad("welcome message (trailing bytes)");
   return m;

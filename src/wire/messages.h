@@ -18,6 +18,8 @@ inline constexpr uint32_t kMaxNameLength = 4096;
 inline constexpr uint32_t kMaxAddressLength = 16384;
 inline constexpr uint32_t kMaxMembers = 4096;
 inline constexpr uint32_t kMaxPartitions = 1u << 20;
+// Partitions of one tensor: its kAssign (20 bytes each) must fit in one control frame.
+inline constexpr uint64_t kMaxPartitionsPerTensor = 50000;
 inline constexpr uint32_t kMaxMessageLength = 8192;
 
 enum class Role : uint8_t { kWorker = 1, kServer = 2 };

@@ -41,9 +41,15 @@ struct Op {
   // kSent holds bytes-in-flight credit until the push has left; kPushed waits for its pull.
   enum class Part : uint8_t { kQueued, kSent, kPushed, kDone };
   std::vector<Part> parts;
-  uint32_t outstanding = 0;  // partitions not yet pulled
+  uint32_t outstanding = 0;  // partitions not yet answered (pulled, or refused by the server)
+  uint32_t sending = 0;      // pushes the transport may still be reading from `data`
   uint32_t receiving = 0;    // pulls being written into `data` right now
-  Status failure;            // set once; the op completes when `receiving` drops to 0
+  // The first error. The op still pushes and collects every partition, so each server's round
+  // count stays in step with ours for the next op on this tensor.
+  Status failure;
+  // No more replies will come (this worker failed, or a push could not be sent): queued
+  // partitions are dropped and the op ends once the transport no longer touches `data`.
+  bool abandoned = false;
   bool started = false;   // holds its tensor's busy flag
   bool finished = false;
   // Completion, guarded by `mu`.
@@ -141,6 +147,13 @@ class WorkerImpl final : public Worker {
     if (DataTypeSize(dtype) == 0) return InvalidArgument("invalid dtype for '" + std::string(name) + "'");
     if (count > kMaxTensorBytes / DataTypeSize(dtype)) {
       return InvalidArgument("tensor '" + std::string(name) + "' is too large");
+    }
+    const uint64_t per_part = std::max<uint64_t>(1, opts_.partition_bytes / DataTypeSize(dtype));
+    if (count / per_part >= wire::kMaxPartitionsPerTensor) {
+      return InvalidArgument("tensor '" + std::string(name) + "' of " + std::to_string(count) +
+                             " elements needs more than " +
+                             std::to_string(wire::kMaxPartitionsPerTensor) + " partitions of " +
+                             std::to_string(opts_.partition_bytes) + " bytes");
     }
     const uint64_t key = wire::TensorKey(opts_.job, name);
     std::shared_ptr<TensorState> t;
@@ -256,9 +269,11 @@ class WorkerImpl final : public Worker {
       channel_->Close();
     }
     if (control_.joinable()) control_.join();
-    FailAll(Aborted("worker " + std::to_string(rank_) + " shut down"));
+    // Lanes first: once they are stopped nothing reads or writes a caller's buffer any more,
+    // so the pending ops can be finished for good.
     if (pull_lane_) pull_lane_->Stop();
     if (push_lane_) push_lane_->Stop();
+    FailAll(Aborted("worker " + std::to_string(rank_) + " shut down"), /*force=*/true);
     return Status::Ok();
   }
 
@@ -310,7 +325,7 @@ class WorkerImpl final : public Worker {
     while (!pending_.empty()) {
       const Pending& top = pending_.top();
       Op& op = *top.op;
-      if (!op.failure.ok() || op.finished) {
+      if (op.abandoned || op.finished) {
         pending_.pop();
         continue;
       }
@@ -321,6 +336,7 @@ class WorkerImpl final : public Worker {
       if (bytes_in_flight_ > 0 && bytes_in_flight_ + bytes > opts_.max_bytes_in_flight) break;
       bytes_in_flight_ += bytes;
       op.parts[top.part] = Op::Part::kSent;
+      op.sending++;
       Outgoing o;
       o.peer = server_peers_[plan.server];
       o.header.type = MsgType::kPush;
@@ -360,10 +376,18 @@ class WorkerImpl final : public Worker {
     {
       std::lock_guard<std::mutex> lock(mu_);
       ReleaseCreditLocked(*op, part);
-      if (!s.ok()) FailOpLocked(*op, s);
+      op->sending--;
+      if (!s.ok()) AbandonLocked(*op, s);
+      TryFinishLocked(*op);
       PumpLocked(&out);
     }
     Issue(out);
+  }
+
+  void AnsweredLocked(Op& op, uint32_t part) {
+    ReleaseCreditLocked(op, part);  // the pull may overtake its push's completion
+    op.parts[part] = Op::Part::kDone;
+    op.outstanding--;
   }
 
   void ReleaseCreditLocked(Op& op, uint32_t part) {
@@ -372,12 +396,22 @@ class WorkerImpl final : public Worker {
     bytes_in_flight_ -= op.tensor->parts[part].count * DataTypeSize(op.tensor->dtype);
   }
 
-  void FailOpLocked(Op& op, const Status& s) {
-    if (op.finished || !op.failure.ok()) return;
-    op.failure = s;
-    // Queued partitions are skipped by PumpLocked(); sent ones give their credit back when
-    // their send completes.
-    if (op.receiving == 0) FinishLocked(op, s);
+  void RecordFailureLocked(Op& op, const Status& s) {
+    if (op.failure.ok()) op.failure = s;
+  }
+
+  void AbandonLocked(Op& op, const Status& s) {
+    RecordFailureLocked(op, s);
+    op.abandoned = true;
+  }
+
+  // Finishes `op` once nothing will touch its buffer any more: every partition answered (or the
+  // op abandoned), no push still being read by the transport, no pull being written.
+  void TryFinishLocked(Op& op) {
+    if (op.finished || !op.started) return;
+    if ((op.outstanding == 0 || op.abandoned) && op.sending == 0 && op.receiving == 0) {
+      FinishLocked(op, op.failure);
+    }
   }
 
   // The op is over: release its tensor for the next op and wake its waiters.
@@ -399,11 +433,20 @@ class WorkerImpl final : public Worker {
     op.cv.notify_all();
   }
 
-  void FailAll(const Status& s) {
+  // Sticky failure of this worker. With `force` (the lanes are stopped: no callback will come)
+  // every op finishes now; otherwise each finishes when the transport lets go of its buffer.
+  void FailAll(const Status& s, bool force = false) {
     std::lock_guard<std::mutex> lock(mu_);
     if (failure_.ok()) failure_ = s;
     auto ops = ops_;
-    for (auto& [id, op] : ops) FailOpLocked(*op, failure_);
+    for (auto& [id, op] : ops) {
+      AbandonLocked(*op, failure_);
+      if (force) {
+        FinishLocked(*op, op->failure);
+      } else {
+        TryFinishLocked(*op);
+      }
+    }
     for (auto& [key, t] : tensors_) {
       while (!t->queue.empty()) {
         auto op = t->queue.front();
@@ -427,7 +470,7 @@ class WorkerImpl final : public Worker {
     if (it == ops_.end()) return Aborted("late reply for a finished push_pull");
     Op& op = *it->second;
     const TensorState& t = *op.tensor;
-    if (!op.failure.ok()) return Aborted("reply for a failed push_pull");
+    if (op.abandoned) return Aborted("reply for an abandoned push_pull");
     // The pull may overtake the completion of its own push (kSent) but never precede the push.
     if (h.key != t.key || h.partition >= op.parts.size() || h.round != op.round ||
         (op.parts[h.partition] != Op::Part::kSent && op.parts[h.partition] != Op::Part::kPushed)) {
@@ -458,7 +501,9 @@ class WorkerImpl final : public Worker {
       if (it == ops_.end()) return;
       std::shared_ptr<Op> op = it->second;
       op->receiving--;
-      if (h.type == MsgType::kDataError) {
+      if (op->parts[h.partition] == Op::Part::kDone) {
+        // Answered already: a duplicate from a confused server changes nothing.
+      } else if (h.type == MsgType::kDataError) {
         auto node = error_text_.extract({h.cookie, h.partition});
         std::string text = "(unreadable error)";
         if (ok && !node.empty()) {
@@ -466,15 +511,16 @@ class WorkerImpl final : public Worker {
           if (decoded.ok()) text = *decoded;
         }
         const Code code = h.code == 0 ? Code::kInternal : static_cast<Code>(h.code);
-        FailOpLocked(*op, Status(code, text + " (from " + server_names_[op->tensor->parts[h.partition].server] + ")"));
+        const std::string& server = server_names_[op->tensor->parts[h.partition].server];
+        RecordFailureLocked(*op, Status(code, text + " (from " + server + ")"));
+        AnsweredLocked(*op, h.partition);
       } else if (!ok) {
-        FailOpLocked(*op, why);
-      } else if (op->failure.ok() && op->parts[h.partition] != Op::Part::kDone) {
-        ReleaseCreditLocked(*op, h.partition);
-        op->parts[h.partition] = Op::Part::kDone;
-        if (--op->outstanding == 0) FinishLocked(*op, Status::Ok());
+        RecordFailureLocked(*op, why);
+        AnsweredLocked(*op, h.partition);
+      } else {
+        AnsweredLocked(*op, h.partition);
       }
-      if (!op->failure.ok() && op->receiving == 0) FinishLocked(*op, op->failure);
+      TryFinishLocked(*op);
       PumpLocked(&out);
     }
     Issue(out);

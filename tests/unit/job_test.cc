@@ -878,8 +878,8 @@ TEST(JobTest, AverageFlagDisagreementIsAMismatch) {
   job.FinishCleanly();
 }
 
-// BUG (src/worker/worker.cc FailOpLocked/OnPayload): when one partition of a multi-partition op
-// gets a kDataError, the worker finishes the op at once, although the other partitions' round is
+// Regression (src/worker/worker.cc): when one partition of a multi-partition op got a
+// kDataError, the worker finished the op at once, although the other partitions' round is
 // still open on their servers (their replies are in flight, or their pushes were never sent).
 // The next call on the tensor then pushes round r+1 to a server still summing round r: refused
 // with kProtocolError ("pushed round 1 while the server sums round 0"), or accepted on one rank
@@ -888,7 +888,8 @@ TEST(JobTest, AverageFlagDisagreementIsAMismatch) {
 // frees the buffer once Wait() has returned (as the API allows) gets a use-after-free inside the
 // lane (seen under ASan in inproc Deliver's memcpy). Enable once a failed op keeps pushing and
 // collecting all its partitions, and waits for its send completions, before it completes.
-TEST(JobTest, DISABLED_MultiPartitionMismatchDoesNotBreakLaterRounds) {
+// (Fixed: a failed op keeps going until the transport no longer touches its buffer.)
+TEST(JobTest, MultiPartitionMismatchDoesNotBreakLaterRounds) {
   JobConfig config;
   config.servers = 2;
   config.partition_bytes = 1024;
@@ -1017,10 +1018,10 @@ TEST(JobTest, CleanGoodbyeOfOneWorkerFailsTheOthersPendingOp) {
   EXPECT_NE(s.message().find("worker 1"), std::string::npos) << s.message();
 }
 
-// BUG (src/scheduler/scheduler.cc OnGoodbye): a server that leaves mid-job (Stop() sends a
+// Regression (src/scheduler/scheduler.cc OnGoodbye): a server that left mid-job (Stop() sends a
 // goodbye) is only marked as left; the job is not aborted, so a worker whose push already sits on
-// that server waits forever. Enable once OnGoodbye aborts the job for a server leaving early.
-TEST(JobTest, DISABLED_ServerLeavingMidJobFailsPendingOps) {
+// that server waited forever. Now the job fails, naming the server.
+TEST(JobTest, ServerLeavingMidJobFailsPendingOps) {
   JobConfig config;
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(config));
@@ -1040,12 +1041,12 @@ TEST(JobTest, DISABLED_ServerLeavingMidJobFailsPendingOps) {
   EXPECT_TRUE(s1.code() == Code::kAborted || s1.code() == Code::kPeerLost) << s1.ToString();
 }
 
-// BUG (src/scheduler/scheduler.cc PlanLocked): an Assign must fit in one control frame
+// Regression (src/scheduler/scheduler.cc PlanLocked): an Assign must fit in one control frame
 // (kMaxControlPayload, about 52000 partitions) and in kMaxPartitions. A tensor with more
 // partitions makes the scheduler send an oversized frame; the server drops its scheduler
 // connection as a protocol error and the whole job dies with a misleading kPeerLost ("server 0
-// lost its connection"). It should fail this tensor only, saying why. Enable once fixed.
-TEST(JobTest, DISABLED_TensorWithTooManyPartitionsFailsCleanly) {
+// lost its connection"). Now this tensor alone fails, with kInvalidArgument saying why.
+TEST(JobTest, TensorWithTooManyPartitionsFailsCleanly) {
   JobConfig config;
   config.workers = 1;
   config.partition_bytes = 4;  // one fp32 per partition

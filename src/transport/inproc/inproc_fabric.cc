@@ -97,22 +97,42 @@ class InprocLane final : public Lane {
       return;
     }
     std::vector<std::byte> hdr(header_bytes.begin(), header_bytes.end());
+    // Pending until the receiver has copied the payload; a lane that stops first completes
+    // what is left with kAborted (Loop), so every `done` runs exactly once.
+    uint64_t send_id;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      send_id = next_send_id_++;
+      pending_sends_[send_id] = std::move(done);
+    }
     // The receiver copies the payload on its own thread, then completes the send on ours.
     const bool delivered = fabric_->WithLane(target, [&](InprocLane* dst) {
-      return dst->Post([dst, hdr = std::move(hdr), payload, done, self_id = id_,
+      return dst->Post([dst, hdr = std::move(hdr), payload, send_id, self_id = id_,
                         fabric = fabric_]() mutable {
         dst->Deliver(hdr, payload);
-        const bool back = fabric->WithLane(self_id, [&](InprocLane* src) {
-          return src->Post([done] { done(Status::Ok()); });
+        fabric->WithLane(self_id, [&](InprocLane* src) {
+          return src->Post([src, send_id] { src->CompleteSend(send_id, Status::Ok()); });
         });
-        (void)back;  // the sender stopped: its pending sends were already failed
       });
     });
-    if (!delivered) FailPeer(peer, PeerLost("inproc lane of peer is gone"), std::move(done));
-    else {
+    if (!delivered) {
+      SendCallback cb = TakePending(send_id);
+      if (cb) FailPeer(peer, PeerLost("inproc lane of peer is gone"), std::move(cb));
+    } else {
       stats_.frames_sent++;
       stats_.bytes_sent += payload.size();
     }
+  }
+
+  SendCallback TakePending(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto node = pending_sends_.extract(id);
+    return node.empty() ? SendCallback() : std::move(node.mapped());
+  }
+
+  void CompleteSend(uint64_t id, const Status& s) {
+    SendCallback cb = TakePending(id);
+    if (cb) cb(s);
   }
 
   void Defer(std::function<void()> fn) override {
@@ -209,6 +229,10 @@ class InprocLane final : public Lane {
       fn();
       lock.lock();
     }
+    auto left = std::move(pending_sends_);
+    pending_sends_.clear();
+    lock.unlock();
+    for (auto& [id, cb] : left) cb(Aborted("inproc lane '" + name_ + "' stopped"));
   }
 
   std::shared_ptr<InprocFabric> fabric_;
@@ -220,6 +244,8 @@ class InprocLane final : public Lane {
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   std::vector<Peer> peers_;
+  std::map<uint64_t, SendCallback> pending_sends_;
+  uint64_t next_send_id_ = 0;
   bool stopped_ = false;
   AtomicStats stats_;
 };

@@ -529,12 +529,11 @@ TEST_F(InprocTest, ConcurrentSenders) {
   for (auto& s : senders) s->Stop();
 }
 
-TEST_F(InprocTest, DISABLED_PendingSendCompletesWhenTheSenderStops) {
+TEST_F(InprocTest, PendingSendCompletesWhenTheSenderStops) {
   // Transport contract: Stop() completes pending sends (with kAborted). Here the receiver holds
   // the frame while the sender stops; the sender's callback must still run exactly once.
-  // BUG (src/transport/inproc/inproc_fabric.cc): the completion is posted back to the stopped
-  // sender's queue, Post() refuses it, and `done` never runs. Enable once Stop() fails the sends
-  // still pending (see the report).
+  // Regression (src/transport/inproc/inproc_fabric.cc): the completion was posted back to the
+  // stopped sender's queue, Post() refused it, and `done` never ran.
   std::mutex gate_mu;
   std::condition_variable gate_cv;
   bool open = false, entered = false;
