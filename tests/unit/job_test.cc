@@ -886,7 +886,7 @@ TEST(JobTest, AverageFlagDisagreementIsAMismatch) {
 // and refused on the other, which leaves the first waiting forever. Worse, the op completes while
 // pushes of its other partitions are still being sent from the caller's buffer: a caller that
 // frees the buffer once Wait() has returned (as the API allows) gets a use-after-free inside the
-// lane (seen under ASan in inproc Deliver's memcpy). Enable once a failed op keeps pushing and
+// lane (seen under ASan in inproc Deliver's memcpy). The fix: a failed op keeps pushing and
 // collecting all its partitions, and waits for its send completions, before it completes.
 // (Fixed: a failed op keeps going until the transport no longer touches its buffer.)
 TEST(JobTest, MultiPartitionMismatchDoesNotBreakLaterRounds) {
