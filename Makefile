@@ -61,7 +61,7 @@ test-tsan: setup
 
 # Reducer throughput against memcpy (Google Benchmark).
 bench-reduce: build
-	$(BUILD)/reduce_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+	$(BUILD)/bin/reduce_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 
 clean:
 	rm -rf $(BUILD)
