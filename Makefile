@@ -11,7 +11,6 @@ all: build
 
 setup:
 	@scripts/setup.sh
-	@scripts/setup_python.sh
 
 $(BUILD)/CMakeCache.txt: CMakeLists.txt
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS)
@@ -48,13 +47,14 @@ fuzz: setup
 
 # The unit tests under sanitizers (UCX's memory hooks must be off under TSan).
 test-asan: setup
-	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug \
+	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DGRADLINK_BUILD_PYTHON=OFF \
 	  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer"
 	cmake --build $(BUILD)-asan -j$(JOBS)
 	cd $(BUILD)-asan && ctest --output-on-failure -j$(JOBS) -LE integration
 
 test-tsan: setup
-	cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="-fsanitize=thread"
+	cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DGRADLINK_BUILD_PYTHON=OFF \
+	  -DCMAKE_CXX_FLAGS="-fsanitize=thread"
 	cmake --build $(BUILD)-tsan -j$(JOBS)
 	cd $(BUILD)-tsan && UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_RELOC=no \
 	  ctest --output-on-failure -j$(JOBS) -LE integration

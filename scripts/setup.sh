@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what gradlink needs on Debian 12, only what is missing. Safe to run again.
+# Installs what gradlink needs on Debian 12 (only what is missing) and makes .venv, whose
+# python sees Debian's torch and the gradlink package. Safe to run again.
 set -euo pipefail
 
 packages=(
@@ -8,6 +9,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   libssl-dev
   iproute2
+  # The Python layer: Debian's torch/pybind11/pytest belong to /usr/bin/python3 (no PyPI).
+  python3-dev python3-pybind11 pybind11-dev python3-torch python3-pytest python3-venv
 )
 
 missing=()
@@ -17,15 +20,22 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: need root to install: apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "setup: installing ${missing[*]}"
-if [ "$(id -u)" -ne 0 ]; then
-  echo "setup: need root to install: apt-get install ${missing[*]}" >&2
-  exit 1
+# The project's virtual environment: Debian's interpreter, seeing Debian's packages.
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv (/usr/bin/python3, --system-site-packages)"
+  /usr/bin/python3 -m venv --system-site-packages .venv
 fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}"
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$PWD/python" > "$site/gradlink.pth"
