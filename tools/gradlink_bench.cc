@@ -10,6 +10,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -17,6 +18,7 @@
 
 #include "gradlink/scheduler.h"
 #include "gradlink/worker.h"
+#include "security/secret.h"
 #include "server/reduce.h"
 
 namespace gl = gradlink;
@@ -111,6 +113,12 @@ int RunWorker(const Config& c) {
   o.single_lane = c.single_lane;
   o.partition_bytes = c.partition_bytes;
   o.max_bytes_in_flight = c.max_in_flight;
+  auto secret = gl::security::LoadSecret();
+  if (!secret.ok()) {
+    std::fprintf(stderr, "gradlink-bench worker: %s\n", secret.status().ToString().c_str());
+    return 2;
+  }
+  if (secret->has_value()) o.secret = (*secret)->value;
   auto w = gl::Worker::Connect(o);
   if (!w.ok()) {
     std::fprintf(stderr, "gradlink-bench worker: %s\n", w.status().ToString().c_str());
@@ -205,6 +213,11 @@ int RunLocalJob(const Config& c, const std::vector<std::string>& worker_args) {
   so.num_workers = c.workers;
   so.num_servers = c.servers;
   so.job = c.job;
+  // A fresh secret per job, for the scheduler (options) and the children (their environment;
+  // set before the scheduler's threads start).
+  so.secret = gl::security::Generate().value;
+  ::setenv("GRADLINK_SECRET", so.secret->c_str(), 1);
+  ::unsetenv("GRADLINK_SECRET_FILE");
   auto sched = gl::Scheduler::Start(so);
   if (!sched.ok()) {
     std::fprintf(stderr, "gradlink-bench: %s\n", sched.status().ToString().c_str());

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "gradlink/scheduler.h"
+#include "security/secret.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"gradlink scheduler: rendezvous, address book, barriers and shutdown of one job"};
@@ -16,6 +17,12 @@ int main(int argc, char** argv) {
   app.add_option("--join-timeout-ms", join_timeout_ms, "time for every member to join")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   o.join_timeout = std::chrono::milliseconds(join_timeout_ms);
+  auto secret = gradlink::security::LoadSecret();
+  if (!secret.ok()) {
+    std::fprintf(stderr, "gradlink-scheduler: %s\n", secret.status().ToString().c_str());
+    return 2;
+  }
+  if (secret->has_value()) o.secret = (*secret)->value;
 
   auto s = gradlink::Scheduler::Start(o);
   if (!s.ok()) {

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "gradlink/server.h"
+#include "security/secret.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"gradlink aggregation server: sums the workers' pushes and answers their pulls"};
@@ -19,6 +20,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gradlink-server: no scheduler: pass --scheduler host:port or set GRADLINK_SCHEDULER\n");
     return 2;
   }
+  auto secret = gradlink::security::LoadSecret();
+  if (!secret.ok()) {
+    std::fprintf(stderr, "gradlink-server: %s\n", secret.status().ToString().c_str());
+    return 2;
+  }
+  if (secret->has_value()) o.secret = (*secret)->value;
   auto s = gradlink::Server::Start(o);
   if (!s.ok()) {
     std::fprintf(stderr, "gradlink-server: %s\n", s.status().ToString().c_str());

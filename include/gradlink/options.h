@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace gradlink {
@@ -22,6 +23,10 @@ struct SchedulerOptions {
   std::string job = "default";     // job name; members of another job are refused
   // Every expected member must have registered within this time, or the job fails.
   std::chrono::milliseconds join_timeout{60000};
+  // The job secret (docs/security.md); gradlink-scheduler fills it from GRADLINK_SECRET or
+  // GRADLINK_SECRET_FILE. With one, every control connection must complete the HMAC handshake
+  // before anything else it sends is processed. nullopt: the job runs unauthenticated.
+  std::optional<std::string> secret;
 };
 
 struct ServerOptions {
@@ -34,6 +39,8 @@ struct ServerOptions {
   std::shared_ptr<transport::Fabric> fabric;
   std::chrono::milliseconds connect_timeout{30000};  // to join the job
   std::string host_name;  // how this process is named in errors; default: the hostname
+  // The job secret; must match the scheduler's (both set, equal; or both unset).
+  std::optional<std::string> secret;
 };
 
 struct WorkerOptions {
@@ -48,6 +55,8 @@ struct WorkerOptions {
   std::shared_ptr<transport::Fabric> fabric;
   std::chrono::milliseconds connect_timeout{30000};
   std::string host_name;
+  // The job secret; must match the scheduler's (both set, equal; or both unset).
+  std::optional<std::string> secret;
 };
 
 }  // namespace gradlink

@@ -35,6 +35,11 @@ class Scheduler {
 
   // Frames that failed validation (their connections were closed).
   virtual uint64_t protocol_errors() const = 0;
+
+  // Connections refused by authentication (options.secret set: a wrong, missing, malformed,
+  // oversized or unfinished handshake; unset: a member that offered a handshake). Nothing of
+  // them was processed.
+  virtual uint64_t auth_failures() const = 0;
 };
 
 }  // namespace gradlink

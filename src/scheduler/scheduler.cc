@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/naming.h"
 #include "scheduler/placement.h"
+#include "security/handshake.h"
 #include "transport/control_channel.h"
 #include "wire/messages.h"
 
@@ -23,6 +24,8 @@ using wire::MsgType;
 using wire::Role;
 
 constexpr auto kRegisterTimeout = std::chrono::seconds(10);
+// With a job secret: the handshake must be complete this long after the connection was accepted.
+constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
 constexpr auto kPoll = std::chrono::milliseconds(100);
 // Connections that have not registered yet, at most; more are closed at once.
 constexpr size_t kMaxUnregistered = 256;
@@ -36,6 +39,9 @@ struct Connection {
   transport::Clock::time_point last_heard;  // guarded by the scheduler's mutex
   bool registered = false;
   bool left = false;  // said goodbye
+  // With a job secret: what the member proved in the handshake; kRegister must agree.
+  Role auth_role = Role::kWorker;
+  int32_t auth_rank = -1;
   Role role = Role::kWorker;
   uint32_t id = 0;  // valid once the job has started
   wire::RegisterMsg reg;
@@ -60,12 +66,18 @@ class SchedulerImpl final : public Scheduler {
   SchedulerImpl(const SchedulerOptions& o, std::unique_ptr<transport::Listener> l)
       : opts_(o), job_hash_(wire::JobHash(o.job)), listener_(std::move(l)), placer_(o.num_servers) {
     started_at_ = transport::Clock::now();
+    if (!opts_.secret.has_value()) {
+      GL_LOG(kWarn) << "scheduler: job '" << opts_.job << "' has no secret (GRADLINK_SECRET): "
+                    << "anyone who can reach port " << listener_->port()
+                    << " can join it (docs/security.md)";
+    }
     acceptor_ = std::thread([this] { AcceptLoop(); });
   }
   ~SchedulerImpl() override { Stop(); }
 
   uint16_t port() const override { return listener_->port(); }
   uint64_t protocol_errors() const override { return protocol_errors_.load(); }
+  uint64_t auth_failures() const override { return auth_failures_.load(); }
 
   Status Wait(Clock::time_point deadline) override {
     std::unique_lock<std::mutex> lock(mu_);
@@ -149,9 +161,12 @@ class SchedulerImpl final : public Scheduler {
   // (hung, stopped, cut off) fails the job, naming it.
   void CheckLiveness() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!started_ || finished_) return;
+    if (finished_) return;
     const auto now = transport::Clock::now();
+    // Members that registered and wait for the others hear heartbeats too (they watch for a hung
+    // scheduler); their own silence counts only once the job has started.
     for (auto& c : conns_) {
+      if (!started_) break;
       if (!c->registered || c->left) continue;
       if (now - c->last_heard > transport::kSilenceLimit) {
         FinishLocked(PeerLost(MemberName(*c) + " sent nothing for " +
@@ -185,8 +200,82 @@ class SchedulerImpl final : public Scheduler {
     return reaped;
   }
 
+  // Refuses a connection that failed authentication: counts it, tells the member why (kAbort
+  // with kAuthFailed) when `tell`, and closes it. Nothing it sent is processed.
+  void AuthFailure(const std::shared_ptr<Connection>& c, const std::string& why, bool tell) {
+    auth_failures_++;
+    GL_LOG(kWarn) << "scheduler: authentication failed for " << c->channel->peer_name() << ": "
+                  << why << "; closing";
+    if (tell) {
+      wire::Header h = MakeHeader(MsgType::kAbort);
+      h.code = static_cast<uint8_t>(Code::kAuthFailed);
+      c->channel->Send(h, wire::EncodeText("authentication failed: " + why),
+                       transport::Clock::now() + std::chrono::milliseconds(500))
+          .IgnoreError();
+    }
+    c->channel->Close();
+  }
+
+  // The scheduler's side of the handshake (src/security/handshake.h), before anything else of
+  // the connection is looked at. False when it failed (the connection is closed and counted).
+  bool Authenticate(const std::shared_ptr<Connection>& c) {
+    const auto deadline = transport::Clock::now() + kHandshakeTimeout;
+    security::ServerHandshake hs(*opts_.secret, job_hash_, /*epoch=*/0);
+    const std::string no_secret =
+        "this scheduler requires the job secret and the member has none: set GRADLINK_SECRET "
+        "(or GRADLINK_SECRET_FILE) to the scheduler's";
+    while (!hs.done()) {
+      wire::Header header;
+      header.type = MsgType::kHeartbeat;  // none seen yet
+      auto f = c->channel->ReceiveBounded(deadline, security::kMaxHandshakePayload, &header);
+      if (!f.ok()) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (stopping_) return false;
+        }
+        if (header.type == MsgType::kRegister && f.status().code() == Code::kProtocolError) {
+          AuthFailure(c, no_secret, true);  // a member without a secret: its kRegister
+          return false;
+        }
+        if (f.status().code() == Code::kProtocolError) protocol_errors_++;
+        AuthFailure(c,
+                    f.status().code() == Code::kTimeout
+                        ? "no complete handshake within " +
+                              std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                 kHandshakeTimeout)
+                                                 .count()) +
+                              " ms"
+                        : f.status().message(),
+                    f.status().code() == Code::kProtocolError);
+        return false;
+      }
+      if (f->header.job != job_hash_) {
+        AuthFailure(c, "frame of another job", true);
+        return false;
+      }
+      auto reply = hs.Step(f->header.type, f->payload);
+      if (!reply.ok()) {
+        AuthFailure(c,
+                    f->header.type == MsgType::kRegister ? no_secret : reply.status().message(),
+                    true);
+        return false;
+      }
+      wire::Header h = MakeHeader(reply->type);
+      Status sent = c->channel->Send(h, reply->payload, deadline);
+      if (!sent.ok()) {
+        AuthFailure(c, "sending the handshake: " + sent.message(), false);
+        return false;
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    c->auth_role = hs.role();
+    c->auth_rank = hs.rank();
+    return true;
+  }
+
   void ReadLoop(std::shared_ptr<Connection> c) {
     const auto register_deadline = transport::Clock::now() + kRegisterTimeout;
+    if (opts_.secret.has_value() && !Authenticate(c)) return;
     while (true) {
       auto f = c->channel->Receive(transport::Clock::now() + kPoll);
       if (!f.ok()) {
@@ -234,6 +323,15 @@ class SchedulerImpl final : public Scheduler {
       return InvalidArgument("frame of another job (job hash " + std::to_string(f.header.job) +
                              ", expected '" + opts_.job + "')");
     }
+    if (!opts_.secret.has_value() && security::IsHandshakeType(f.header.type)) {
+      auth_failures_++;
+      const Status why(Code::kAuthFailed,
+                       "authentication failed: this scheduler runs without a job secret and the "
+                       "member has one: give the scheduler the same GRADLINK_SECRET, or unset it "
+                       "on the member");
+      Refuse(*c, why);
+      return why;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     c->last_heard = transport::Clock::now();
     if (!c->registered && f.header.type != MsgType::kRegister) {
@@ -255,6 +353,12 @@ class SchedulerImpl final : public Scheduler {
   Status OnRegister(const std::shared_ptr<Connection>& c, const Frame& f) {
     if (c->registered) return ProtocolError("registered twice");
     GL_ASSIGN_OR_RETURN(wire::RegisterMsg reg, wire::DecodeRegister(f.payload));
+    if (opts_.secret.has_value() &&
+        (reg.role != c->auth_role || reg.requested_rank != c->auth_rank)) {
+      return ProtocolError("kRegister as " + RoleName(reg.role) + " rank " +
+                           std::to_string(reg.requested_rank) + " after authenticating as " +
+                           RoleName(c->auth_role) + " rank " + std::to_string(c->auth_rank));
+    }
     uint32_t& have = reg.role == Role::kWorker ? registered_workers_ : registered_servers_;
     const uint32_t want = reg.role == Role::kWorker ? opts_.num_workers : opts_.num_servers;
     if (started_ || have >= want) {
@@ -485,9 +589,14 @@ class SchedulerImpl final : public Scheduler {
       wire::Header h = MakeHeader(MsgType::kAbort);
       h.code = static_cast<uint8_t>(result.code());
       const auto text = wire::EncodeText(result.message());
-      for (auto& c : conns_) {
-        if (c->registered && !c->left) {
-          c->channel->Send(h, text, transport::Clock::now() + std::chrono::seconds(1)).IgnoreError();
+      // Workers first: a server that exits on kAbort closes its endpoints, and a worker that saw
+      // that before its own kAbort would blame the server.
+      for (Role role : {Role::kWorker, Role::kServer}) {
+        for (auto& c : conns_) {
+          if (c->registered && !c->left && c->role == role) {
+            c->channel->Send(h, text, transport::Clock::now() + std::chrono::seconds(1))
+                .IgnoreError();
+          }
         }
       }
     }
@@ -499,6 +608,7 @@ class SchedulerImpl final : public Scheduler {
   std::unique_ptr<transport::Listener> listener_;
   std::thread acceptor_;
   std::atomic<uint64_t> protocol_errors_{0};
+  std::atomic<uint64_t> auth_failures_{0};
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -44,7 +44,7 @@ class ServerImpl final : public Server {
     reg.host = opts_.host_name.empty() ? LocalHostName() : opts_.host_name;
     reg.push_address = push_lane_->address();
     reg.pull_address = reply_lane().address();
-    GL_ASSIGN_OR_RETURN(Joined joined, JoinJob(opts_.scheduler, job_hash_, reg, deadline));
+    GL_ASSIGN_OR_RETURN(Joined joined, JoinJob(opts_.scheduler, job_hash_, reg, deadline, opts_.secret));
     channel_ = std::move(joined.channel);
     id_ = joined.welcome.your_id;
     num_workers_ = joined.welcome.num_workers;
@@ -132,6 +132,7 @@ class ServerImpl final : public Server {
     while (!stopped_.load()) {
       Status alive = liveness.Tick();
       if (!alive.ok()) {
+        if (stopped_.load()) return;  // Stop() closed the channel
         Finish(PeerLost("server " + std::to_string(id_) + ": " + alive.message()));
         channel_->Close();
         return;

@@ -166,6 +166,43 @@ Result<Frame> ControlChannel::Receive(Clock::time_point deadline) {
   return f;
 }
 
+Result<Frame> ControlChannel::ReceiveBounded(Clock::time_point deadline, uint64_t max_payload,
+                                             wire::Header* header) {
+  wire::HeaderBytes hb;
+  size_t got = 0;
+  Status s = ReadExact(hb.data(), hb.size(), deadline, &got);
+  if (!s.ok()) {
+    if (got > 0) Close();  // stalled inside a header
+    return s;
+  }
+  Result<wire::Header> h = wire::DecodeHeader(hb);
+  if (!h.ok()) {
+    Close();
+    return ProtocolError("from " + peer_name_ + ": " + h.status().message());
+  }
+  if (!wire::IsControlType(h->type)) {
+    Close();
+    return ProtocolError("from " + peer_name_ + ": data frame on the control connection");
+  }
+  if (header != nullptr) *header = *h;
+  if (h->payload_bytes > max_payload) {
+    // Left open, its payload unread: the caller may answer (kAbort) before it closes it.
+    return ProtocolError("from " + peer_name_ + ": payload of " +
+                         std::to_string(h->payload_bytes) + " bytes exceeds " +
+                         std::to_string(max_payload) + " before authentication");
+  }
+  Frame f;
+  f.header = *h;
+  f.payload.resize(h->payload_bytes);
+  got = 0;
+  s = ReadExact(f.payload.data(), f.payload.size(), deadline, &got);
+  if (!s.ok()) {
+    Close();
+    return s;
+  }
+  return f;
+}
+
 Listener::~Listener() { Close(); }
 
 void Listener::Close() {

@@ -52,6 +52,15 @@ class ControlChannel {
   // or error, kProtocolError on a frame that fails validation (the channel is closed).
   Result<Frame> Receive(Clock::time_point deadline);
 
+  // Receives one frame for a peer that has not authenticated yet: a frame whose payload exceeds
+  // `max_payload` is a kProtocolError before any of it is read (the channel is left open for a
+  // last answer; the caller must close it), and `deadline` is hard (no grace
+  // for a frame that has started: a peer that stalls mid-frame gets kTimeout and the channel is
+  // closed). kTimeout with nothing read leaves the stream usable. `*header` (when given) is set
+  // as soon as a valid header has arrived, also when its payload is then refused.
+  Result<Frame> ReceiveBounded(Clock::time_point deadline, uint64_t max_payload,
+                               wire::Header* header = nullptr);
+
   void Close();
   bool closed() const { return closed_.load(); }
   const std::string& peer_name() const { return peer_name_; }

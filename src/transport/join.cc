@@ -1,6 +1,13 @@
 #include "transport/join.h"
 
+#include "security/handshake.h"
+
 namespace gradlink {
+namespace {
+
+constexpr auto kJoinPoll = std::chrono::milliseconds(100);
+
+}  // namespace
 
 Result<std::shared_ptr<transport::Fabric>> MakeFabric(const std::string& kind,
                                                       std::shared_ptr<transport::Fabric> given) {
@@ -37,8 +44,67 @@ Status Liveness::Tick() {
   return Status::Ok();
 }
 
+namespace {
+
+// The scheduler's kAbort: kAuthFailed when it refused us for authentication, else kAborted.
+Status Refused(const std::string& scheduler, const transport::Frame& f) {
+  auto text = wire::DecodeText(f.payload);
+  const std::string why = text.ok() ? *text : std::string("(no reason)");
+  if (f.header.code == static_cast<uint8_t>(Code::kAuthFailed)) {
+    return Status(Code::kAuthFailed, "scheduler " + scheduler + " refused us: " + why);
+  }
+  return Aborted("scheduler " + scheduler + " refused us: " + why);
+}
+
+// The member's side of the handshake, on a fresh connection.
+Status Authenticate(transport::ControlChannel& channel, const std::string& scheduler,
+                    uint32_t job_hash, const wire::RegisterMsg& reg, const std::string& secret,
+                    transport::Clock::time_point deadline) {
+  security::HandshakeBinding b;
+  b.job_hash = job_hash;
+  b.role = reg.role;
+  b.rank = reg.requested_rank;
+  security::ClientHandshake hs(secret, b);
+  const auto send = [&](const security::HandshakeMessage& m) {
+    wire::Header h;
+    h.type = m.type;
+    h.job = job_hash;
+    return channel.Send(h, m.payload, deadline);
+  };
+  const auto fail = [&](const Status& s) {
+    channel.Close();
+    return Status(Code::kAuthFailed,
+                  "authenticating with scheduler " + scheduler + ": " + s.message());
+  };
+  GL_ASSIGN_OR_RETURN(security::HandshakeMessage hello, hs.Start());
+  Status sent = send(hello);
+  if (!sent.ok()) return Status(sent.code(), "lost the scheduler (" + scheduler + ") while authenticating: " + sent.message());
+  while (!hs.done()) {
+    auto f = channel.Receive(deadline);
+    if (!f.ok()) {
+      if (f.status().code() == Code::kTimeout) {
+        return Timeout("scheduler " + scheduler + " did not answer the authentication handshake");
+      }
+      return Status(f.status().code(), "lost the scheduler (" + scheduler +
+                                           ") while authenticating: " + f.status().message());
+    }
+    if (f->header.type == wire::MsgType::kAbort) return Refused(scheduler, *f);
+    if (f->header.type == wire::MsgType::kHeartbeat) return fail(ProtocolError("heartbeat during the handshake"));
+    auto reply = hs.Step(f->header.type, f->payload);
+    if (!reply.ok()) return fail(reply.status());
+    if (reply->has_value()) {
+      Status s = send(**reply);
+      if (!s.ok()) return Status(s.code(), "lost the scheduler (" + scheduler + ") while authenticating: " + s.message());
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
-                       const wire::RegisterMsg& reg, transport::Clock::time_point deadline) {
+                       const wire::RegisterMsg& reg, transport::Clock::time_point deadline,
+                       const std::optional<std::string>& secret) {
   std::string host;
   uint16_t port = 0;
   GL_RETURN_IF_ERROR(transport::ParseHostPort(scheduler, &host, &port));
@@ -47,13 +113,26 @@ Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
   const auto lost = [&](const Status& s) {
     return Status(s.code(), "lost the scheduler (" + scheduler + ") while joining: " + s.message());
   };
+  if (secret.has_value()) {
+    GL_RETURN_IF_ERROR(Authenticate(*channel, scheduler, job_hash, reg, *secret, deadline));
+  }
   wire::Header h;
   h.type = wire::MsgType::kRegister;
   h.job = job_hash;
   Status sent = channel->Send(h, wire::Encode(reg), deadline);
   if (!sent.ok()) return lost(sent);
+  auto last_heard = transport::Clock::now();
   while (true) {
-    auto f = channel->Receive(deadline);
+    auto f = channel->Receive(std::min(deadline, transport::Clock::now() + kJoinPoll));
+    if (!f.ok() && f.status().code() == Code::kTimeout && transport::Clock::now() < deadline) {
+      if (transport::Clock::now() - last_heard > transport::kSilenceLimit) {
+        return PeerLost("the scheduler (" + scheduler + ") sent nothing for " +
+                        std::to_string(transport::kSilenceLimit.count()) +
+                        " ms while we waited for the job to start: hung or cut off");
+      }
+      continue;
+    }
+    if (f.ok()) last_heard = transport::Clock::now();
     if (!f.ok()) {
       if (f.status().code() == Code::kTimeout) {
         return Timeout("the job did not start before the deadline (scheduler " + scheduler +
@@ -62,11 +141,7 @@ Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
       return lost(f.status());
     }
     if (f->header.type == wire::MsgType::kHeartbeat) continue;
-    if (f->header.type == wire::MsgType::kAbort) {
-      auto text = wire::DecodeText(f->payload);
-      return Aborted("scheduler " + scheduler + " refused us: " +
-                     (text.ok() ? *text : std::string("(no reason)")));
-    }
+    if (f->header.type == wire::MsgType::kAbort) return Refused(scheduler, *f);
     if (f->header.type != wire::MsgType::kWelcome || f->header.job != job_hash) {
       return ProtocolError("expected kWelcome from scheduler " + scheduler);
     }

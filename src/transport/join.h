@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "gradlink/status.h"
@@ -21,9 +22,12 @@ struct Joined {
 };
 
 // Connects to the scheduler at `scheduler` ("host:port"), registers and waits for the welcome.
-// kAborted (with the scheduler's reason) when the scheduler refuses us.
+// kAborted (with the scheduler's reason) when the scheduler refuses us. With a `secret`, first
+// runs the member's side of the handshake (src/security/handshake.h). kAuthFailed when the
+// scheduler holds another secret, holds one and we do not, or holds none and we do.
 Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
-                       const wire::RegisterMsg& reg, transport::Clock::time_point deadline);
+                       const wire::RegisterMsg& reg, transport::Clock::time_point deadline,
+                       const std::optional<std::string>& secret = std::nullopt);
 
 // A member's half of control-plane liveness. The control loop calls Heard() for every frame
 // from the scheduler and Tick() at least every 100 ms.

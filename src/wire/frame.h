@@ -40,6 +40,12 @@ enum class MsgType : uint8_t {
   kAbort = 10,         // scheduler -> members: the job failed (status code + message)
   kHeartbeat = 11,     // both ways, every kHeartbeatInterval once the job has started
   kMemberLeft = 12,    // scheduler -> servers: worker `count` left cleanly before the others
+  // Authentication handshake (src/security/handshake.h), first on a connection when the
+  // scheduler holds a job secret.
+  kHello = 13,         // member -> scheduler: nonce_c, role, requested rank
+  kChallenge = 14,     // scheduler -> member: nonce_s, MAC_s
+  kProof = 15,         // member -> scheduler: MAC_c
+  kAuthOk = 16,        // scheduler -> member: proof accepted
   // Data plane (transport lanes).
   kPush = 32,          // worker -> server: one partition of one round (+ pull request)
   kPullResponse = 33,  // server -> worker: the round's result for that partition

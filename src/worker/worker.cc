@@ -5,6 +5,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <thread>
 #include <unordered_map>
@@ -92,6 +93,9 @@ using transport::PeerId;
 using wire::MsgType;
 
 constexpr auto kPoll = std::chrono::milliseconds(100);
+// How long a failed data endpoint waits for the scheduler's verdict (kAbort arrives within a
+// few ms of the scheduler learning of a loss; the control thread polls every kPoll).
+constexpr auto kVerdictGrace = std::chrono::milliseconds(500);
 constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 46;
 
 }  // namespace
@@ -118,7 +122,7 @@ class WorkerImpl final : public Worker {
     reg.host = opts_.host_name.empty() ? LocalHostName() : opts_.host_name;
     reg.push_address = push_lane_->address();
     reg.pull_address = (pull_lane_ ? *pull_lane_ : *push_lane_).address();
-    GL_ASSIGN_OR_RETURN(Joined joined, JoinJob(opts_.scheduler, job_hash_, reg, deadline));
+    GL_ASSIGN_OR_RETURN(Joined joined, JoinJob(opts_.scheduler, job_hash_, reg, deadline, opts_.secret));
     channel_ = std::move(joined.channel);
     rank_ = joined.welcome.your_id;
     size_ = joined.welcome.num_workers;
@@ -409,6 +413,9 @@ class WorkerImpl final : public Worker {
   // op abandoned), no push still being read by the transport, no pull being written.
   void TryFinishLocked(Op& op) {
     if (op.finished || !op.started) return;
+    // Waiting for the scheduler's word on a lost endpoint: the op's own error may name the
+    // wrong peer (see OnDataPeerFailed).
+    if (op.abandoned && verdict_pending_) return;
     if ((op.outstanding == 0 || op.abandoned) && op.sending == 0 && op.receiving == 0) {
       FinishLocked(op, op.failure);
     }
@@ -433,13 +440,45 @@ class WorkerImpl final : public Worker {
     op.cv.notify_all();
   }
 
+  // A data endpoint to a server failed. That server may be the lost peer, or a healthy one that
+  // exited because the job failed for another reason (its kAbort may still be on the way to
+  // us). The control thread waits kVerdictGrace for the scheduler's verdict before failing the
+  // job with this status.
+  void OnDataPeerFailed(const Status& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.ok() || verdict_pending_) return;
+    verdict_pending_ = true;
+    pending_peer_failure_ = s;
+    pending_since_ = Clock::now();
+  }
+
+  // On the control thread: the endpoint failure whose grace has run out, if any.
+  std::optional<Status> ExpiredPeerFailure() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!verdict_pending_ || Clock::now() - pending_since_ < kVerdictGrace) return std::nullopt;
+    return pending_peer_failure_;
+  }
+
+  // The job is over: fail everything now. A hung peer may never complete a transfer, so the
+  // lanes are stopped (after which nothing touches a caller's buffer) and every op finishes.
+  // Runs on the control thread, never on a lane's.
+  void FailJob(const Status& s) {
+    FailAll(s);
+    if (pull_lane_) pull_lane_->Stop();
+    if (push_lane_) push_lane_->Stop();
+    FailAll(s, /*force=*/true);
+  }
+
   // Sticky failure of this worker. With `force` (the lanes are stopped: no callback will come)
   // every op finishes now; otherwise each finishes when the transport lets go of its buffer.
   void FailAll(const Status& s, bool force = false) {
     std::lock_guard<std::mutex> lock(mu_);
     if (failure_.ok()) failure_ = s;
+    verdict_pending_ = false;
     auto ops = ops_;
     for (auto& [id, op] : ops) {
+      // An endpoint's loss is a symptom; the job's failure names the cause.
+      if (op->failure.code() == Code::kPeerLost) op->failure = failure_;
       AbandonLocked(*op, failure_);
       if (force) {
         FinishLocked(*op, op->failure);
@@ -515,7 +554,11 @@ class WorkerImpl final : public Worker {
         RecordFailureLocked(*op, Status(code, text + " (from " + server + ")"));
         AnsweredLocked(*op, h.partition);
       } else if (!ok) {
-        RecordFailureLocked(*op, why);
+        // The transport's error names no peer: say whose reply was lost.
+        const std::string& server = server_names_[op->tensor->parts[h.partition].server];
+        RecordFailureLocked(*op, Status(why.code(), "worker " + std::to_string(rank_) +
+                                                        ": receiving the sum from " + server +
+                                                        " failed: " + why.message()));
         AnsweredLocked(*op, h.partition);
       } else {
         AnsweredLocked(*op, h.partition);
@@ -537,9 +580,10 @@ class WorkerImpl final : public Worker {
       w_->OnPayload(h, false, s);
     }
     void OnPeerFailed(PeerId peer, const Status& s) override {
-      w_->FailAll(PeerLost("worker " + std::to_string(w_->rank_) + ": connection to " +
-                           (peer < w_->server_names_.size() ? w_->server_names_[peer] : "a server") +
-                           " failed: " + s.message()));
+      w_->OnDataPeerFailed(PeerLost(
+          "worker " + std::to_string(w_->rank_) + ": connection to " +
+          (peer < w_->server_names_.size() ? w_->server_names_[peer] : "a server") +
+          " failed: " + s.message()));
     }
 
    private:
@@ -553,8 +597,15 @@ class WorkerImpl final : public Worker {
     while (!shut_down_.load()) {
       Status alive = liveness.Tick();
       if (!alive.ok()) {
-        FailAll(PeerLost("worker " + std::to_string(rank_) + ": " + alive.message()));
+        // While shutting down, Shutdown() itself closed the channel: not a failure.
+        if (!shut_down_.load()) {
+          FailJob(PeerLost("worker " + std::to_string(rank_) + ": " + alive.message()));
+        }
         channel_->Close();
+        return;
+      }
+      if (std::optional<Status> lost = ExpiredPeerFailure()) {
+        FailJob(*lost);
         return;
       }
       auto f = channel_->Receive(Clock::now() + kPoll);
@@ -562,7 +613,7 @@ class WorkerImpl final : public Worker {
       if (!f.ok()) {
         if (f.status().code() == Code::kTimeout) continue;
         if (!shut_down_.load()) {
-          FailAll(PeerLost("worker " + std::to_string(rank_) + " lost the scheduler: " +
+          FailJob(PeerLost("worker " + std::to_string(rank_) + " lost the scheduler: " +
                            f.status().message()));
         }
         return;
@@ -587,7 +638,7 @@ class WorkerImpl final : public Worker {
         case MsgType::kAbort: {
           auto text = wire::DecodeText(f->payload);
           const Code code = f->header.code == 0 ? Code::kAborted : static_cast<Code>(f->header.code);
-          FailAll(Status(code, "job aborted: " + (text.ok() ? *text : std::string("(no reason)"))));
+          FailJob(Status(code, "job aborted: " + (text.ok() ? *text : std::string("(no reason)"))));
           return;
         }
         default:
@@ -648,6 +699,9 @@ class WorkerImpl final : public Worker {
   std::mutex mu_;
   std::condition_variable cv_;
   Status failure_;  // sticky
+  bool verdict_pending_ = false;  // a data endpoint failed; see OnDataPeerFailed
+  Status pending_peer_failure_;
+  Clock::time_point pending_since_;
   std::unordered_map<uint64_t, std::shared_ptr<TensorState>> tensors_;
   std::unordered_map<uint64_t, std::shared_ptr<Op>> ops_;  // by id; in flight
   std::map<std::pair<uint64_t, uint32_t>, std::vector<std::byte>> error_text_;

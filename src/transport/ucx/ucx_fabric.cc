@@ -157,6 +157,7 @@ class UcxLane final : public Lane {
     UcxLane* lane = nullptr;
     wire::Header header;
     std::span<std::byte> dest;
+    void* request = nullptr;  // the UCX request while in flight
   };
 
   UcxLane(std::shared_ptr<UcxContext> context, std::string name)
@@ -603,7 +604,24 @@ void UcxLane::Shutdown() {
                   << " ms; destroying the worker anyway";
   }
 
-  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  // A rendezvous receive from a peer that hangs (SIGSTOP) never completes, and UCX 1.13 asserts
+  // in ucp_worker_destroy on an endpoint that still has one (ucp_ep.c:437, proto_reqs not empty).
+  // Cancel them; if UCX still holds one, leak the worker rather than abort the process. Nothing
+  // writes into the receive buffer once we stop progressing the worker.
+  for (RecvOp* op : std::vector<RecvOp*>(recvs_in_flight_.begin(), recvs_in_flight_.end())) {
+    if (worker_ != nullptr && op->request != nullptr) ucp_request_cancel(worker_, op->request);
+  }
+  const auto cancel_deadline = Clock::now() + kCloseDeadline;
+  while (worker_ != nullptr && !recvs_in_flight_.empty() && Clock::now() < cancel_deadline) {
+    if (ProgressOnce() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  if (!recvs_in_flight_.empty()) {
+    GL_LOG(kWarn) << "ucx lane '" << name_ << "': " << recvs_in_flight_.size()
+                  << " receive(s) from a hung peer could not be cancelled; leaving the UCX "
+                     "worker undestroyed";
+  } else if (worker_ != nullptr) {
+    ucp_worker_destroy(worker_);
+  }
   worker_ = nullptr;
 
   // Whatever UCX did not give back is ours now; the worker (and with it every request) is gone.
@@ -790,6 +808,7 @@ ucs_status_t UcxLane::OnActiveMessage(const void* header, size_t header_length, 
     } else if (UCS_PTR_IS_ERR(r)) {
       OnRecvDone(op, UCS_PTR_STATUS(r), 0);
     } else {
+      op->request = r;
       recvs_in_flight_.insert(op);
     }
     return UCS_OK;
