@@ -50,14 +50,14 @@ test-asan: setup
 	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DGRADLINK_BUILD_PYTHON=OFF \
 	  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer"
 	cmake --build $(BUILD)-asan -j$(JOBS)
-	cd $(BUILD)-asan && ctest --output-on-failure -j$(JOBS) -LE integration
+	cd $(BUILD)-asan && ctest --output-on-failure -j$(JOBS) -LE "integration|fault"
 
 test-tsan: setup
 	cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DGRADLINK_BUILD_PYTHON=OFF \
 	  -DCMAKE_CXX_FLAGS="-fsanitize=thread"
 	cmake --build $(BUILD)-tsan -j$(JOBS)
 	cd $(BUILD)-tsan && UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_RELOC=no \
-	  ctest --output-on-failure -j$(JOBS) -LE integration
+	  ctest --output-on-failure -j$(JOBS) -LE "integration|fault"
 
 # Reducer throughput against memcpy (Google Benchmark).
 bench-reduce: build
