@@ -654,6 +654,65 @@ def case_bad_frames_server(h):
             print("     %s counted %s protocol errors" % (p.name, m.group(1)))
 
 
+def case_barrage(h):
+    """While an honest job runs (2 honest workers and the rogue as rank 2, 2 servers, many
+    rounds, every element of every sum checked by every worker), the rogue sends >= 10,000
+    deterministic bad frames to both lanes of both servers: headers truncated at every length,
+    boundary values of every field, payload lies, and good headers the servers must refuse.
+    Both servers must keep serving and exit 0, and each server's protocol-error total must equal
+    the number of bad frames the rogue sent it."""
+    workers, servers, rounds, want = 3, 2, 24, 10000
+    count, part = "200000", "65536"
+
+    def argv(rank, addr):
+        if rank == workers - 1:
+            return [h.rogue, "--scheduler", addr, "--rank", str(rank), "--count", count,
+                    "--partition-bytes", part, "--rounds", str(rounds), "--barrage", str(want),
+                    "--wait-s", "90"]
+        return [h.probe, "--scheduler", addr, "--mode", "honest", "--rank", str(rank),
+                "--count", count, "--partition-bytes", part, "--rounds", str(rounds),
+                "--wait-s", "90"]
+
+    t0 = time.monotonic()
+    _, srv, wk = run_job(h, "barrage w%d s%d, %d rounds, >= %d bad frames" % (
+        workers, servers, rounds, want), workers, servers, argv, timeout=min(200, h.left() - 20))
+    elapsed = time.monotonic() - t0
+    rogue_out = wk[-1].out()
+    m = re.search(r"barrage: (\d+) bad frames sent in ([\d.]+) s \((\d+) on fresh", rogue_out)
+    if not m:
+        raise Failure("the rogue printed no barrage summary:\n" + rogue_out)
+    sent, secs, closing = int(m.group(1)), float(m.group(2)), int(m.group(3))
+    if sent < want:
+        raise Failure("the rogue sent only %d bad frames" % sent)
+    for line in rogue_out.splitlines():
+        if line.startswith("rogue: barrage kind "):
+            print("     " + line[len("rogue: "):])
+    print("     %d bad frames (%d closing their connection, %d refused) in %.1f s of sending, "
+          "job %.1f s" % (sent, closing, sent - closing, secs, elapsed))
+    for p in wk[:-1]:
+        if not re.search(r"%d rounds of \d+ elements, 0 wrong" % rounds, p.out()):
+            raise Failure("%s did not report %d exact rounds:\n%s" % (p.name, rounds, p.out()))
+    if not re.search(r"%d rounds, 0 wrong elements" % rounds, rogue_out):
+        raise Failure("the rogue did not report %d exact rounds:\n%s" % (rounds, rogue_out))
+    to_server = {int(a): int(b) for a, b in
+                 re.findall(r"rogue: barrage to server (\d+): (\d+)", rogue_out)}
+    total = 0
+    for p in srv:
+        m = re.search(r"gradlink-server (\d+): (\d+) protocol errors", p.err())
+        if not m:
+            h.dump_logs([p], lines=5)
+            raise Failure("%s printed no protocol-error total" % p.name)
+        sid, errors = int(m.group(1)), int(m.group(2))
+        total += errors
+        print("     server %d: %d protocol errors for %d bad frames sent to it" % (
+            sid, errors, to_server.get(sid, -1)))
+        if errors != to_server.get(sid, -1):
+            h.dump_logs([p], lines=20)
+            raise Failure("server %d counted %d protocol errors, the rogue sent it %d bad frames" % (
+                sid, errors, to_server.get(sid, -1)))
+    print("     servers' protocol errors: %d in all, for %d bad frames" % (total, sent))
+
+
 def case_port_in_use(h):
     """gradlink-scheduler on a port that another socket holds exits non-zero, naming it."""
     for listening in (True, False):
@@ -845,6 +904,7 @@ CASES = {
     "credits_order": case_credits_order,
     "bad_frames_scheduler": case_bad_frames_scheduler,
     "bad_frames_server": case_bad_frames_server,
+    "barrage": case_barrage,
     "port_in_use": case_port_in_use,
     "mismatch": case_mismatch,
     "timeout": case_timeout,
