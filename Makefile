@@ -34,16 +34,18 @@ bench: build
 
 # libFuzzer targets under ASan+UBSan (clang), each run for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= frame messages handshake server
 fuzz: setup
 	cmake -S . -B $(BUILD)-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
 	  -DGRADLINK_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
-	cmake --build $(BUILD)-fuzz -j$(JOBS) --target frame_fuzz messages_fuzz
-	for t in frame messages; do \
+	cmake --build $(BUILD)-fuzz -j$(JOBS) --target $(addsuffix _fuzz,$(FUZZ_TARGETS))
+	fail=0; for t in $(FUZZ_TARGETS); do \
 	  mkdir -p $(BUILD)-fuzz/corpus/$$t && \
-	  $(BUILD)-fuzz/tests/fuzz/$${t}_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-	    $(BUILD)-fuzz/corpus/$$t tests/fuzz/corpus/$$t || exit 1; \
-	done
+	  $(BUILD)-fuzz/bin/$${t}_fuzz -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=$(BUILD)-fuzz/$${t}- \
+	    $(BUILD)-fuzz/corpus/$$t tests/fuzz/corpus/$$t || fail=1; \
+	done; exit $$fail
 
 # The unit tests under sanitizers (UCX's memory hooks must be off under TSan).
 test-asan: setup
