@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <list>
@@ -1067,6 +1068,42 @@ TEST(JobTest, TensorWithTooManyPartitionsFailsCleanly) {
   Status s2 = job.worker(0).PushPull(*ok, b).Wait(In(kOpTimeout));
   EXPECT_TRUE(s2.ok()) << s2.ToString();
 }
+
+size_t CountEntries(const char* dir) {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++n;
+  return n;
+}
+
+// After a job that failed mid-round (scheduler stopped under a pending op) has been torn down,
+// the process holds exactly the threads and file descriptors it had before.
+TEST(JobTest, NoThreadOrFdLeaksAfterAFailedJob) {
+  const size_t threads_before = CountEntries("/proc/self/task");
+  const size_t fds_before = CountEntries("/proc/self/fd");
+  {
+    JobConfig config;
+    config.servers = 2;
+    Job job;
+    ASSERT_NO_FATAL_FAILURE(job.Start(config));
+    auto t0 = job.worker(0).Declare("t", DataType::kFloat32, 100000);
+    auto t1 = job.worker(1).Declare("t", DataType::kFloat32, 100000);
+    ASSERT_TRUE(t0.ok() && t1.ok());
+    std::vector<std::byte>& b0 = job.Buffer(400000);
+    std::vector<std::byte>& b1 = job.Buffer(400000);
+    PushPullHandle h0 = job.worker(0).PushPull(*t0, b0);
+    PushPullHandle h1 = job.worker(1).PushPull(*t1, b1);
+    ASSERT_TRUE(h0.Wait(In(5s)).ok());
+    ASSERT_TRUE(h1.Wait(In(5s)).ok());
+    PushPullHandle pending = job.worker(0).PushPull(*t0, b0);  // rank 1 never joins this round
+    job.scheduler().Stop();
+    Status s = pending.Wait(In(5s));
+    EXPECT_NE(s.code(), Code::kOk);
+    EXPECT_NE(s.code(), Code::kTimeout) << s.ToString();
+  }
+  EXPECT_EQ(CountEntries("/proc/self/task"), threads_before);
+  EXPECT_EQ(CountEntries("/proc/self/fd"), fds_before);
+}
+
 
 }  // namespace
 }  // namespace gradlink
