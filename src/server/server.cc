@@ -36,6 +36,11 @@ class ServerImpl final : public Server {
     if (!opts_.single_lane) {
       GL_ASSIGN_OR_RETURN(pull_lane_, fabric_->CreateLane("server pull lane"));
     }
+    if (opts_.secret) {
+      auto auth = std::make_shared<const security::LaneAuthenticator>(*opts_.secret, job_hash_);
+      push_lane_->SetAuthenticator(auth);
+      if (pull_lane_) pull_lane_->SetAuthenticator(auth);
+    }
     GL_RETURN_IF_ERROR(push_lane_->Start(&push_receiver_));
     if (pull_lane_) GL_RETURN_IF_ERROR(pull_lane_->Start(&pull_receiver_));
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "gradlink/status.h"
+#include "security/lane_auth.h"
 #include "wire/frame.h"
 
 namespace gradlink::transport {
@@ -62,6 +63,12 @@ class Lane {
 
   // Opaque bytes a peer passes to Connect() to reach this lane.
   virtual std::vector<std::byte> address() const = 0;
+
+  // Makes the lane prove membership on every endpoint it creates (a kLaneHello first) and
+  // process nothing from a connection whose hello has not verified (counted as protocol
+  // errors, connection closed). Without one, a kLaneHello is itself a protocol error. Call
+  // before Start() and Connect().
+  virtual void SetAuthenticator(std::shared_ptr<const security::LaneAuthenticator> auth) = 0;
 
   // Starts the progress thread. `receiver` must outlive the lane (or Stop()).
   virtual Status Start(Receiver* receiver) = 0;

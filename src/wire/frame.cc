@@ -37,7 +37,7 @@ enum Offset : size_t {
 };
 
 bool IsKnownType(uint8_t t) {
-  return (t >= 1 && t <= 16) || (t >= 32 && t <= 34);
+  return (t >= 1 && t <= 16) || (t >= 32 && t <= 35);
 }
 
 }  // namespace
@@ -122,6 +122,10 @@ Result<Header> DecodeHeader(std::span<const std::byte> bytes) {
   // Data frames.
   if (h.type == MsgType::kDataError) {
     if (h.payload_bytes > kMaxControlPayload) return ProtocolError("error message too long");
+    return h;
+  }
+  if (h.type == MsgType::kLaneHello) {
+    if (h.payload_bytes > kMaxLaneHelloPayload) return ProtocolError("lane hello too long");
     return h;
   }
   if (h.payload_bytes > kMaxDataPayload) {

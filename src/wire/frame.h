@@ -22,6 +22,7 @@ inline constexpr size_t kHeaderSize = 64;
 // Upper bounds on payloads a receiver accepts. Data frames carry one partition.
 inline constexpr uint64_t kMaxControlPayload = 1u << 20;        // 1 MiB
 inline constexpr uint64_t kMaxDataPayload = uint64_t{1} << 30;  // 1 GiB per partition
+inline constexpr uint64_t kMaxLaneHelloPayload = 64;
 
 // Sender id used by the scheduler.
 inline constexpr uint32_t kSchedulerId = 0xFFFFFFFFu;
@@ -50,6 +51,7 @@ enum class MsgType : uint8_t {
   kPush = 32,          // worker -> server: one partition of one round (+ pull request)
   kPullResponse = 33,  // server -> worker: the round's result for that partition
   kDataError = 34,     // server -> worker: the partition's round failed (status + message)
+  kLaneHello = 35,     // first frame on a data endpoint of an authenticated job (lane_auth.h)
 };
 
 bool IsControlType(MsgType t);

@@ -355,7 +355,10 @@ std::vector<BarrageFrame> MakeBarrage(const BarrageCtx& c) {
     bool closes = f.header.size() != wire::kHeaderSize;
     if (!closes) {
       auto h = wire::DecodeHeader(f.header);
-      closes = !h.ok() || h->payload_bytes != f.payload.size();
+      // A kLaneHello is a transport-level frame too: a lane without an authenticator (this
+      // job has no secret) treats it as a bad frame and closes the connection.
+      closes = !h.ok() || h->payload_bytes != f.payload.size() ||
+               h->type == wire::MsgType::kLaneHello;
     }
     f.closes = closes;
   }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 
@@ -57,6 +58,10 @@ class InprocLane final : public Lane {
     return a;
   }
 
+  void SetAuthenticator(std::shared_ptr<const security::LaneAuthenticator> auth) override {
+    auth_ = std::move(auth);
+  }
+
   Status Start(Receiver* receiver) override {
     receiver_ = receiver;
     thread_ = std::thread([this] { Loop(); });
@@ -68,9 +73,20 @@ class InprocLane final : public Lane {
     if (remote.size() != sizeof(uint64_t)) return InvalidArgument("bad inproc address");
     uint64_t target;
     std::memcpy(&target, remote.data(), sizeof(target));
-    std::lock_guard<std::mutex> lock(mu_);
-    peers_.push_back(Peer{target, std::move(peer_name), Status::Ok()});
-    return static_cast<PeerId>(peers_.size() - 1);
+    PeerId id;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      peers_.push_back(Peer{target, std::move(peer_name), Status::Ok()});
+      id = static_cast<PeerId>(peers_.size() - 1);
+    }
+    if (auth_) {
+      auto proof = std::make_shared<std::vector<std::byte>>(auth_->Prove(remote));
+      wire::Header hello;
+      hello.type = wire::MsgType::kLaneHello;
+      hello.payload_bytes = proof->size();
+      Send(id, hello, *proof, [proof](const Status&) {});
+    }
+    return id;
   }
 
   void Send(PeerId peer, const wire::Header& h, std::span<const std::byte> payload,
@@ -109,7 +125,7 @@ class InprocLane final : public Lane {
     const bool delivered = fabric_->WithLane(target, [&](InprocLane* dst) {
       return dst->Post([dst, hdr = std::move(hdr), payload, send_id, self_id = id_,
                         fabric = fabric_]() mutable {
-        dst->Deliver(hdr, payload);
+        dst->Deliver(self_id, hdr, payload);
         fabric->WithLane(self_id, [&](InprocLane* src) {
           return src->Post([src, send_id] { src->CompleteSend(send_id, Status::Ok()); });
         });
@@ -198,12 +214,28 @@ class InprocLane final : public Lane {
     });
   }
 
-  void Deliver(const std::vector<std::byte>& hdr, std::span<const std::byte> payload) {
+  // On this lane's thread. `from` is the sending lane (the inproc "connection").
+  void Deliver(uint64_t from, const std::vector<std::byte>& hdr,
+               std::span<const std::byte> payload) {
     Result<wire::Header> h = wire::DecodeHeader(hdr);
     if (!h.ok() || h->payload_bytes != payload.size()) {
       stats_.protocol_errors++;
       GL_LOG(kWarn) << name_ << ": dropped a bad frame: "
                     << (h.ok() ? "payload length differs from header" : h.status().ToString());
+      return;
+    }
+    if (h->type == wire::MsgType::kLaneHello) {
+      if (!auth_ || !auth_->Verify(address(), payload)) {
+        stats_.protocol_errors++;
+        GL_LOG(kWarn) << name_ << ": refused a lane hello";
+        return;
+      }
+      authenticated_.insert(from);
+      return;
+    }
+    if (auth_ && authenticated_.count(from) == 0) {
+      stats_.protocol_errors++;
+      GL_LOG(kWarn) << name_ << ": dropped a frame from a connection that has not authenticated";
       return;
     }
     stats_.frames_received++;
@@ -245,6 +277,8 @@ class InprocLane final : public Lane {
   std::deque<std::function<void()>> queue_;
   std::vector<Peer> peers_;
   std::map<uint64_t, SendCallback> pending_sends_;
+  std::shared_ptr<const security::LaneAuthenticator> auth_;  // set before Start()
+  std::set<uint64_t> authenticated_;  // sending lanes whose hello verified (lane thread only)
   uint64_t next_send_id_ = 0;
   bool stopped_ = false;
   AtomicStats stats_;

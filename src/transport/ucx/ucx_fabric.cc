@@ -114,6 +114,9 @@ class UcxLane final : public Lane {
   ~UcxLane() override;
 
   std::vector<std::byte> address() const override { return address_; }
+  void SetAuthenticator(std::shared_ptr<const security::LaneAuthenticator> auth) override {
+    auth_ = std::move(auth);
+  }
   Status Start(Receiver* receiver) override;
   Result<PeerId> Connect(std::span<const std::byte> remote_address,
                          std::string peer_name) override;
@@ -223,6 +226,9 @@ class UcxLane final : public Lane {
   std::vector<std::unique_ptr<Peer>> peers_;
   std::vector<std::function<void()>> after_progress_;
   std::unordered_set<ucp_ep_h> reply_eps_to_close_;
+  std::shared_ptr<const security::LaneAuthenticator> auth_;  // set before Start()
+  // Incoming connections whose kLaneHello verified (progress thread only).
+  std::unordered_set<ucp_ep_h> authenticated_;
   std::unordered_set<RecvOp*> recvs_in_flight_;
   std::unordered_set<SendOp*> sends_in_ucx_;
   int closes_in_flight_ = 0;
@@ -395,7 +401,16 @@ Result<PeerId> UcxLane::ConnectNow(std::span<const std::byte> remote_address,
                        "': " + UcsError(s));
   }
   PeerId id = peer->id;
+  const std::string peer_name_copy = peer->name;
   peers_.push_back(std::move(peer));
+  if (auth_) {
+    // Queued before anything the caller can send on this endpoint, so it goes first.
+    auto proof = std::make_shared<std::vector<std::byte>>(auth_->Prove(remote_address));
+    wire::Header hello;
+    hello.type = wire::MsgType::kLaneHello;
+    hello.payload_bytes = proof->size();
+    Send(id, hello, *proof, [proof](const Status&) {});
+  }
   return id;
 }
 
@@ -553,7 +568,10 @@ bool UcxLane::RunAfterProgress() {
   for (auto& fn : work) fn();
   std::unordered_set<ucp_ep_h> eps;
   eps.swap(reply_eps_to_close_);
-  for (ucp_ep_h ep : eps) CloseEp(ep);
+  for (ucp_ep_h ep : eps) {
+    authenticated_.erase(ep);
+    CloseEp(ep);
+  }
   return true;
 }
 
@@ -774,6 +792,23 @@ ucs_status_t UcxLane::OnActiveMessage(const void* header, size_t header_length, 
   if (h->payload_bytes != length) {
     RejectFrame(param, "header says " + std::to_string(h->payload_bytes) +
                            " payload bytes, frame carries " + std::to_string(length));
+    return UCS_OK;
+  }
+  ucp_ep_h reply_ep =
+      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  if (h->type == wire::MsgType::kLaneHello) {
+    const bool eager = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0;
+    if (!auth_ || reply_ep == nullptr || !eager ||
+        !auth_->Verify(address_, std::span<const std::byte>(static_cast<const std::byte*>(data),
+                                                             length))) {
+      RejectFrame(param, auth_ ? "lane authentication failed" : "unexpected kLaneHello");
+      return UCS_OK;
+    }
+    authenticated_.insert(reply_ep);
+    return UCS_OK;
+  }
+  if (auth_ && (reply_ep == nullptr || authenticated_.count(reply_ep) == 0)) {
+    RejectFrame(param, "frame on a connection that has not authenticated");
     return UCS_OK;
   }
   frames_received_.fetch_add(1, std::memory_order_relaxed);

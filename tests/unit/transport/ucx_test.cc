@@ -655,5 +655,60 @@ TEST_F(UcxLaneTest, DeferRunsOnProgressThread) {
   EXPECT_NE(ran_on, std::this_thread::get_id());
 }
 
+
+// Lanes with an authenticator process frames only from connections whose kLaneHello verified:
+// a peer with the job secret gets through, one without an authenticator or with another
+// secret is dropped and counted.
+TEST(UcxLaneAuthTest, OnlyAuthenticatedConnectionsAreServed) {
+  auto fabric = CreateUcxFabric();
+  ASSERT_TRUE(fabric.ok()) << fabric.status().ToString();
+  const uint32_t job = wire::JobHash("auth-job");
+  auto good = std::make_shared<const security::LaneAuthenticator>("s3cret-s3cret-s3cret", job);
+  auto other = std::make_shared<const security::LaneAuthenticator>("another-secret-xyz!", job);
+  TestReceiver rb, rx;
+  auto b = (*fabric)->CreateLane("B");
+  ASSERT_TRUE(b.ok());
+  (*b)->SetAuthenticator(good);
+  ASSERT_TRUE((*b)->Start(&rb).ok());
+
+  struct Sender {
+    std::unique_ptr<Lane> lane;
+    PeerId peer = 0;
+  };
+  auto make_sender = [&](const char* name,
+                         std::shared_ptr<const security::LaneAuthenticator> auth) -> Sender {
+    auto l = (*fabric)->CreateLane(name);
+    EXPECT_TRUE(l.ok());
+    Sender s{std::move(l).value()};
+    if (auth) s.lane->SetAuthenticator(auth);
+    EXPECT_TRUE(s.lane->Start(&rx).ok());
+    auto p = s.lane->Connect((*b)->address(), "lane B");
+    EXPECT_TRUE(p.ok());
+    s.peer = *p;
+    return s;
+  };
+  Sender member = make_sender("member", good);
+  Sender stranger = make_sender("stranger", nullptr);
+  Sender impostor = make_sender("impostor", other);
+
+  std::vector<std::byte> data = Pattern(4096, 7);
+  for (Sender* s : {&stranger, &impostor}) {
+    SendWaiter w;
+    s->lane->Send(s->peer, MakeHeader(data.size(), 1), data, w.Callback());
+    ASSERT_TRUE(w.Wait().has_value());
+  }
+  SendWaiter w;
+  member.lane->Send(member.peer, MakeHeader(data.size(), 2), data, w.Callback());
+  ASSERT_TRUE(w.Wait().has_value());
+  ASSERT_TRUE(rb.WaitFor([&] { return rb.frames_.size() == 1; }));
+  EXPECT_EQ(rb.frames().front().header.cookie, 2u);
+  EXPECT_FALSE(rb.WaitFor([&] { return rb.frames_.size() > 1; }, 300ms));
+  // The stranger's data frame and the impostor's hello (its data frame comes on a connection
+  // that is then closed, or is refused as unauthenticated).
+  EXPECT_GE((*b)->stats().protocol_errors, 2u);
+  for (Sender* s : {&member, &stranger, &impostor}) s->lane->Stop();
+  (*b)->Stop();
+}
+
 }  // namespace
 }  // namespace gradlink::transport
