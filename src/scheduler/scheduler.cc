@@ -24,8 +24,9 @@ using wire::MsgType;
 using wire::Role;
 
 constexpr auto kRegisterTimeout = std::chrono::seconds(10);
-// With a job secret: the handshake must be complete this long after the connection was accepted.
-constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
+// With a job secret: the handshake must be complete this long after the connection was accepted
+// (4 s, so that a stalled or slow peer is refused well within 5 s).
+constexpr auto kHandshakeTimeout = std::chrono::seconds(4);
 constexpr auto kPoll = std::chrono::milliseconds(100);
 // Connections that have not registered yet, at most; more are closed at once.
 constexpr size_t kMaxUnregistered = 256;
