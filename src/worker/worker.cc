@@ -451,6 +451,10 @@ class WorkerImpl final : public Worker {
   // job with this status.
   void OnDataPeerFailed(const Status& s) {
     std::lock_guard<std::mutex> lock(mu_);
+    NoteDataPeerFailureLocked(s);
+  }
+
+  void NoteDataPeerFailureLocked(const Status& s) {
     if (!failure_.ok() || verdict_pending_) return;
     verdict_pending_ = true;
     pending_peer_failure_ = s;
@@ -561,10 +565,18 @@ class WorkerImpl final : public Worker {
       } else if (!ok) {
         // The transport's error names no peer: say whose reply was lost.
         const std::string& server = server_names_[op->tensor->parts[h.partition].server];
-        RecordFailureLocked(*op, Status(why.code(), "worker " + std::to_string(rank_) +
-                                                        ": receiving the sum from " + server +
-                                                        " failed: " + why.message()));
+        const Status lost(why.code(), "worker " + std::to_string(rank_) +
+                                          ": receiving the sum from " + server +
+                                          " failed: " + why.message());
+        RecordFailureLocked(*op, lost);
         AnsweredLocked(*op, h.partition);
+        // A broken receive is a broken connection: like an endpoint failure, it waits for the
+        // scheduler's verdict, which names the cause (the server may have exited because the
+        // job failed elsewhere).
+        if (why.code() == Code::kPeerLost) {
+          NoteDataPeerFailureLocked(lost);
+          op->abandoned = true;
+        }
       } else {
         AnsweredLocked(*op, h.partition);
       }
