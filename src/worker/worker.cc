@@ -560,8 +560,15 @@ class WorkerImpl final : public Worker {
         }
         const Code code = h.code == 0 ? Code::kInternal : static_cast<Code>(h.code);
         const std::string& server = server_names_[op->tensor->parts[h.partition].server];
-        RecordFailureLocked(*op, Status(code, text + " (from " + server + ")"));
+        const Status refused(code, text + " (from " + server + ")");
+        RecordFailureLocked(*op, refused);
         AnsweredLocked(*op, h.partition);
+        // A server that lost another worker's push knows only the symptom: wait for the
+        // scheduler's verdict, which names the lost member.
+        if (code == Code::kPeerLost) {
+          NoteDataPeerFailureLocked(refused);
+          op->abandoned = true;
+        }
       } else if (!ok) {
         // The transport's error names no peer: say whose reply was lost.
         const std::string& server = server_names_[op->tensor->parts[h.partition].server];

@@ -157,7 +157,9 @@ class UcxLane final : public Lane {
 
   // One rendezvous receive in flight.
   struct RecvOp {
-    UcxLane* lane = nullptr;
+    // Null once the lane has given the op up (a receive UCX would not cancel): a late callback
+    // then only frees the request and the op.
+    std::atomic<UcxLane*> lane{nullptr};
     wire::Header header;
     std::span<std::byte> dest;
     void* request = nullptr;  // the UCX request while in flight
@@ -633,10 +635,20 @@ void UcxLane::Shutdown() {
   while (worker_ != nullptr && !recvs_in_flight_.empty() && Clock::now() < cancel_deadline) {
     if (ProgressOnce() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
-  if (!recvs_in_flight_.empty()) {
+  const bool leak = !recvs_in_flight_.empty();
+  if (leak) {
     GL_LOG(kWarn) << "ucx lane '" << name_ << "': " << recvs_in_flight_.size()
-                  << " receive(s) from a hung peer could not be cancelled; leaving the UCX "
-                     "worker undestroyed";
+                  << " receive(s) from a lost peer could not be cancelled; leaving the UCX "
+                     "worker (and its context) undestroyed";
+    // UCX may still complete those requests (its async thread handles endpoint errors), so
+    // the ops stay allocated, detached from this lane, and the context is never cleaned up
+    // under the live worker.
+    for (RecvOp* op : recvs_in_flight_) {
+      if (receiver_ != nullptr) receiver_->OnReceiveFailed(op->header, aborted);
+      op->lane = nullptr;
+    }
+    recvs_in_flight_.clear();
+    new std::shared_ptr<UcxContext>(context_);  // intentionally leaked
   } else if (worker_ != nullptr) {
     ucp_worker_destroy(worker_);
   }
@@ -830,7 +842,10 @@ ucs_status_t UcxLane::OnActiveMessage(const void* header, size_t header_length, 
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
     GL_LOG(kDebug) << "ucx lane '" << name_ << "': rendezvous receive of " << length
                    << " bytes";
-    auto* op = new RecvOp{this, *h, *dest};
+    auto* op = new RecvOp;
+    op->lane = this;
+    op->header = *h;
+    op->dest = *dest;
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                       UCP_OP_ATTR_FIELD_MEMORY_TYPE;
@@ -907,7 +922,12 @@ void UcxLane::RecvCallbackThunk(void* request, ucs_status_t status, size_t lengt
                                 void* user_data) {
   auto* op = static_cast<RecvOp*>(user_data);
   ucp_request_free(request);
-  op->lane->OnRecvDone(op, status, length);
+  UcxLane* lane = op->lane.load();
+  if (lane == nullptr) {
+    delete op;  // given up by a stopped lane
+    return;
+  }
+  lane->OnRecvDone(op, status, length);
 }
 
 void UcxLane::CloseCallbackThunk(void* request, ucs_status_t /*status*/, void* user_data) {
