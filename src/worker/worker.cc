@@ -489,7 +489,9 @@ class WorkerImpl final : public Worker {
       // An endpoint's loss is a symptom; the job's failure names the cause.
       if (op->failure.code() == Code::kPeerLost) op->failure = failure_;
       AbandonLocked(*op, failure_);
-      if (force) {
+      // Even when forced, an op with a pull still being written (a receive the stopped lane
+      // could not cancel) stays pending: its buffer must outlive that write.
+      if (force && op->receiving == 0) {
         FinishLocked(*op, op->failure);
       } else {
         TryFinishLocked(*op);

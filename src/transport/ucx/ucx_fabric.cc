@@ -60,6 +60,11 @@ constexpr unsigned kAmId = 0;
 constexpr auto kConnectDeadline = std::chrono::seconds(10);
 // Bound on progressing ep closes while stopping; force-closes normally finish at once.
 constexpr auto kCloseDeadline = std::chrono::seconds(1);
+// Bound on flushing the worker (outstanding wireup) while stopping.
+constexpr auto kFlushDeadline = std::chrono::milliseconds(300);
+// Bound on waiting for cancelled rendezvous receives (a dead peer's fail once UCX sees the
+// connection reset).
+constexpr auto kCancelDeadline = std::chrono::milliseconds(500);
 // After the last progress, keep polling this long before sleeping: cuts latency for
 // request/response patterns without burning a core (2-core boxes run ~8 lane threads).
 constexpr auto kSpin = std::chrono::microseconds(30);
@@ -162,7 +167,12 @@ class UcxLane final : public Lane {
     std::atomic<UcxLane*> lane{nullptr};
     wire::Header header;
     std::span<std::byte> dest;
-    void* request = nullptr;  // the UCX request while in flight
+    void* request = nullptr;     // the UCX request while in flight
+    ucp_ep_h reply_ep = nullptr;  // the connection the payload comes on
+    // UCX receives into this, never into `dest` directly: a receive that a stopped lane cannot
+    // cancel (a hung or vanished peer) may still be written by UCX later, and then it must be
+    // memory the lane leaks, not the receiver's (freed) buffer. Copied into `dest` on success.
+    std::unique_ptr<std::byte[]> bounce;
   };
 
   UcxLane(std::shared_ptr<UcxContext> context, std::string name)
@@ -624,6 +634,23 @@ void UcxLane::Shutdown() {
                   << " ms; destroying the worker anyway";
   }
 
+  // Let what is still in flight on the worker (wireup messages of endpoints peers opened to us
+  // included) finish: UCX 1.13 asserts in ucp_worker_destroy when an endpoint still has a
+  // wireup reply queued (ucp_request.c:684, "got REP message"). Bounded: a hung peer costs
+  // kFlushDeadline.
+  if (worker_ != nullptr) {
+    ucp_request_param_t fp{};
+    ucs_status_ptr_t r = ucp_worker_flush_nbx(worker_, &fp);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) {
+      const auto flush_deadline = Clock::now() + kFlushDeadline;
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < flush_deadline) {
+        if (ProgressOnce() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(worker_, r);
+      ucp_request_free(r);
+    }
+  }
+
   // A rendezvous receive from a peer that hangs (SIGSTOP) never completes, and UCX 1.13 asserts
   // in ucp_worker_destroy on an endpoint that still has one (ucp_ep.c:437, proto_reqs not empty).
   // Cancel them; if UCX still holds one, leak the worker rather than abort the process. Nothing
@@ -631,18 +658,37 @@ void UcxLane::Shutdown() {
   for (RecvOp* op : std::vector<RecvOp*>(recvs_in_flight_.begin(), recvs_in_flight_.end())) {
     if (worker_ != nullptr && op->request != nullptr) ucp_request_cancel(worker_, op->request);
   }
-  const auto cancel_deadline = Clock::now() + kCloseDeadline;
+  const auto cancel_deadline = Clock::now() + kCancelDeadline;
   while (worker_ != nullptr && !recvs_in_flight_.empty() && Clock::now() < cancel_deadline) {
     if (ProgressOnce() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  // A peer that hangs (SIGSTOP) holds its rendezvous sends, and UCX 1.13 does not cancel a
+  // receive waiting on one: force-closing the connection it comes on purges it. (A dead peer's
+  // connection has failed already and its receives ended above; only live ones are closed.)
+  if (worker_ != nullptr && !recvs_in_flight_.empty()) {
+    std::unordered_set<ucp_ep_h> eps;
+    for (RecvOp* op : recvs_in_flight_) {
+      if (op->reply_ep != nullptr) eps.insert(op->reply_ep);
+    }
+    for (ucp_ep_h ep : eps) {
+      authenticated_.erase(ep);
+      reply_eps_to_close_.erase(ep);
+      CloseEp(ep);
+    }
+    const auto purge_deadline = Clock::now() + kCloseDeadline;
+    while (!recvs_in_flight_.empty() && Clock::now() < purge_deadline) {
+      if (ProgressOnce() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
   const bool leak = !recvs_in_flight_.empty();
   if (leak) {
     GL_LOG(kWarn) << "ucx lane '" << name_ << "': " << recvs_in_flight_.size()
                   << " receive(s) from a lost peer could not be cancelled; leaving the UCX "
                      "worker (and its context) undestroyed";
-    // UCX may still complete those requests (its async thread handles endpoint errors), so
-    // the ops stay allocated, detached from this lane, and the context is never cleaned up
-    // under the live worker.
+    // UCX may still complete those requests, and write into their bounce buffers, from its
+    // async thread: the ops (with their bounce buffers) stay allocated, detached from this
+    // lane, and the context is never cleaned up under the live worker. The receivers' own
+    // buffers were never handed to UCX, so they are told the receives failed.
     for (RecvOp* op : recvs_in_flight_) {
       if (receiver_ != nullptr) receiver_->OnReceiveFailed(op->header, aborted);
       op->lane = nullptr;
@@ -846,13 +892,15 @@ ucs_status_t UcxLane::OnActiveMessage(const void* header, size_t header_length, 
     op->lane = this;
     op->header = *h;
     op->dest = *dest;
+    op->reply_ep = reply_ep;
+    op->bounce.reset(new std::byte[length]);
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                       UCP_OP_ATTR_FIELD_MEMORY_TYPE;
     rp.cb.recv_am = &UcxLane::RecvCallbackThunk;
     rp.user_data = op;
     rp.memory_type = UCS_MEMORY_TYPE_HOST;
-    ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, data, dest->data(), dest->size(), &rp);
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, data, op->bounce.get(), length, &rp);
     if (r == nullptr) {
       OnRecvDone(op, UCS_OK, length);
     } else if (UCS_PTR_IS_ERR(r)) {
@@ -895,6 +943,7 @@ void UcxLane::OnRecvDone(RecvOp* op, ucs_status_t status, size_t length) {
   if (receiver_ != nullptr) {
     if (status == UCS_OK && length == op->dest.size()) {
       bytes_received_.fetch_add(length, std::memory_order_relaxed);
+      if (length > 0) std::memcpy(op->dest.data(), op->bounce.get(), length);
       receiver_->OnPayload(op->header, op->dest);
     } else if (status == UCS_OK) {
       receiver_->OnReceiveFailed(
