@@ -3,7 +3,10 @@
 // A Lane is one independent channel with its own progress thread (UCX: one ucp_worker). A process
 // opens one lane for pushes and one for pulls so that neither waits behind the other. Messages
 // are a validated wire::Header plus a payload; the receiver chooses where each payload lands
-// after seeing its header, which is how pulls are written straight into a worker's tensor.
+// after seeing its header, which is how pulls are written into a worker's tensor in place.
+// (UCX: eager payloads are copied from UCX's buffer, rendezvous payloads land in a lane-owned
+// bounce buffer first, so that a receive a stopped lane cannot cancel never writes into
+// memory its owner may already have freed.)
 //
 // Threads: Send(), Connect() and Defer() may be called from any thread. Every Receiver and
 // SendCallback call runs on the lane's progress thread and must not block.
