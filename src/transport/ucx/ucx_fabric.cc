@@ -41,6 +41,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
@@ -65,6 +66,8 @@ constexpr auto kFlushDeadline = std::chrono::milliseconds(300);
 // Bound on waiting for cancelled rendezvous receives (a dead peer's fail once UCX sees the
 // connection reset).
 constexpr auto kCancelDeadline = std::chrono::milliseconds(500);
+// Bounce buffers kept per distinct payload size.
+constexpr size_t kBouncePoolPerSize = 16;
 // After the last progress, keep polling this long before sleeping: cuts latency for
 // request/response patterns without burning a core (2-core boxes run ~8 lane threads).
 constexpr auto kSpin = std::chrono::microseconds(30);
@@ -241,6 +244,20 @@ class UcxLane final : public Lane {
   std::shared_ptr<const security::LaneAuthenticator> auth_;  // set before Start()
   // Incoming connections whose kLaneHello verified (progress thread only).
   std::unordered_set<ucp_ep_h> authenticated_;
+  // Bounce buffers for rendezvous receives, by size, kept for reuse: a fresh multi-MiB
+  // allocation per partition costs its page faults every time (progress thread only).
+  std::unordered_map<size_t, std::vector<std::unique_ptr<std::byte[]>>> bounce_pool_;
+  std::unique_ptr<std::byte[]> TakeBounce(size_t bytes) {
+    auto& free = bounce_pool_[bytes];
+    if (free.empty()) return std::unique_ptr<std::byte[]>(new std::byte[bytes]);
+    auto b = std::move(free.back());
+    free.pop_back();
+    return b;
+  }
+  void GiveBounce(size_t bytes, std::unique_ptr<std::byte[]> b) {
+    auto& free = bounce_pool_[bytes];
+    if (free.size() < kBouncePoolPerSize) free.push_back(std::move(b));
+  }
   std::unordered_set<RecvOp*> recvs_in_flight_;
   std::unordered_set<SendOp*> sends_in_ucx_;
   int closes_in_flight_ = 0;
@@ -893,7 +910,7 @@ ucs_status_t UcxLane::OnActiveMessage(const void* header, size_t header_length, 
     op->header = *h;
     op->dest = *dest;
     op->reply_ep = reply_ep;
-    op->bounce.reset(new std::byte[length]);
+    op->bounce = TakeBounce(length);
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                       UCP_OP_ATTR_FIELD_MEMORY_TYPE;
@@ -945,6 +962,7 @@ void UcxLane::OnRecvDone(RecvOp* op, ucs_status_t status, size_t length) {
       bytes_received_.fetch_add(length, std::memory_order_relaxed);
       if (length > 0) std::memcpy(op->dest.data(), op->bounce.get(), length);
       receiver_->OnPayload(op->header, op->dest);
+      GiveBounce(length, std::move(op->bounce));
     } else if (status == UCS_OK) {
       receiver_->OnReceiveFailed(
           op->header, ProtocolError("ucx lane '" + name_ + "': received " +
