@@ -244,6 +244,7 @@ class UcxLane final : public Lane {
   std::shared_ptr<const security::LaneAuthenticator> auth_;  // set before Start()
   // Incoming connections whose kLaneHello verified (progress thread only).
   std::unordered_set<ucp_ep_h> authenticated_;
+  std::unordered_set<ucp_ep_h> closed_eps_;  // every endpoint CloseEp() has closed
   // Bounce buffers for rendezvous receives, by size, kept for reuse: a fresh multi-MiB
   // allocation per partition costs its page faults every time (progress thread only).
   std::unordered_map<size_t, std::vector<std::unique_ptr<std::byte[]>>> bounce_pool_;
@@ -685,7 +686,7 @@ void UcxLane::Shutdown() {
   if (worker_ != nullptr && !recvs_in_flight_.empty()) {
     std::unordered_set<ucp_ep_h> eps;
     for (RecvOp* op : recvs_in_flight_) {
-      if (op->reply_ep != nullptr) eps.insert(op->reply_ep);
+      if (op->reply_ep != nullptr) eps.insert(op->reply_ep);  // CloseEp skips closed ones
     }
     for (ucp_ep_h ep : eps) {
       authenticated_.erase(ep);
@@ -832,6 +833,9 @@ void UcxLane::FailPeer(Peer* peer, Status status) {
 }
 
 void UcxLane::CloseEp(ucp_ep_h ep) {
+  // Never twice: a reply endpoint can be one of our own (UCX matched the connections), and a
+  // failed peer's endpoint is closed once already.
+  if (!closed_eps_.insert(ep).second) return;
   ucp_request_param_t param{};
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
