@@ -943,9 +943,15 @@ void UcxLane::RejectFrame(const ucp_am_recv_param_t* param, const std::string& w
   protocol_errors_.fetch_add(1, std::memory_order_relaxed);
   ucp_ep_h reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep
                                                                            : nullptr;
-  GL_LOG(kWarn) << "ucx lane '" << name_ << "': dropping bad frame (" << why << "); "
-                << (reply_ep != nullptr ? "closing its connection"
-                                        : "sender gave no reply endpoint to close");
+  // Every bad frame is counted; only the first few and then every 1000th are logged, so a
+  // peer cannot flood the log.
+  const uint64_t n = protocol_errors_.load(std::memory_order_relaxed);
+  if (n <= 10 || n % 1000 == 0) {
+    GL_LOG(kWarn) << "ucx lane '" << name_ << "': dropping bad frame #" << n << " (" << why
+                  << "); "
+                  << (reply_ep != nullptr ? "closing its connection"
+                                          : "sender gave no reply endpoint to close");
+  }
   if (reply_ep == nullptr) return;
   // UCX may have matched the sender's endpoint with one we created by Connect(): then the
   // connection is that peer's, and it fails like any other.
