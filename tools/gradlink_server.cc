@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
     errno = 0;
     o.weight = std::strtod(env, &end);
     if (*env == '\0' || *end != '\0' || errno != 0) {
-      std::fprintf(stderr, "gradlink-server: GRADLINK_SERVER_WEIGHT='%s' is not a number\n", env);
+      std::fprintf(stderr, "gradlink-server: GRADLINK_SERVER_WEIGHT='%s' is not a number in [1e-6, 1e6]\n", env);
       return 2;
     }
   }
