@@ -3,7 +3,9 @@
 
 1. 1,000 tensors of 4 KiB in one group (fused, and --no-fusion) against one tensor of the same
    4,096,000 bytes; the configurations run interleaved, `--repeats` times, so that noise hits
-   them alike; min/median/max of each row's mean time and of the fused/single ratio.
+   them alike; min/median/max over the repeats of each run's mean time per round and of its
+   fastest round (less sensitive to other processes on a shared machine), and of the
+   fused/single ratios.
 2. Where the fusion threshold pays: 4 MiB as T tensors of 16 KiB .. 1 MiB, fused and not.
 3. gradlink-bench --verbose at 4 KiB and 4 MiB (one tensor) and for the fused group.
 
@@ -61,26 +63,30 @@ def main():
                ("1,000 x 4 KiB, fused (one group)", ["--tensors", "1000"]),
                ("1,000 x 4 KiB, not fused (--no-fusion)", ["--tensors", "1000", "--no-fusion"])]
     times = {name: [] for name, _ in configs}
+    fastest = {name: [] for name, _ in configs}
     copies = {}
-    ratio = []
     for _ in range(a.repeats):
-        t = {}
         for name, extra in configs:
             rows, cp, _ = run(["-b", "4000K", "-e", "4000K"] + extra, a.bin, base)
-            t[name] = rows[0][1]
             times[name].append(rows[0][1])
+            fastest[name].append(rows[0][2])
             copies[name] = cp[0]
-        ratio.append(t[configs[1][0]] / t[configs[0][0]])
-    print("| configuration | time per round, us (min / median / max of the mean) | copies |")
-    print("| --- | --- | --- |")
+    print("| configuration | mean round, us | fastest round, us | copies |")
+    print("| --- | --- | --- | --- |")
     for name, _ in configs:
-        print("| %s | %s | %s |" % (name, mmm(times[name]), copies[name]))
-    print("\nfused / single: %s (target <= 3)" % mmm(ratio, "%.2f"))
-    nf = [x / y for x, y in zip(times[configs[2][0]], times[configs[0][0]])]
-    print("not fused / single: %s\n" % mmm(nf, "%.2f"))
+        print("| %s | %s | %s | %s |" % (name, mmm(times[name]), mmm(fastest[name]),
+                                         copies[name]))
+    print("\n(min / median / max over the repeats)\n")
+    for label, i in (("fused / single", 1), ("not fused / single", 2)):
+        r = [x / y for x, y in zip(times[configs[i][0]], times[configs[0][0]])]
+        rf = [x / y for x, y in zip(fastest[configs[i][0]], fastest[configs[0][0]])]
+        print("- %s: mean rounds %s, fastest rounds %s" % (label, mmm(r, "%.2f"),
+                                                            mmm(rf, "%.2f")))
+    print("")
 
     print("## Where fusion pays: 4 MiB as T tensors of X bytes (median of %d)\n" % a.repeats)
-    print("| X | T | fused, us | not fused, us | not fused / fused |")
+    print("| X | T | fused, us (mean / fastest) | not fused, us (mean / fastest) | "
+          "not fused / fused (mean / fastest) |")
     print("| --- | --- | --- | --- | --- |")
     for x in (16 << 10, 64 << 10, 256 << 10, 1 << 20):
         tcount = (4 << 20) // x
@@ -88,10 +94,12 @@ def main():
         for _ in range(a.repeats):
             common = ["-b", "4M", "-e", "4M", "--tensors", str(tcount),
                       "--fusion-threshold", str(8 << 20)]
-            f.append(run(common, a.bin, base)[0][0][1])
-            nf.append(run(common + ["--no-fusion"], a.bin, base)[0][0][1])
-        fm, nm = statistics.median(f), statistics.median(nf)
-        print("| %d KiB | %d | %.0f | %.0f | %.2f |" % (x >> 10, tcount, fm, nm, nm / fm))
+            f.append(run(common, a.bin, base)[0][0][1:])
+            nf.append(run(common + ["--no-fusion"], a.bin, base)[0][0][1:])
+        fm, nm = [statistics.median(v[0] for v in f), statistics.median(v[1] for v in f)], \
+            [statistics.median(v[0] for v in nf), statistics.median(v[1] for v in nf)]
+        print("| %d KiB | %d | %.0f / %.0f | %.0f / %.0f | %.2f / %.2f |"
+              % (x >> 10, tcount, fm[0], fm[1], nm[0], nm[1], nm[0] / fm[0], nm[1] / fm[1]))
 
     print("\n## Stage breakdown (--verbose, rank 0, mean of %s iterations)\n" % a.n)
     rows, cp, st = run(["-b", "4K", "-e", "4M", "-f", "1024", "--verbose"], a.bin, base)

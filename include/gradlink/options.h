@@ -59,10 +59,11 @@ struct WorkerOptions {
   // member is pushed on its own.
   uint64_t fusion_buffer_bytes = 4u << 20;
   // Members of at least this many bytes are never fused: they are pushed from and pulled into
-  // the caller's tensor (no copy). Packing and unpacking cost about 2 copies of the member
-  // (~0.2 ns a byte here); a message of its own costs a few tens of microseconds, more than
-  // the copies below ~256 KiB (bench/results-fusion.md). Values above fusion_buffer_bytes
-  // act as fusion_buffer_bytes.
+  // the caller's tensor (no copy). Fusing costs 2 copies of the member (pack, unpack: about
+  // 0.1 ms per MiB from DRAM), a message of its own costs a fixed few tens of microseconds on
+  // an unloaded host or a real fabric: about even at 256 KiB. On a loaded host a message costs
+  // more and fusion pays up to ~1 MiB (bench/results-fusion.md): raise it there. Values above
+  // fusion_buffer_bytes act as fusion_buffer_bytes.
   uint64_t fusion_threshold_bytes = 256u << 10;
   std::string transport = "ucx";
   std::shared_ptr<transport::Fabric> fabric;
