@@ -8,7 +8,7 @@
 // Buffer lifetime: the C++ worker writes into a buffer until the operation completes. push_pull
 // takes a `keepalive` object (the torch tensor) and holds it until the operation has completed,
 // even when the caller drops the returned Handle early, so the memory cannot be freed under a
-// pending pull.
+// pending pull. push_pull_group holds the list of its members' tensors the same way.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -86,10 +86,14 @@ class Handle {
     while (!h_.Poll()) {
       const Clock::time_point now = Clock::now();
       if (now >= deadline) {
+        // The C++ handle's own word on what is still running (for a group: which fused
+        // tensor, and the hint that workers may group differently).
+        gl::Status s = h_.Wait(now);
+        if (s.code() != gl::Code::kTimeout) break;  // it ended just now
         char secs[32];
         std::snprintf(secs, sizeof(secs), "%g", timeout_s.value_or(0));
         Raise(gl::Timeout("push_pull of '" + name_ + "' not complete after " + secs +
-                          " s (it goes on: wait again, or shut down)"));
+                          " s (it goes on: wait again, or shut down): " + s.message()));
       }
       {
         py::gil_scoped_release release;
@@ -105,6 +109,21 @@ class Handle {
 
   const std::string& name() const { return name_; }
 
+  // Seconds by stage (gradlink::PushPullTiming); zeros until the operation has completed.
+  py::dict timing() const {
+    const gl::PushPullTiming t = h_.Timing();
+    auto s = [](gl::Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    py::dict d;
+    d["pack"] = s(t.pack);
+    d["queue"] = s(t.queue);
+    d["push"] = s(t.push);
+    d["reduce"] = s(t.reduce);
+    d["pull"] = s(t.pull);
+    d["unpack"] = s(t.unpack);
+    d["total"] = s(t.total);
+    return d;
+  }
+
  private:
   gl::PushPullHandle h_;
   std::string name_;
@@ -115,8 +134,14 @@ class PyWorker {
  public:
   PyWorker(const std::string& scheduler, const std::string& job, int32_t rank,
            uint64_t partition_bytes, uint64_t max_bytes_in_flight, bool single_lane,
-           const std::string& transport, double connect_timeout_s, const std::string& host_name) {
+           const std::string& transport, double connect_timeout_s, const std::string& host_name,
+           std::optional<uint64_t> fusion_buffer_bytes,
+           std::optional<uint64_t> fusion_threshold_bytes) {
     gl::WorkerOptions o;
+    if (fusion_buffer_bytes) o.fusion_buffer_bytes = *fusion_buffer_bytes;
+    if (fusion_threshold_bytes) o.fusion_threshold_bytes = *fusion_threshold_bytes;
+    fusion_buffer_bytes_ = o.fusion_buffer_bytes;
+    fusion_threshold_bytes_ = o.fusion_threshold_bytes;
     o.scheduler = scheduler;
     o.job = job;
     o.rank = rank;
@@ -154,6 +179,23 @@ class PyWorker {
   uint32_t size() const { return live().size(); }
   uint32_t num_servers() const { return live().num_servers(); }
   bool is_shut_down() const { return shut_down_; }
+  uint64_t fusion_buffer_bytes() const { return fusion_buffer_bytes_; }
+  uint64_t fusion_threshold_bytes() const { return fusion_threshold_bytes_; }
+
+  py::dict stats() const {
+    const gl::WorkerStats s = live().Stats();
+    py::dict d;
+    d["push_pulls"] = s.push_pulls;
+    d["bytes_reduced"] = s.bytes_reduced;
+    d["groups"] = s.groups;
+    d["fused_ops"] = s.fused_ops;
+    d["bytes_packed"] = s.bytes_packed;
+    d["bytes_unpacked"] = s.bytes_unpacked;
+    d["bytes_copied_eager"] = s.bytes_copied_eager;
+    d["bytes_copied_bounce"] = s.bytes_copied_bounce;
+    d["protocol_errors"] = s.protocol_errors;
+    return d;
+  }
 
   gl::TensorHandle declare(const std::string& name, const std::string& dtype, uint64_t count) {
     gl::Result<gl::TensorHandle> t = gl::Status();
@@ -192,6 +234,53 @@ class PyWorker {
     return Handle(h, tensor.name(), std::move(keepalive));
   }
 
+  // Members as for push_pull: declared tensors, data pointers, counts and dtypes (checked against
+  // the declarations). `keepalive` owns every member's memory.
+  Handle push_pull_group(const std::vector<gl::TensorHandle>& tensors,
+                         const std::vector<uintptr_t>& data_ptrs,
+                         const std::vector<uint64_t>& counts, const std::vector<std::string>& dtypes,
+                         bool average, int32_t priority, py::object keepalive) {
+    const size_t n = tensors.size();
+    if (data_ptrs.size() != n || counts.size() != n || dtypes.size() != n) {
+      Raise(gl::InvalidArgument("push_pull_group: " + std::to_string(n) + " tensors, " +
+                                std::to_string(data_ptrs.size()) + " pointers, " +
+                                std::to_string(counts.size()) + " counts and " +
+                                std::to_string(dtypes.size()) + " dtypes"));
+    }
+    std::vector<std::span<std::byte>> data(n);
+    for (size_t i = 0; i < n; ++i) {
+      const gl::TensorHandle& t = tensors[i];
+      if (!t.valid()) Raise(gl::InvalidArgument("push_pull_group: member " + std::to_string(i) +
+                                                " is not a declared tensor"));
+      const gl::DataType dt = DtypeFrom(dtypes[i]);
+      if (dt != t.dtype() || counts[i] != t.count()) {
+        Raise(gl::InvalidArgument("push_pull_group member '" + t.name() + "': buffer is " +
+                                  dtypes[i] + "[" + std::to_string(counts[i]) + "], declared " +
+                                  std::string(gl::DataTypeName(t.dtype())) + "[" +
+                                  std::to_string(t.count()) + "]"));
+      }
+      if (data_ptrs[i] == 0 && counts[i] != 0) {
+        Raise(gl::InvalidArgument("push_pull_group member '" + t.name() + "': null pointer"));
+      }
+      data[i] = std::span<std::byte>(reinterpret_cast<std::byte*>(data_ptrs[i]),
+                                     counts[i] * gl::DataTypeSize(dt));
+    }
+    gl::PushPullOptions po;
+    po.average = average;
+    po.priority = priority;
+    gl::PushPullHandle h;
+    {
+      py::gil_scoped_release release;
+      h = live().PushPullGroup(tensors, data, po);
+    }
+    std::erase_if(inflight_, [](const auto& e) { return e.first.Poll(); });
+    if (!h.Poll()) inflight_.emplace_back(h, keepalive);
+    std::string name = "group of " + std::to_string(n) + " tensors";
+    if (n > 0) name += " ('" + tensors.front().name() + "'" +
+                       (n > 1 ? " .. '" + tensors.back().name() + "'" : "") + ")";
+    return Handle(h, std::move(name), std::move(keepalive));
+  }
+
   void barrier(std::optional<double> timeout_s) {
     gl::Status s;
     {
@@ -228,6 +317,7 @@ class PyWorker {
 
   std::unique_ptr<gl::Worker> worker_;
   bool shut_down_ = false;
+  uint64_t fusion_buffer_bytes_ = 0, fusion_threshold_bytes_ = 0;
   // Operations not known to be complete, with the objects that own their buffers. Guarded by
   // the GIL.
   std::vector<std::pair<gl::PushPullHandle, py::object>> inflight_;
@@ -325,27 +415,42 @@ PYBIND11_MODULE(_gradlink, m) {
       .def("wait", &Handle::wait, py::arg("timeout") = py::none(),
            "Waits (GIL released) until the sum is in the buffer; raises the operation's error, "
            "or TimeoutError after `timeout` seconds (the operation goes on).")
-      .def_property_readonly("name", &Handle::name);
+      .def_property_readonly("name", &Handle::name)
+      .def("timing", &Handle::timing,
+           "Seconds by stage: pack, queue, push, reduce, pull, unpack, total (zeros until done).");
 
   py::class_<PyWorker>(m, "Worker", "One worker of a gradlink job (the C++ gradlink::Worker).")
       .def(py::init<const std::string&, const std::string&, int32_t, uint64_t, uint64_t, bool,
-                    const std::string&, double, const std::string&>(),
+                    const std::string&, double, const std::string&, std::optional<uint64_t>,
+                    std::optional<uint64_t>>(),
            py::arg("scheduler"), py::arg("job") = "default", py::arg("rank") = -1,
            py::arg("partition_bytes") = uint64_t{4} << 20,
            py::arg("max_bytes_in_flight") = uint64_t{32} << 20, py::arg("single_lane") = false,
            py::arg("transport") = "ucx", py::arg("connect_timeout") = 30.0,
-           py::arg("host_name") = "",
-           "Joins the job (blocks, GIL released, until every member has joined).")
+           py::arg("host_name") = "", py::arg("fusion_buffer_bytes") = py::none(),
+           py::arg("fusion_threshold_bytes") = py::none(),
+           "Joins the job (blocks, GIL released, until every member has joined). "
+           "fusion_buffer_bytes / fusion_threshold_bytes: None keeps the C++ defaults.")
       .def_property_readonly("rank", &PyWorker::rank)
       .def_property_readonly("size", &PyWorker::size)
       .def_property_readonly("num_servers", &PyWorker::num_servers)
       .def_property_readonly("is_shut_down", &PyWorker::is_shut_down)
+      .def_property_readonly("fusion_buffer_bytes", &PyWorker::fusion_buffer_bytes)
+      .def_property_readonly("fusion_threshold_bytes", &PyWorker::fusion_threshold_bytes)
+      .def("stats", &PyWorker::stats, "Counters of the C++ worker (gradlink::WorkerStats).")
       .def("declare", &PyWorker::declare, py::arg("name"), py::arg("dtype"), py::arg("count"))
       .def("push_pull", &PyWorker::push_pull, py::arg("tensor"), py::arg("data_ptr"),
            py::arg("count"), py::arg("dtype"), py::arg("average") = false,
            py::arg("priority") = 0, py::arg("keepalive") = py::none(),
            "Starts summing count elements at data_ptr over all workers, in place. `keepalive` "
            "(the object owning the memory) is held until the operation completes.")
+      .def("push_pull_group", &PyWorker::push_pull_group, py::arg("tensors"),
+           py::arg("data_ptrs"), py::arg("counts"), py::arg("dtypes"), py::arg("average") = false,
+           py::arg("priority") = 0, py::arg("keepalive") = py::none(),
+           "Starts summing every member over all workers, in place, as one operation: small "
+           "members are fused (see gradlink::Worker::PushPullGroup; every worker must group the "
+           "same tensors the same way). `keepalive` (owning every member's memory) is held until "
+           "the operation completes.")
       .def("barrier", &PyWorker::barrier, py::arg("timeout") = py::none())
       .def("shutdown", &PyWorker::shutdown, py::arg("timeout") = 5.0)
       .def("_num_inflight", &PyWorker::num_inflight);

@@ -1,6 +1,13 @@
 // gradlink-bench: push_pull bandwidth and correctness sweep, in the manner of nccl-tests'
 // all_reduce_perf. Without --scheduler it starts a local job: a scheduler (in this process),
 // `-s` gradlink-server processes and `-w` worker processes (this binary again).
+//
+// `--tensors T` splits each row's size into T tensors of size/T bytes (rounded down to whole
+// elements; the row reports the bytes actually summed) pushed as one PushPullGroup, which fuses
+// them (`--no-fusion`: fusion_buffer_bytes 0, so the group's T tensors go as T separate
+// push_pulls). `-b 4000K -e 4000K --tensors 1000` is 1,000 tensors of 4 KiB. After each row a
+// '#' line gives the bytes copied on this worker's data path per byte reduced; `--verbose` adds
+// a '#' line with where the time of a round went, by stage (PushPullTiming), on rank 0.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,6 +42,10 @@ struct Config {
   bool average = false, single_lane = false;
   uint64_t partition_bytes = 4u << 20;
   uint64_t max_in_flight = 32u << 20;
+  uint64_t tensors = 1;
+  bool no_fusion = false, verbose = false;
+  uint64_t fusion_buffer_bytes = gl::WorkerOptions().fusion_buffer_bytes;
+  uint64_t fusion_threshold_bytes = gl::WorkerOptions().fusion_threshold_bytes;
 };
 
 uint64_t ParseSize(const std::string& s) {
@@ -101,6 +113,33 @@ uint64_t CountWrong(gl::DataType t, const std::vector<std::byte>& buf, uint64_t 
   return wrong;
 }
 
+// Bytes this worker copied on its data path (fusion pack and unpack, the transport's copies
+// of received payloads) per byte of tensor it reduced, between two Stats().
+void PrintCopies(const gl::WorkerStats& a, const gl::WorkerStats& b) {
+  const double reduced = static_cast<double>(b.bytes_reduced - a.bytes_reduced);
+  if (reduced <= 0) return;
+  const double pack = (b.bytes_packed - a.bytes_packed) / reduced;
+  const double unpack = (b.bytes_unpacked - a.bytes_unpacked) / reduced;
+  const double bounce = (b.bytes_copied_bounce - a.bytes_copied_bounce) / reduced;
+  const double eager = (b.bytes_copied_eager - a.bytes_copied_eager) / reduced;
+  std::printf("# bytes copied per byte reduced: %.3f (pack %.3f, unpack %.3f, bounce %.3f, "
+              "eager %.3f)\n",
+              pack + unpack + bounce + eager, pack, unpack, bounce, eager);
+}
+
+// Mean time of a round by stage on this worker (see gradlink::PushPullTiming); `wake` is the
+// rest of the measured time: from the operation's end to Wait() returning in the caller.
+void PrintStages(const gl::PushPullTiming& t, double total_us, int iters) {
+  const double n = std::max(1, iters);
+  auto us = [n](Clock::duration d) {
+    return std::chrono::duration<double, std::micro>(d).count() / n;
+  };
+  std::printf("# stages(us), mean of %d: pack %.1f queue %.1f push %.1f reduce+wait %.1f "
+              "pull %.1f unpack %.1f wake %.1f = %.1f\n",
+              iters, us(t.pack), us(t.queue), us(t.push), us(t.reduce), us(t.pull),
+              us(t.unpack), total_us / n - us(t.total), total_us / n);
+}
+
 int RunWorker(const Config& c) {
   auto dtype = gl::ParseDataType(c.dtype_name);
   if (!dtype) {
@@ -113,6 +152,8 @@ int RunWorker(const Config& c) {
   o.single_lane = c.single_lane;
   o.partition_bytes = c.partition_bytes;
   o.max_bytes_in_flight = c.max_in_flight;
+  o.fusion_buffer_bytes = c.no_fusion ? 0 : c.fusion_buffer_bytes;
+  o.fusion_threshold_bytes = c.fusion_threshold_bytes;
   auto secret = gl::security::LoadSecret();
   if (!secret.ok()) {
     std::fprintf(stderr, "gradlink-bench worker: %s\n", secret.status().ToString().c_str());
@@ -135,23 +176,45 @@ int RunWorker(const Config& c) {
                 c.single_lane ? "single" : "separate push/pull", c.iters,
                 HumanSize(c.partition_bytes).c_str());
     std::printf("# busbw = algbw * 2(n-1)/n, as nccl-tests reports all-reduce\n");
+    if (c.tensors > 1) {
+      if (c.no_fusion) {
+        std::printf("# each row: %llu tensors in one group, not fused (separate push_pulls)\n",
+                    (unsigned long long)c.tensors);
+      } else {
+        std::printf("# each row: %llu tensors in one group, fused into %s buffers (members from %s "
+                    "unfused)\n",
+                    (unsigned long long)c.tensors, HumanSize(c.fusion_buffer_bytes).c_str(),
+                    HumanSize(std::min(c.fusion_threshold_bytes, c.fusion_buffer_bytes)).c_str());
+      }
+    }
     std::printf("%10s %12s %6s %11s %11s %10s %10s %8s\n", "size(B)", "count", "type", "time(us)",
                 "min(us)", "algbw(GB/s)", "busbw(GB/s)", "check");
     std::fflush(stdout);
   }
   for (uint64_t bytes = std::max<uint64_t>(ParseSize(c.begin), sz); bytes <= ParseSize(c.end);
        bytes = std::max<uint64_t>(bytes + sz, static_cast<uint64_t>(bytes * c.factor))) {
-    const uint64_t count = bytes / sz;
+    const uint64_t per_tensor = std::max<uint64_t>(1, bytes / sz / c.tensors);
+    const uint64_t count = per_tensor * c.tensors;
     std::vector<std::byte> buf(count * sz);
-    auto t = worker.Declare("bench." + std::to_string(count), *dtype, count);
-    if (!t.ok()) {
-      std::fprintf(stderr, "declare: %s\n", t.status().ToString().c_str());
-      return 1;
+    std::vector<gl::TensorHandle> handles;
+    std::vector<std::span<std::byte>> spans;
+    for (uint64_t i = 0; i < c.tensors; ++i) {
+      std::string name = "bench." + std::to_string(count);
+      if (c.tensors > 1) name += "." + std::to_string(i);
+      auto t = worker.Declare(name, *dtype, per_tensor);
+      if (!t.ok()) {
+        std::fprintf(stderr, "declare: %s\n", t.status().ToString().c_str());
+        return 1;
+      }
+      handles.push_back(*t);
+      spans.push_back(std::span<std::byte>(buf).subspan(i * per_tensor * sz, per_tensor * sz));
     }
     gl::PushPullOptions po;
     po.average = c.average;
     double total_us = 0, min_us = 1e300;
     uint64_t wrong = 0;
+    gl::PushPullTiming stages;  // summed over the timed iterations
+    const gl::WorkerStats before = worker.Stats();
     for (int it = 0; it < c.warmup + c.iters; ++it) {
       Fill(*dtype, buf, count, worker.rank());
       gl::Status bs = worker.Barrier(deadline());
@@ -160,7 +223,9 @@ int RunWorker(const Config& c) {
         return 1;
       }
       const auto t0 = Clock::now();
-      gl::Status s = worker.PushPull(*t, buf, po).Wait(deadline());
+      gl::PushPullHandle h = c.tensors == 1 ? worker.PushPull(handles[0], buf, po)
+                                            : worker.PushPullGroup(handles, spans, po);
+      gl::Status s = h.Wait(deadline());
       const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
       if (!s.ok()) {
         std::fprintf(stderr, "gradlink-bench rank %u: push_pull of %llu bytes: %s\n", worker.rank(),
@@ -171,8 +236,17 @@ int RunWorker(const Config& c) {
       if (it >= c.warmup) {
         total_us += us;
         min_us = std::min(min_us, us);
+        const gl::PushPullTiming t = h.Timing();
+        stages.pack += t.pack;
+        stages.queue += t.queue;
+        stages.push += t.push;
+        stages.reduce += t.reduce;
+        stages.pull += t.pull;
+        stages.unpack += t.unpack;
+        stages.total += t.total;
       }
     }
+    const gl::WorkerStats after = worker.Stats();
     if (wrong != 0) all_ok = false;
     if (worker.rank() == 0) {
       const double avg_us = total_us / std::max(1, c.iters);
@@ -184,6 +258,8 @@ int RunWorker(const Config& c) {
       std::printf("%10llu %12llu %6s %11.1f %11.1f %10.3f %10.3f %8s\n",
                   (unsigned long long)(count * sz), (unsigned long long)count,
                   c.dtype_name.c_str(), avg_us, min_us, algbw, busbw, check);
+      PrintCopies(before, after);
+      if (c.verbose) PrintStages(stages, total_us, c.iters);
       std::fflush(stdout);
     } else if (wrong != 0) {
       std::fprintf(stderr, "gradlink-bench rank %u: %llu wrong elements at %llu bytes\n",
@@ -270,6 +346,12 @@ int main(int argc, char** argv) {
   app.add_flag("--single-lane", c.single_lane, "push and pull on one lane");
   app.add_option("--partition-bytes", c.partition_bytes, "partition size")->capture_default_str();
   app.add_option("--max-in-flight", c.max_in_flight, "bytes in flight per worker")->capture_default_str();
+  app.add_option("--tensors", c.tensors, "split each row into this many tensors, pushed as one group")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--no-fusion", c.no_fusion, "do not fuse a group's tensors (fusion_buffer_bytes 0)");
+  app.add_option("--fusion-buffer-bytes", c.fusion_buffer_bytes, "fusion buffer size")->capture_default_str();
+  app.add_option("--fusion-threshold", c.fusion_threshold_bytes, "members of this size go unfused")->capture_default_str();
+  app.add_flag("-v,--verbose", c.verbose, "print where the time of a round went, by stage");
   app.add_option("--scheduler", c.scheduler, "join this job as one worker instead of starting one");
   app.add_option("--job", c.job, "job name")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -286,7 +368,11 @@ int main(int argc, char** argv) {
       "-b", c.begin, "-e", c.end, "-f", std::to_string(c.factor), "-d", c.dtype_name,
       "-n", std::to_string(c.iters), "--warmup", std::to_string(c.warmup), "--job", c.job,
       "--partition-bytes", std::to_string(c.partition_bytes), "--max-in-flight",
-      std::to_string(c.max_in_flight)};
+      std::to_string(c.max_in_flight), "--tensors", std::to_string(c.tensors),
+      "--fusion-buffer-bytes", std::to_string(c.fusion_buffer_bytes), "--fusion-threshold",
+      std::to_string(c.fusion_threshold_bytes)};
+  if (c.no_fusion) worker_args.push_back("--no-fusion");
+  if (c.verbose) worker_args.push_back("--verbose");
   if (c.average) worker_args.push_back("--average");
   if (c.single_lane) worker_args.push_back("--single-lane");
   return RunLocalJob(c, worker_args);

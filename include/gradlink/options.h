@@ -56,6 +56,20 @@ struct WorkerOptions {
   // Bytes of pushes handed to the transport and not yet sent; at least one partition.
   uint64_t max_bytes_in_flight = 32u << 20;
   bool single_lane = false;  // push and pull on one lane (comparison mode)
+  // Tensor fusion (Worker::PushPullGroup): a group's members of one dtype are packed (copied)
+  // into fusion buffers of this many bytes, each pushed and pulled as one tensor, then copied
+  // back. 4 MiB, the default partition size: a full buffer is one message to one server, whose
+  // fixed cost is then well under 1% of its transfer, while a bigger buffer would only delay
+  // the first push (a whole buffer is packed before it leaves). 0 disables fusion: every
+  // member is pushed on its own.
+  uint64_t fusion_buffer_bytes = 4u << 20;
+  // Members of at least this many bytes are never fused: they are pushed from and pulled into
+  // the caller's tensor (no copy). Fusing costs 2 copies of the member (pack, unpack: about
+  // 0.1 ms per MiB from DRAM), a message of its own costs a fixed few tens of microseconds on
+  // an unloaded host or a real fabric: about even at 256 KiB. On a loaded host a message costs
+  // more and fusion pays up to ~1 MiB (bench/results-fusion.md): raise it there. Values above
+  // fusion_buffer_bytes act as fusion_buffer_bytes.
+  uint64_t fusion_threshold_bytes = 256u << 10;
   std::string transport = "ucx";
   std::shared_ptr<transport::Fabric> fabric;
   std::chrono::milliseconds connect_timeout{30000};

@@ -12,6 +12,11 @@
 // buffer to its server (push lane) and receives the sum straight back into the buffer (pull
 // lane). Bytes in flight are bounded; higher priority partitions are sent first.
 //
+// Tensor fusion: PushPullGroup sums many tensors as one operation. Small members of one dtype
+// are packed into pooled fusion buffers (WorkerOptions::fusion_buffer_bytes) and pushed as one
+// fused tensor each; large members go on their own, without a copy. Like Horovod's
+// grouped_allreduce, every worker must group the same tensors the same way, in the same order.
+//
 // Threads: every method is thread-safe. Completion is signalled on the lanes' threads; Wait()
 // may be called from any thread.
 // Errors: failures are sticky per worker: a lost server, scheduler or worker, or a kAbort from the
@@ -34,6 +39,7 @@ namespace gradlink {
 
 class Worker;
 namespace internal {
+struct Group;
 struct Op;
 struct TensorState;
 }  // namespace internal
@@ -60,21 +66,60 @@ struct PushPullOptions {
   int32_t priority = 0;  // higher goes first
 };
 
-// The pending result of one PushPull. Cheap to copy.
+// Where the time of one PushPull (or PushPullGroup) went, from the call to the result being in
+// the caller's buffers. The stages follow each other on one timeline and add up to `total`;
+// as partitions overlap, a stage ends when the last partition (of the last member) has passed
+// it: e.g. `push` ends when every push has left.
+struct PushPullTiming {
+  Clock::duration pack{};    // groups: packing members into fusion buffers (and starting them)
+  Clock::duration queue{};   // -> first partition handed to the transport (waiting for the
+                             //    plan, the tensor's previous operation, or credit)
+  Clock::duration push{};    // -> every push has left (send completion)
+  Clock::duration reduce{};  // -> the last pull reply arrived: the servers' sums, and waiting
+                             //    for the slowest worker's push
+  Clock::duration pull{};    // -> every reply written into its buffer (fused: the fusion buffer)
+  Clock::duration unpack{};  // groups: -> every member written (copies out of fusion buffers,
+                             //    done by the thread in Wait()/Poll(), so its wake-up is in here)
+  Clock::duration total{};
+};
+
+// What a worker has done so far (monotonic counters).
+struct WorkerStats {
+  uint64_t push_pulls = 0;     // operations completed OK (each member of a group counts)
+  uint64_t bytes_reduced = 0;  // bytes of callers' tensors whose result was written back
+  uint64_t groups = 0;         // PushPullGroup calls
+  uint64_t fused_ops = 0;      // fused tensors pushed (one per fusion buffer filled)
+  uint64_t bytes_packed = 0;   // copied into fusion buffers
+  uint64_t bytes_unpacked = 0; // copied out of fusion buffers
+  // Received payload bytes the transport copied before they reached their buffer (UCX: out of
+  // its eager receive buffer; out of a lane-owned bounce buffer for rendezvous payloads, see
+  // src/transport/transport.h). 0 for the inproc transport.
+  uint64_t bytes_copied_eager = 0;
+  uint64_t bytes_copied_bounce = 0;
+  uint64_t protocol_errors = 0;  // bad frames received by this worker's lanes
+};
+
+// The pending result of one PushPull or PushPullGroup. Cheap to copy.
 class PushPullHandle {
  public:
   PushPullHandle() = default;
   // OK once the sum is in the caller's buffer; the operation's error if it failed; kTimeout if it
   // is still running at the deadline (it goes on: the buffer must stay alive until a later
-  // Wait() returns something other than kTimeout).
+  // Wait() returns something other than kTimeout). For a group, OK once every member holds its
+  // sum; the first failing member's error otherwise (every member's operation has ended then).
   Status Wait(Clock::time_point deadline = Clock::time_point::max()) const;
-  // True once Wait() would return without blocking.
+  // True once Wait() would return without blocking. For a group whose operations have all
+  // ended, Poll() first copies the results out of the fusion buffers (as Wait() would).
   bool Poll() const;
+  // Where the time went; meaningful once Wait() has returned OK or Poll() true (zeros before).
+  PushPullTiming Timing() const;
 
  private:
   friend class WorkerImpl;
   explicit PushPullHandle(std::shared_ptr<internal::Op> op) : op_(std::move(op)) {}
+  explicit PushPullHandle(std::shared_ptr<internal::Group> g) : group_(std::move(g)) {}
   std::shared_ptr<internal::Op> op_;
+  std::shared_ptr<internal::Group> group_;
 };
 
 class Worker {
@@ -96,6 +141,30 @@ class Worker {
   // Calls on one tensor run in call order.
   virtual PushPullHandle PushPull(const TensorHandle& tensor, std::span<std::byte> data,
                                   const PushPullOptions& options = {}) = 0;
+
+  // Sums every tensors[i] (in data[i], as for PushPull) over all workers, in place, as one
+  // operation; the handle completes once every member holds its sum. Members smaller than
+  // WorkerOptions::fusion_threshold_bytes are fused: those of one dtype are copied into fusion
+  // buffers of up to fusion_buffer_bytes, in member order, and each buffer is pushed and pulled
+  // as one tensor, then copied back (a buffer that would hold one member is not used: that
+  // member goes on its own). The others go on their own, without a copy. The members are read
+  // during this call for fused ones, later for the others, so all must stay untouched until
+  // Wait() has returned non-kTimeout.
+  //
+  // A fused tensor is declared implicitly; its name (and so its key) is derived from its
+  // members' names and counts, so EVERY WORKER MUST GROUP THE SAME TENSORS THE SAME WAY (same
+  // members, same order, same fusion options), as in Horovod's grouped_allreduce. Workers that
+  // group differently push different fused keys, which never meet: their Wait() returns
+  // kTimeout at its deadline (never a wrong sum); a member declared with another shape
+  // elsewhere fails the group with that member's kMismatch. A fused tensor's failure names it
+  // and its members. kInvalidArgument for mismatched lengths, an undeclared tensor, a buffer of
+  // the wrong size or a tensor given twice.
+  virtual PushPullHandle PushPullGroup(std::span<const TensorHandle> tensors,
+                                       std::span<const std::span<std::byte>> data,
+                                       const PushPullOptions& options = {}) = 0;
+
+  // Counters since Connect().
+  virtual WorkerStats Stats() const = 0;
 
   // Blocks until every worker has entered the barrier.
   virtual Status Barrier(Clock::time_point deadline) = 0;

@@ -58,6 +58,10 @@ struct LaneStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t protocol_errors = 0;  // frames that failed validation; their connection was closed
+  // Received payload bytes the lane copied into the receiver's span (UCX: out of its eager
+  // buffer, or out of a rendezvous bounce buffer); for copy accounting (WorkerStats).
+  uint64_t bytes_copied_eager = 0;
+  uint64_t bytes_copied_bounce = 0;
 };
 
 class Lane {

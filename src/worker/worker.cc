@@ -1,7 +1,9 @@
 #include "gradlink/worker.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -9,6 +11,7 @@
 #include <queue>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "common/log.h"
 #include "common/naming.h"
@@ -17,6 +20,47 @@
 namespace gradlink {
 
 namespace internal {
+
+// Counters shared by a worker and its groups (a group may outlive its worker).
+struct Counters {
+  std::atomic<uint64_t> push_pulls{0}, bytes_reduced{0}, groups{0}, fused_ops{0},
+      bytes_packed{0}, bytes_unpacked{0};
+};
+
+// Fusion buffers, reused: a fresh multi-MiB buffer would cost its page faults on every use.
+// Thread-safe; buffers come back when their last owner (a fused op) lets go.
+class FusionPool {
+ public:
+  explicit FusionPool(size_t buffer_bytes) : buffer_bytes_(buffer_bytes) {}
+
+  static std::shared_ptr<std::byte> Take(const std::shared_ptr<FusionPool>& pool) {
+    std::byte* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(pool->mu_);
+      if (!pool->free_.empty()) {
+        p = pool->free_.back().release();
+        pool->free_.pop_back();
+      }
+    }
+    // new[] aligns to at least 16 bytes: every member packed after it is aligned to its dtype.
+    if (p == nullptr) p = new std::byte[pool->buffer_bytes_];
+    return std::shared_ptr<std::byte>(p, [pool](std::byte* b) { pool->Give(b); });
+  }
+
+ private:
+  // Idle buffers kept (each fusion_buffer_bytes, resident once used).
+  static constexpr size_t kMaxFree = 8;
+
+  void Give(std::byte* b) {
+    std::unique_ptr<std::byte[]> owned(b);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.size() < kMaxFree) free_.push_back(std::move(owned));
+  }
+
+  const size_t buffer_bytes_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<std::byte[]>> free_;
+};
 
 struct TensorState {
   uint64_t key = 0;
@@ -30,6 +74,12 @@ struct TensorState {
   uint64_t next_round = 0;
   bool busy = false;                       // an op of this tensor is in flight
   std::deque<std::shared_ptr<Op>> queue;   // ops waiting for the plan or for the busy one
+  // Fusion. For a member: the fused tensors that contain it, whose ops fail when its plan does
+  // (its shape differs on another worker). For a fused tensor: its members, for errors, and
+  // the failure of a member's plan, which fails every op of it.
+  std::vector<TensorState*> fused_in;
+  std::string fused_members;
+  Status member_failure;
 };
 
 struct Op {
@@ -53,6 +103,10 @@ struct Op {
   bool abandoned = false;
   bool started = false;   // holds its tensor's busy flag
   bool finished = false;
+  // A fusion buffer that `data` points into (fused ops): it lives as long as the op.
+  std::shared_ptr<std::byte> owned;
+  // Where the time went (PushPullTiming); set under WorkerImpl::mu_, read once `done`.
+  Clock::time_point t_call, t_first_issue, t_pushed, t_arrived, t_done;
   // Completion, guarded by `mu`.
   std::mutex mu;
   std::condition_variable cv;
@@ -60,10 +114,153 @@ struct Op {
   Status status;
 };
 
+// One PushPullGroup: its fused and unfused operations ("parts").
+struct Group {
+  struct Member {
+    std::span<std::byte> data;  // the caller's tensor
+    uint64_t offset;            // where it lies in the fusion buffer
+  };
+  struct Part {
+    std::shared_ptr<Op> op;       // released once the part has ended (returns its buffer)
+    std::span<std::byte> packed;  // fused: the bytes of the fusion buffer (owned by `op`)
+    std::vector<Member> members;  // fused: where each member's result goes
+    const std::string* what = nullptr;  // fused: names the fused tensor and its members
+    // Guarded by `mu`: once the op is done, its status and times, the result unpacked.
+    bool ended = false;
+    Status status;
+    Clock::time_point t_call, t_first_issue, t_pushed, t_arrived, t_done;
+  };
+  std::string what;  // "push_pull group of N tensors (...)"
+  std::shared_ptr<Counters> counters;
+  std::shared_ptr<const void> plan;  // keeps the `what` strings of the parts alive
+  Clock::time_point t_call, t_started;
+  std::vector<Part> parts;  // fixed once the group is handed out
+  std::mutex mu;
+  bool finished = false;
+  Status status;
+  Clock::time_point t_finished;
+};
+
 }  // namespace internal
 
+using internal::Group;
 using internal::Op;
 using internal::TensorState;
+
+namespace {
+
+bool WaitDone(Op& op, Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(op.mu);
+  return op.cv.wait_until(lock, deadline, [&op] { return op.done; });
+}
+
+bool IsDone(Op& op) {
+  std::lock_guard<std::mutex> lock(op.mu);
+  return op.done;
+}
+
+// Records a done part and copies a fused part's result into its members. Group::mu held.
+void EndPartLocked(Group& g, Group::Part& p) {
+  Op& op = *p.op;
+  {
+    std::lock_guard<std::mutex> lock(op.mu);
+    p.status = op.status;
+  }
+  p.t_call = op.t_call;
+  p.t_first_issue = op.t_first_issue;
+  p.t_pushed = op.t_pushed;
+  p.t_arrived = op.t_arrived;
+  p.t_done = op.t_done;
+  if (!p.status.ok() && p.what != nullptr) {
+    p.status = Status(p.status.code(), *p.what + ": " + p.status.message());
+  }
+  if (p.status.ok() && !p.members.empty()) {
+    for (const Group::Member& m : p.members) {
+      if (!m.data.empty()) std::memcpy(m.data.data(), p.packed.data() + m.offset, m.data.size());
+    }
+    g.counters->bytes_unpacked.fetch_add(p.packed.size(), std::memory_order_relaxed);
+    g.counters->bytes_reduced.fetch_add(p.packed.size(), std::memory_order_relaxed);
+    g.counters->push_pulls.fetch_add(p.members.size(), std::memory_order_relaxed);
+  }
+  p.ended = true;
+  p.op.reset();
+}
+
+// Every part has ended: the group's result is the first failing part's. Group::mu held.
+void FinishGroupLocked(Group& g) {
+  if (g.finished) return;
+  for (Group::Part& p : g.parts) {
+    if (!p.status.ok()) {
+      g.status = Status(p.status.code(), g.what + ": " + p.status.message());
+      break;
+    }
+  }
+  g.t_finished = Clock::now();
+  g.finished = true;
+}
+
+Status WaitGroup(Group& g, Clock::time_point deadline) {
+  // Part by part, in order: a fused part is unpacked while later ones are still on the wire.
+  for (Group::Part& p : g.parts) {
+    std::shared_ptr<Op> op;
+    {
+      std::lock_guard<std::mutex> lock(g.mu);
+      if (g.finished) return g.status;
+      if (p.ended) continue;
+      op = p.op;
+    }
+    if (!WaitDone(*op, deadline)) {
+      return Timeout(g.what + " not complete at the deadline" +
+                     (p.what != nullptr ? " (" + *p.what + " still running; every worker must "
+                                          "group the same tensors the same way, or fused "
+                                          "tensors never meet)"
+                                        : " ('" + op->tensor->name + "' still running)"));
+    }
+    std::lock_guard<std::mutex> lock(g.mu);
+    if (!p.ended) EndPartLocked(g, p);
+  }
+  std::lock_guard<std::mutex> lock(g.mu);
+  FinishGroupLocked(g);
+  return g.status;
+}
+
+bool PollGroup(Group& g) {
+  {
+    std::lock_guard<std::mutex> lock(g.mu);
+    if (g.finished) return true;
+    for (Group::Part& p : g.parts) {
+      if (!p.ended && !IsDone(*p.op)) return false;
+    }
+  }
+  // Every part is done: this only unpacks.
+  WaitGroup(g, Clock::time_point::max()).IgnoreError();
+  return true;
+}
+
+// Stages on one timeline (see PushPullTiming): each boundary is the latest of its events,
+// and never before the previous boundary.
+PushPullTiming MakeTiming(Clock::time_point t0, Clock::time_point started,
+                          Clock::time_point first_issue, Clock::time_point pushed,
+                          Clock::time_point arrived, Clock::time_point done,
+                          Clock::time_point finished) {
+  PushPullTiming t;
+  const Clock::time_point b1 = std::max(t0, started);
+  const Clock::time_point b2 = std::max(b1, first_issue);
+  const Clock::time_point b3 = std::max(b2, pushed);
+  const Clock::time_point b4 = std::max(b3, arrived);
+  const Clock::time_point b5 = std::max(b4, done);
+  const Clock::time_point b6 = std::max(b5, finished);
+  t.pack = b1 - t0;
+  t.queue = b2 - b1;
+  t.push = b3 - b2;
+  t.reduce = b4 - b3;
+  t.pull = b5 - b4;
+  t.unpack = b6 - b5;
+  t.total = b6 - t0;
+  return t;
+}
+
+}  // namespace
 
 uint64_t TensorHandle::key() const { return state_->key; }
 const std::string& TensorHandle::name() const { return state_->name; }
@@ -71,6 +268,7 @@ DataType TensorHandle::dtype() const { return state_->dtype; }
 uint64_t TensorHandle::count() const { return state_->count; }
 
 Status PushPullHandle::Wait(Clock::time_point deadline) const {
+  if (group_) return WaitGroup(*group_, deadline);
   if (!op_) return InvalidArgument("Wait() on an empty PushPullHandle");
   std::unique_lock<std::mutex> lock(op_->mu);
   if (!op_->cv.wait_until(lock, deadline, [this] { return op_->done; })) {
@@ -81,9 +279,31 @@ Status PushPullHandle::Wait(Clock::time_point deadline) const {
 }
 
 bool PushPullHandle::Poll() const {
+  if (group_) return PollGroup(*group_);
   if (!op_) return true;
+  return IsDone(*op_);
+}
+
+PushPullTiming PushPullHandle::Timing() const {
+  if (group_) {
+    Group& g = *group_;
+    std::lock_guard<std::mutex> lock(g.mu);
+    if (!g.finished) return {};
+    Clock::time_point first_issue{}, pushed{}, arrived{}, done{};
+    for (const Group::Part& p : g.parts) {
+      first_issue = std::max(first_issue, p.t_first_issue);
+      pushed = std::max(pushed, p.t_pushed);
+      arrived = std::max(arrived, p.t_arrived);
+      done = std::max(done, p.t_done);
+    }
+    return MakeTiming(g.t_call, g.t_started, first_issue, pushed, arrived, done, g.t_finished);
+  }
+  if (!op_) return {};
   std::lock_guard<std::mutex> lock(op_->mu);
-  return op_->done;
+  if (!op_->done) return {};
+  const Op& op = *op_;
+  return MakeTiming(op.t_call, op.t_call, op.t_first_issue, op.t_pushed, op.t_arrived, op.t_done,
+                    op.t_done);
 }
 
 namespace {
@@ -107,6 +327,10 @@ class WorkerImpl final : public Worker {
 
   Status Init() {
     if (opts_.partition_bytes == 0) return InvalidArgument("partition_bytes must be positive");
+    if (opts_.fusion_buffer_bytes > kMaxTensorBytes) {
+      return InvalidArgument("fusion_buffer_bytes of " + std::to_string(opts_.fusion_buffer_bytes) +
+                             " is too large");
+    }
     const auto deadline = Clock::now() + opts_.connect_timeout;
     GL_ASSIGN_OR_RETURN(fabric_, MakeFabric(opts_.transport, opts_.fabric));
     GL_ASSIGN_OR_RETURN(push_lane_, fabric_->CreateLane("worker push lane"));
@@ -209,40 +433,92 @@ class WorkerImpl final : public Worker {
 
   PushPullHandle PushPull(const TensorHandle& tensor, std::span<std::byte> data,
                           const PushPullOptions& options) override {
-    auto op = std::make_shared<Op>();
-    op->tensor = tensor.state_;
-    op->data = data;
-    op->options = options;
-    PushPullHandle handle(op);
-    if (!tensor.valid()) {
-      op->tensor = std::make_shared<TensorState>();
-      Complete(*op, InvalidArgument("push_pull on an undeclared tensor"));
+    return PushPullHandle(StartOp(tensor, data, options, nullptr));
+  }
+
+  PushPullHandle PushPullGroup(std::span<const TensorHandle> tensors,
+                               std::span<const std::span<std::byte>> data,
+                               const PushPullOptions& options) override {
+    auto g = std::make_shared<Group>();
+    g->t_call = Clock::now();
+    g->counters = counters_;
+    PushPullHandle handle(g);
+    counters_->groups.fetch_add(1, std::memory_order_relaxed);
+    g->what = "push_pull group of " + std::to_string(tensors.size()) + " tensors";
+    auto fail = [&](Status s) {
+      std::lock_guard<std::mutex> lock(g->mu);
+      g->status = Status(s.code(), g->what + ": " + s.message());
+      g->t_started = g->t_finished = Clock::now();
+      g->finished = true;
       return handle;
+    };
+    if (tensors.size() != data.size()) {
+      return fail(InvalidArgument(std::to_string(tensors.size()) + " tensors but " +
+                                  std::to_string(data.size()) + " buffers"));
     }
-    const uint64_t want = tensor.count() * DataTypeSize(tensor.dtype());
-    if (data.size() != want) {
-      Complete(*op, InvalidArgument("buffer of " + std::to_string(data.size()) +
-                                    " bytes for '" + tensor.name() + "', which needs " +
-                                    std::to_string(want)));
-      return handle;
-    }
-    std::vector<Outgoing> out;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      op->id = next_op_id_++;
-      TensorState& t = *op->tensor;
-      if (!failure_.ok()) {
-        FinishLocked(*op, failure_);
-      } else if (t.planned && !t.plan_status.ok()) {
-        FinishLocked(*op, t.plan_status);
-      } else {
-        t.queue.push_back(op);
-        StartNextLocked(t);
-        PumpLocked(&out);
+    std::vector<const TensorState*> members(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (!tensors[i].valid()) {
+        return fail(InvalidArgument("member " + std::to_string(i) + " is not a declared tensor"));
       }
+      const uint64_t want = tensors[i].count() * DataTypeSize(tensors[i].dtype());
+      if (data[i].size() != want) {
+        return fail(InvalidArgument("member " + std::to_string(i) + ": buffer of " +
+                                    std::to_string(data[i].size()) + " bytes for '" +
+                                    tensors[i].name() + "', which needs " + std::to_string(want)));
+      }
+      members[i] = tensors[i].state_.get();
     }
-    Issue(out);
+    if (!tensors.empty()) {
+      g->what += " ('" + Shorten(tensors.front().name()) + "'" +
+                 (tensors.size() > 1 ? " .. '" + Shorten(tensors.back().name()) + "'" : "") + ")";
+    }
+    Result<std::shared_ptr<const GroupPlan>> plan = PlanFor(std::move(members), tensors);
+    if (!plan.ok()) return fail(plan.status());
+    g->plan = *plan;
+    g->parts.reserve((*plan)->chunks.size());
+    for (const GroupPlan::Chunk& c : (*plan)->chunks) {
+      Group::Part part;
+      if (c.fused.valid()) {
+        std::shared_ptr<std::byte> buf = internal::FusionPool::Take(pool_);
+        part.members.reserve(c.members.size());
+        for (size_t k = 0; k < c.members.size(); ++k) {
+          const std::span<std::byte> d = data[c.members[k]];
+          if (!d.empty()) std::memcpy(buf.get() + c.offsets[k], d.data(), d.size());
+          part.members.push_back({d, c.offsets[k]});
+        }
+        counters_->bytes_packed.fetch_add(c.bytes, std::memory_order_relaxed);
+        counters_->fused_ops.fetch_add(1, std::memory_order_relaxed);
+        part.packed = std::span<std::byte>(buf.get(), c.bytes);
+        part.what = &c.what;
+        part.op = StartOp(c.fused, part.packed, options, std::move(buf));
+      } else {
+        const uint32_t m = c.members.front();
+        part.op = StartOp(tensors[m], data[m], options, nullptr);
+      }
+      g->parts.push_back(std::move(part));
+    }
+    g->t_started = Clock::now();
     return handle;
+  }
+
+  WorkerStats Stats() const override {
+    WorkerStats s;
+    s.push_pulls = counters_->push_pulls.load(std::memory_order_relaxed);
+    s.bytes_reduced = counters_->bytes_reduced.load(std::memory_order_relaxed);
+    s.groups = counters_->groups.load(std::memory_order_relaxed);
+    s.fused_ops = counters_->fused_ops.load(std::memory_order_relaxed);
+    s.bytes_packed = counters_->bytes_packed.load(std::memory_order_relaxed);
+    s.bytes_unpacked = counters_->bytes_unpacked.load(std::memory_order_relaxed);
+    s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
+    for (const Lane* lane : {push_lane_.get(), pull_lane_.get()}) {
+      if (lane == nullptr) continue;
+      const transport::LaneStats ls = lane->stats();
+      s.bytes_copied_eager += ls.bytes_copied_eager;
+      s.bytes_copied_bounce += ls.bytes_copied_bounce;
+      s.protocol_errors += ls.protocol_errors;
+    }
+    return s;
   }
 
   Status Barrier(Clock::time_point deadline) override {
@@ -294,6 +570,182 @@ class WorkerImpl final : public Worker {
     std::shared_ptr<Op> op;
   };
 
+  // How one group layout (its members, in order) is cut into operations: fused tensors, each
+  // the members of one dtype that fill a fusion buffer, and members that go on their own.
+  // Built once per layout, then cached.
+  struct GroupPlan {
+    struct Chunk {
+      std::vector<uint32_t> members;  // indices into the group
+      TensorHandle fused;             // invalid: one member, pushed on its own
+      std::vector<uint64_t> offsets;  // fused: byte offset of each member in the buffer
+      uint64_t bytes = 0;
+      std::string what;  // fused: "fused tensor '<name>' (key K) of N members ('a', ...)"
+    };
+    std::vector<Chunk> chunks;
+  };
+  struct LayoutHash {
+    size_t operator()(const std::vector<const TensorState*>& v) const {
+      uint64_t h = v.size();
+      for (const TensorState* t : v) {
+        h = (h ^ reinterpret_cast<uintptr_t>(t)) * 0x9E3779B97F4A7C15ull;
+        h ^= h >> 29;
+      }
+      return static_cast<size_t>(h);
+    }
+  };
+  // Layouts cached at most; a program that groups ever new tensors starts over when full.
+  static constexpr size_t kMaxCachedPlans = 1024;
+  // Names of members shown in a fused tensor's errors.
+  static constexpr size_t kMembersNamed = 8;
+
+  static std::string Shorten(const std::string& s) {
+    constexpr size_t kMax = 64;
+    return s.size() <= kMax ? s : s.substr(0, kMax - 3) + "...";
+  }
+
+  Result<std::shared_ptr<const GroupPlan>> PlanFor(std::vector<const TensorState*> members,
+                                                   std::span<const TensorHandle> tensors) {
+    {
+      std::lock_guard<std::mutex> lock(plans_mu_);
+      auto it = plans_.find(members);
+      if (it != plans_.end()) return it->second;
+    }
+    GL_ASSIGN_OR_RETURN(std::shared_ptr<const GroupPlan> plan, BuildPlan(tensors));
+    std::lock_guard<std::mutex> lock(plans_mu_);
+    if (plans_.size() >= kMaxCachedPlans) plans_.clear();
+    plans_.emplace(std::move(members), plan);
+    return plan;
+  }
+
+  Result<std::shared_ptr<const GroupPlan>> BuildPlan(std::span<const TensorHandle> tensors) {
+    auto plan = std::make_shared<GroupPlan>();
+    std::unordered_set<const TensorState*> seen;
+    const uint64_t buffer = opts_.fusion_buffer_bytes;
+    const uint64_t threshold = std::min(opts_.fusion_threshold_bytes, buffer);
+    std::map<DataType, size_t> open;  // dtype -> the chunk being filled
+    for (uint32_t i = 0; i < tensors.size(); ++i) {
+      const TensorHandle& t = tensors[i];
+      if (!seen.insert(t.state_.get()).second) {
+        return InvalidArgument("tensor '" + t.name() + "' is in the group twice");
+      }
+      const uint64_t bytes = t.count() * DataTypeSize(t.dtype());
+      if (bytes >= threshold) {  // also when fusion is off (threshold 0)
+        plan->chunks.push_back({{i}, {}, {}, bytes, {}});
+        continue;
+      }
+      auto it = open.find(t.dtype());
+      if (it == open.end() || plan->chunks[it->second].bytes + bytes > buffer) {
+        open[t.dtype()] = plan->chunks.size();
+        plan->chunks.push_back({{}, {}, {}, 0, {}});
+        it = open.find(t.dtype());
+      }
+      GroupPlan::Chunk& c = plan->chunks[it->second];
+      c.members.push_back(i);
+      c.offsets.push_back(c.bytes);
+      c.bytes += bytes;
+    }
+    for (GroupPlan::Chunk& c : plan->chunks) {
+      if (c.members.size() < 2) continue;  // a buffer for one member would only add copies
+      GL_RETURN_IF_ERROR(DeclareFused(c, tensors));
+    }
+    return std::shared_ptr<const GroupPlan>(std::move(plan));
+  }
+
+  // Declares the fused tensor of `c`. Its name is derived from the layout (dtype, and each
+  // member's name and count, in order), so workers that group alike meet on one key, and
+  // workers that group differently never share one (no sum of unrelated elements).
+  Status DeclareFused(GroupPlan::Chunk& c, std::span<const TensorHandle> tensors) {
+    const TensorHandle& first = tensors[c.members.front()];
+    const TensorHandle& last = tensors[c.members.back()];
+    const DataType dtype = first.dtype();
+    std::string layout(DataTypeName(dtype));
+    for (uint32_t m : c.members) {
+      const std::string& n = tensors[m].name();
+      layout += ";" + std::to_string(n.size()) + ":" + n + "=" + std::to_string(tensors[m].count());
+    }
+    const std::string name = "gradlink.fused/" + std::string(DataTypeName(dtype)) + "/" +
+                             std::to_string(c.members.size()) + "/" +
+                             KeyHex(wire::TensorKey("gradlink.fused", layout)).substr(2) + "/" +
+                             Shorten(first.name()) + ".." + Shorten(last.name());
+    std::string listed;
+    for (size_t k = 0; k < c.members.size() && k < kMembersNamed; ++k) {
+      listed += (k ? ", '" : "'") + Shorten(tensors[c.members[k]].name()) + "'";
+    }
+    if (c.members.size() > kMembersNamed) {
+      listed += ", ... '" + Shorten(last.name()) + "'";
+    }
+    GL_ASSIGN_OR_RETURN(c.fused, Declare(name, dtype, c.bytes / DataTypeSize(dtype)));
+    const std::string members = std::to_string(c.members.size()) + " members (" + listed + ")";
+    c.what = "fused tensor '" + name + "' (key " + KeyHex(c.fused.key()) + ") of " + members;
+    std::lock_guard<std::mutex> lock(mu_);
+    TensorState& f = *c.fused.state_;
+    if (!f.fused_members.empty()) return Status::Ok();  // declared by an earlier plan
+    f.fused_members = members;
+    for (uint32_t m : c.members) {
+      TensorState& t = *tensors[m].state_;
+      t.fused_in.push_back(&f);
+      if (t.planned && !t.plan_status.ok()) MemberFailedLocked(f, t);
+    }
+    return Status::Ok();
+  }
+
+  // Member `t` of fused tensor `f` failed its plan (e.g. another worker declared it with
+  // another shape): f's key will never be planned, so its ops fail now with t's error.
+  void MemberFailedLocked(TensorState& f, const TensorState& t) {
+    if (!f.member_failure.ok()) return;
+    f.member_failure = Status(t.plan_status.code(), "member '" + t.name + "': " +
+                                                        t.plan_status.message());
+    if (!f.planned) {
+      while (!f.queue.empty()) {
+        std::shared_ptr<Op> op = f.queue.front();
+        f.queue.pop_front();
+        FinishLocked(*op, f.member_failure);
+      }
+    }
+  }
+
+  // Starts a PushPull of `data` into `tensor`; `owned` is a fusion buffer that `data` lies in.
+  std::shared_ptr<Op> StartOp(const TensorHandle& tensor, std::span<std::byte> data,
+                              const PushPullOptions& options, std::shared_ptr<std::byte> owned) {
+    auto op = std::make_shared<Op>();
+    op->t_call = Clock::now();
+    op->tensor = tensor.state_;
+    op->data = data;
+    op->options = options;
+    op->owned = std::move(owned);
+    if (!tensor.valid()) {
+      op->tensor = std::make_shared<TensorState>();
+      Complete(*op, InvalidArgument("push_pull on an undeclared tensor"));
+      return op;
+    }
+    const uint64_t want = tensor.count() * DataTypeSize(tensor.dtype());
+    if (data.size() != want) {
+      Complete(*op, InvalidArgument("buffer of " + std::to_string(data.size()) +
+                                    " bytes for '" + tensor.name() + "', which needs " +
+                                    std::to_string(want)));
+      return op;
+    }
+    std::vector<Outgoing> out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      op->id = next_op_id_++;
+      TensorState& t = *op->tensor;
+      if (!failure_.ok()) {
+        FinishLocked(*op, failure_);
+      } else if (t.planned && !t.plan_status.ok()) {
+        FinishLocked(*op, t.plan_status);
+      } else if (!t.member_failure.ok()) {
+        FinishLocked(*op, t.member_failure);
+      } else {
+        t.queue.push_back(op);
+        StartNextLocked(t);
+        PumpLocked(&out);
+      }
+    }
+    Issue(out);
+    return op;
+  }
+
   struct Pending {
     int32_t priority;
     uint64_t seq;
@@ -309,8 +761,8 @@ class WorkerImpl final : public Worker {
     while (t.planned && !t.busy && !t.queue.empty()) {
       std::shared_ptr<Op> op = t.queue.front();
       t.queue.pop_front();
-      if (!t.plan_status.ok()) {
-        FinishLocked(*op, t.plan_status);
+      if (!t.plan_status.ok() || !t.member_failure.ok()) {
+        FinishLocked(*op, t.plan_status.ok() ? t.member_failure : t.plan_status);
         continue;
       }
       op->round = t.next_round++;
@@ -344,6 +796,7 @@ class WorkerImpl final : public Worker {
       const uint64_t bytes = plan.count * size;
       if (bytes_in_flight_ > 0 && bytes_in_flight_ + bytes > opts_.max_bytes_in_flight) break;
       bytes_in_flight_ += bytes;
+      if (op.t_first_issue == Clock::time_point{}) op.t_first_issue = Clock::now();
       op.parts[top.part] = Op::Part::kSent;
       op.sending++;
       Outgoing o;
@@ -384,6 +837,7 @@ class WorkerImpl final : public Worker {
     std::vector<Outgoing> out;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (!op->finished) op->t_pushed = Clock::now();
       ReleaseCreditLocked(*op, part);
       op->sending--;
       if (!s.ok()) AbandonLocked(*op, s);
@@ -430,6 +884,11 @@ class WorkerImpl final : public Worker {
   void FinishLocked(Op& op, const Status& s) {
     if (op.finished) return;
     op.finished = true;
+    op.t_done = Clock::now();
+    if (s.ok() && !op.owned) {  // fused ops count when their members are unpacked
+      counters_->push_pulls.fetch_add(1, std::memory_order_relaxed);
+      counters_->bytes_reduced.fetch_add(op.data.size(), std::memory_order_relaxed);
+    }
     ops_.erase(op.id);  // callers hold a reference to `op`
     Complete(op, s);
     if (op.started) {
@@ -539,6 +998,7 @@ class WorkerImpl final : public Worker {
       protocol_errors_++;
       return ProtocolError("pull reply has the wrong shape");
     }
+    op.t_arrived = Clock::now();
     op.receiving++;
     return op.data.subspan(plan.offset * size, plan.count * size);
   }
@@ -702,6 +1162,9 @@ class WorkerImpl final : public Worker {
       t->planned = true;
       t->plan_status = plan_status;
       t->parts = std::move(parts);
+      if (!plan_status.ok()) {
+        for (TensorState* f : t->fused_in) MemberFailedLocked(*f, *t);
+      }
       StartNextLocked(*t);
       PumpLocked(&out);
     }
@@ -734,6 +1197,13 @@ class WorkerImpl final : public Worker {
   std::priority_queue<Pending> pending_;
   uint64_t next_op_id_ = 1, next_seq_ = 0, bytes_in_flight_ = 0;
   uint64_t barrier_sent_ = 0, barrier_released_ = 0;
+
+  const std::shared_ptr<internal::Counters> counters_ = std::make_shared<internal::Counters>();
+  const std::shared_ptr<internal::FusionPool> pool_ =
+      std::make_shared<internal::FusionPool>(opts_.fusion_buffer_bytes);
+  std::mutex plans_mu_;  // taken before mu_ (BuildPlan declares), never under it
+  std::unordered_map<std::vector<const TensorState*>, std::shared_ptr<const GroupPlan>, LayoutHash>
+      plans_;
 };
 
 Result<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& options) {

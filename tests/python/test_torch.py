@@ -21,11 +21,22 @@ def test_push_pull_and_broadcast_basics(run_job):
         assert "BASICS OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
 
 
-@pytest.mark.parametrize("kind,passes", [("sgd", 1), ("adam", 1), ("sgd", 2)])
-def test_distributed_optimizer_matches_single_process(run_job, tmp_path, kind, passes):
+def test_grouped_push_pull(run_job):
+    job = run_job(3, 2, "grouped.py")
+    assert job.rc == 0, job.explain()
+    for r in range(3):
+        assert "GROUPED OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
+
+
+# bucket_bytes: None fuses small gradients into buckets (the default), 0 pushes each alone.
+@pytest.mark.parametrize("kind,passes,buckets", [("sgd", 1, None), ("adam", 1, None),
+                                                 ("sgd", 2, None), ("sgd", 1, 0),
+                                                 ("adam", 2, 1000)])
+def test_distributed_optimizer_matches_single_process(run_job, tmp_path, kind, passes, buckets):
     steps = 6
+    extra = [] if buckets is None else ["--bucket-bytes", str(buckets)]
     job = run_job(2, 2, ["train_equiv.py", "--opt", kind, "--steps", str(steps),
-                         "--passes", str(passes), "--out", str(tmp_path)])
+                         "--passes", str(passes), "--out", str(tmp_path)] + extra)
     assert job.rc == 0, job.explain()
     ref = common.reference(kind, steps, size=2, passes=passes)
     start = common.make_model().state_dict()

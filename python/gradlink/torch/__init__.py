@@ -15,6 +15,9 @@ or, with DistributedDataParallel:
     model = DDP(model)                              # torch.distributed process group (gloo)
     model.register_comm_hook(gl.DDPHookState(model), gl.ddp_hook)
 
+Many small tensors at once: ``gl.grouped_push_pull(tensors)`` fuses them (like Horovod's
+grouped_allreduce); DistributedOptimizer groups small gradients into buckets the same way.
+
 Tensors are CPU tensors (CUDA tensors raise InvalidArgumentError for now). Errors raise
 gradlink.GradlinkError subclasses (MismatchError, PeerLostError, TimeoutError, ...).
 """
@@ -38,8 +41,11 @@ from ._broadcast import (  # noqa: F401
     broadcast_parameters,
 )
 from ._core import (  # noqa: F401
+    GroupedPushPullHandle,
     PushPullHandle,
     barrier,
+    grouped_push_pull,
+    grouped_push_pull_async,
     init,
     is_initialized,
     local_rank,
@@ -51,6 +57,7 @@ from ._core import (  # noqa: F401
     rank,
     shutdown,
     size,
+    stats,
     synchronize,
 )
 from ._ddp import DDPHookState, ddp_hook  # noqa: F401
@@ -67,6 +74,7 @@ __all__ = [
     "UnavailableError",
     "DDPHookState",
     "DistributedOptimizer",
+    "GroupedPushPullHandle",
     "PushPullHandle",
     "barrier",
     "broadcast",
@@ -75,6 +83,8 @@ __all__ = [
     "broadcast_optimizer_state",
     "broadcast_parameters",
     "ddp_hook",
+    "grouped_push_pull",
+    "grouped_push_pull_async",
     "init",
     "is_initialized",
     "local_rank",
@@ -86,5 +96,6 @@ __all__ = [
     "rank",
     "shutdown",
     "size",
+    "stats",
     "synchronize",
 ]

@@ -86,7 +86,8 @@ def _scheduler_from_env():
 
 
 def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=None,
-         partition_bytes=None, max_bytes_in_flight=None, single_lane=None, fail_fast=None):
+         partition_bytes=None, max_bytes_in_flight=None, single_lane=None, fail_fast=None,
+         fusion_buffer_bytes=None, fusion_threshold_bytes=None):
     """Joins the gradlink job; returns once every worker and server has joined.
 
     Arguments default to the environment:
@@ -103,7 +104,10 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
     ``timeout`` (``GRADLINK_TIMEOUT``, default 300 s) is the default deadline of synchronize();
     ``partition_bytes`` (``GRADLINK_PARTITION_BYTES``), ``max_bytes_in_flight``
     (``GRADLINK_MAX_BYTES_IN_FLIGHT``), ``connect_timeout`` (``GRADLINK_CONNECT_TIMEOUT``,
-    default 60 s) and ``single_lane`` (``GRADLINK_SINGLE_LANE=1``) tune the worker.
+    default 60 s) and ``single_lane`` (``GRADLINK_SINGLE_LANE=1``) tune the worker;
+    ``fusion_buffer_bytes`` (``GRADLINK_FUSION_BUFFER_BYTES``, default 4 MiB, 0: no fusion) and
+    ``fusion_threshold_bytes`` (``GRADLINK_FUSION_THRESHOLD_BYTES``, default 256 KiB) tune
+    tensor fusion (grouped_push_pull, DistributedOptimizer).
     Calling init() again is a no-op. shutdown() runs at exit.
 
     ``fail_fast`` (``GRADLINK_FAIL_FAST``, default on): an uncaught exception in the main thread
@@ -136,6 +140,16 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
         mb = max_bytes_in_flight or _env_int("GRADLINK_MAX_BYTES_IN_FLIGHT")
         if mb:
             kwargs["max_bytes_in_flight"] = mb
+        fb = fusion_buffer_bytes
+        if fb is None:
+            fb = _env_int("GRADLINK_FUSION_BUFFER_BYTES")
+        if fb is not None:
+            kwargs["fusion_buffer_bytes"] = fb
+        ft = fusion_threshold_bytes
+        if ft is None:
+            ft = _env_int("GRADLINK_FUSION_THRESHOLD_BYTES")
+        if ft is not None:
+            kwargs["fusion_threshold_bytes"] = ft
         if single_lane is None:
             single_lane = _env("GRADLINK_SINGLE_LANE", default="0") not in ("0", "", "false")
         worker = gradlink.Worker(scheduler, job=job, rank=rank, single_lane=single_lane,
@@ -323,6 +337,110 @@ def poll(handle):
 def push_pull(tensor, average=True, name=None, priority=0):
     """Sums (average=True: averages) `tensor` over all workers, in place; returns it."""
     return synchronize(push_pull_async(tensor, average=average, name=name, priority=priority))
+
+
+class GroupedPushPullHandle:
+    """The pending result of grouped_push_pull_async(); synchronize() returns the list of
+    tensors."""
+
+    __slots__ = ("_h", "tensors", "_finish", "_done", "_timeout", "name")
+
+    def __init__(self, h, tensors, finish, timeout, name):
+        self._h = h
+        self.tensors = tensors
+        self._finish = finish  # copy-backs of non-contiguous members
+        self._done = False
+        self._timeout = timeout
+        self.name = name
+
+    def poll(self):
+        return self._done or self._h.poll()
+
+    def wait(self, timeout=None):
+        if not self._done:
+            self._h.wait(self._timeout if timeout is None else timeout)
+            if self._finish:
+                with torch.no_grad():
+                    for f in self._finish:
+                        f()
+            self._done = True
+            self._finish = None
+        return self.tensors
+
+    def timing(self):
+        """Seconds by stage (pack, queue, push, reduce, pull, unpack, total) once done."""
+        return self._h.timing()
+
+
+def start_group(tensors, bufs, names, average, priority, finish=()):
+    """Declares names[i] for bufs[i] and starts summing all of them in place as one group."""
+    ctx = _require()
+    handles, ptrs, counts, dtypes = [], [], [], []
+    for buf, name in zip(bufs, names):
+        dtype = DTYPES.get(buf.dtype)
+        if dtype is None:
+            raise InvalidArgumentError(
+                "grouped_push_pull of '%s': dtype %s cannot be summed (supported: %s)"
+                % (name, buf.dtype, ", ".join(str(d) for d in DTYPES)))
+        handles.append(ctx.declare(name, dtype, buf.numel()))
+        ptrs.append(buf.data_ptr())
+        counts.append(buf.numel())
+        dtypes.append(dtype)
+    h = ctx.worker.push_pull_group(handles, ptrs, counts, dtypes, average, priority, list(bufs))
+    what = "group of %d tensors" % len(bufs)
+    return GroupedPushPullHandle(h, tensors, list(finish), ctx.timeout, what)
+
+
+def grouped_push_pull_async(tensors, average=True, name=None, priority=0, names=None):
+    """Starts summing (average=True: averaging) every tensor of `tensors` over all workers, in
+    place, as one operation (like Horovod's grouped_allreduce): small tensors of one dtype are
+    packed into fusion buffers and sent as one message each, which costs far less than one
+    push_pull per tensor. Large ones (fusion_threshold_bytes and up) go on their own, without a
+    copy.
+
+    Every worker must group the same tensors the same way (same names, shapes and order): the
+    fused tensors' keys are derived from their members, so workers that group differently wait
+    for each other in vain and synchronize() raises TimeoutError. Member i is named
+    ``names[i]`` if given, else ``"<name>.<i>"`` (name: the n-th unnamed call of this process is
+    "grouped_push_pull.noname.<n>", so unnamed calls must come in the same order everywhere).
+    Returns a handle for synchronize(), which returns the list of tensors."""
+    ctx = _require()
+    tensors = list(tensors)
+    for i, t in enumerate(tensors):
+        _check_tensor(t, "grouped_push_pull (member %d)" % i)
+    if names is None:
+        if name is None:
+            name = "grouped_push_pull.noname.%d" % next(ctx.noname)
+        names = ["%s.%d" % (name, i) for i in range(len(tensors))]
+    else:
+        names = list(names)
+        if len(names) != len(tensors):
+            raise InvalidArgumentError("grouped_push_pull: %d tensors but %d names"
+                                       % (len(tensors), len(names)))
+    bufs, finish = [], []
+    with torch.no_grad():
+        for t in tensors:
+            d = t.detach()
+            if d.is_contiguous():
+                bufs.append(d)
+            else:
+                c = d.contiguous()
+                bufs.append(c)
+                finish.append(lambda d=d, c=c: d.copy_(c))
+        return start_group(tensors, bufs, names, average, priority, finish)
+
+
+def grouped_push_pull(tensors, average=True, name=None, priority=0, names=None):
+    """Sums (average=True: averages) every tensor over all workers, in place, as one group;
+    returns the list. See grouped_push_pull_async()."""
+    return synchronize(grouped_push_pull_async(tensors, average=average, name=name,
+                                               priority=priority, names=names))
+
+
+def stats():
+    """The C++ worker's counters: push_pulls, bytes_reduced, groups, fused_ops, bytes_packed,
+    bytes_unpacked, bytes_copied_eager, bytes_copied_bounce, protocol_errors."""
+    return _require().worker.stats()
 
 
 class Completer:

@@ -9,12 +9,15 @@ from gradlink import InvalidArgumentError
 
 from . import _core
 
+# A gradient that is ready while the rest of its bucket is not.
+_PENDING = object()
+
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     # Mixed into a subclass of the wrapped optimizer's class (see DistributedOptimizer).
 
     def __init__(self, params, named_parameters, backward_passes_per_step=1, average=True,
-                 prefix="grad"):
+                 prefix="grad", bucket_bytes=None):
         super(self.__class__, self).__init__(params)
         _core._require()
         if backward_passes_per_step < 1:
@@ -49,6 +52,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self._gl_delay = {p: backward_passes_per_step for p in all_params}
         self._gl_handles = {}
+        self._gl_make_buckets(bucket_bytes)
         self._gl_grad_accs = []
         self._gl_requires_update = set()
         self._gl_synchronized = False
@@ -72,14 +76,72 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 grad_acc.register_hook(self._gl_make_hook(p))
                 self._gl_grad_accs.append(grad_acc)
 
-    def _gl_push_pull_grad_async(self, p):
-        if p.grad is None:
-            # Unused in this step on this worker: every worker must still push (rounds stay
-            # aligned), a zero gradient.
-            p.grad = torch.zeros_like(p)
-        name = "%s.%s" % (self._gl_prefix, self._gl_names[p])
-        return _core.push_pull_async(p.grad, average=self._gl_average, name=name,
-                                     priority=self._gl_priority[p])
+    def _gl_make_buckets(self, bucket_bytes):
+        # Small gradients are pushed in buckets, each one fused group (grouped_push_pull), once
+        # every gradient of the bucket is ready. Buckets depend only on the parameters (names,
+        # shapes, dtypes, order), so every worker forms the same ones. Filled in reverse
+        # registration order, the order in which backward usually produces gradients; a
+        # gradient of fusion_threshold_bytes or more has a bucket of its own (no copy).
+        worker = _core._require().worker
+        if bucket_bytes is None:
+            bucket_bytes = worker.fusion_buffer_bytes
+        if bucket_bytes < 0:
+            raise InvalidArgumentError("bucket_bytes must be >= 0")
+        threshold = min(worker.fusion_threshold_bytes, bucket_bytes)
+        params = sorted((p for p in self._gl_names if p.requires_grad),
+                        key=lambda q: self._gl_priority[q])  # last registered first
+        self._gl_buckets = []  # lists of parameters
+        self._gl_bucket_of = {}
+        current, current_bytes = [], 0
+        for p in params:
+            nbytes = p.numel() * p.element_size()
+            if nbytes >= threshold:
+                self._gl_add_bucket([p])
+                continue
+            if current and current_bytes + nbytes > bucket_bytes:
+                self._gl_add_bucket(current)
+                current, current_bytes = [], 0
+            current.append(p)
+            current_bytes += nbytes
+        if current:
+            self._gl_add_bucket(current)
+        self._gl_ready = [set() for _ in self._gl_buckets]
+        self._gl_started = [None] * len(self._gl_buckets)  # this step's handle of each bucket
+
+    def _gl_add_bucket(self, params):
+        for p in params:
+            self._gl_bucket_of[p] = len(self._gl_buckets)
+        self._gl_buckets.append(params)
+
+    def _gl_grad_ready(self, p):
+        """p's gradient is final for this step: starts its bucket once the bucket is complete.
+        Returns the bucket's handle, or _PENDING."""
+        b = self._gl_bucket_of[p]
+        if self._gl_started[b] is not None:
+            return self._gl_started[b]
+        ready = self._gl_ready[b]
+        ready.add(p)
+        if len(ready) < len(self._gl_buckets[b]):
+            return _PENDING
+        members = self._gl_buckets[b]
+        for q in members:
+            if q.grad is None:
+                # Unused in this step on this worker: every worker must still push (rounds stay
+                # aligned), a zero gradient.
+                q.grad = torch.zeros_like(q)
+        names = ["%s.%s" % (self._gl_prefix, self._gl_names[q]) for q in members]
+        priority = max(self._gl_priority[q] for q in members)
+        if len(members) == 1:
+            handle = _core.push_pull_async(members[0].grad, average=self._gl_average,
+                                           name=names[0], priority=priority)
+        else:
+            handle = _core.grouped_push_pull_async([q.grad for q in members],
+                                                   average=self._gl_average, names=names,
+                                                   priority=priority)
+        self._gl_started[b] = handle
+        for q in members:
+            self._gl_handles[q] = handle
+        return handle
 
     def _gl_make_hook(self, p):
         def hook(*ignore):
@@ -94,7 +156,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             handle = None
             self._gl_delay[p] -= 1
             if self._gl_delay[p] == 0:
-                handle = self._gl_push_pull_grad_async(p)
+                handle = self._gl_grad_ready(p)
             self._gl_handles[p] = handle
 
         return hook
@@ -105,17 +167,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         missing = self._gl_requires_update - set(self._gl_handles)
         # In registration order, so every worker starts them in the same order.
         for p in sorted(missing, key=lambda q: -self._gl_priority[q]):
-            self._gl_handles[p] = self._gl_push_pull_grad_async(p)
-        for p, handle in list(self._gl_handles.items()):
-            if handle is None:  # fewer than backward_passes_per_step passes so far
-                self._gl_handles[p] = self._gl_push_pull_grad_async(p)
+            self._gl_handles[p] = self._gl_grad_ready(p)
+        for p in list(self._gl_handles):
+            if self._gl_handles[p] is None:  # fewer than backward_passes_per_step passes so far
+                self._gl_handles[p] = self._gl_grad_ready(p)
         try:
+            waited = set()
             for p, handle in self._gl_handles.items():
-                _core.synchronize(handle)
+                if handle is _PENDING:  # cannot happen: every bucket is complete by now
+                    raise AssertionError("gradlink: bucket of %s never started"
+                                         % self._gl_names[p])
+                if id(handle) not in waited:
+                    waited.add(id(handle))
+                    _core.synchronize(handle)
         finally:
             for p in self._gl_handles:
                 self._gl_delay[p] = self.backward_passes_per_step
             self._gl_handles.clear()
+            for ready in self._gl_ready:
+                ready.clear()
+            self._gl_started = [None] * len(self._gl_buckets)
         self._gl_synchronized = True
 
     @contextlib.contextmanager
@@ -148,7 +219,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, backward_passes_per_step=1,
-                         average=True, prefix="grad"):
+                         average=True, prefix="grad", bucket_bytes=None):
     """Wraps `optimizer` so that gradients are averaged over all workers.
 
     During backward, a hook on each parameter's gradient accumulator starts push_pull of that
@@ -161,11 +232,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, backward_passes_per_s
     summed locally before they are averaged over the workers (gradient accumulation; the local
     passes are summed, not averaged, as in Horovod). average=False sums instead.
 
+    bucket_bytes (default: init()'s fusion_buffer_bytes, 4 MiB): gradients smaller than the
+    fusion threshold are pushed in buckets of up to this many bytes, each as one fused group
+    (grouped_push_pull) once all of its gradients are ready; the buckets are formed from the
+    parameters alone (reverse registration order), so every worker must build the optimizer
+    from the same model. 0: every gradient is pushed on its own as soon as it is ready.
+
     The result is an instance of a subclass of optimizer's class, built from its param_groups
     (its state is kept)."""
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
-    opt = cls(optimizer.param_groups, named_parameters, backward_passes_per_step, average, prefix)
+    opt = cls(optimizer.param_groups, named_parameters, backward_passes_per_step, average, prefix,
+              bucket_bytes)
     if optimizer.state:
         opt.state.update(optimizer.state)
     return opt

@@ -267,6 +267,7 @@ class UcxLane final : public Lane {
   std::atomic<uint64_t> frames_received_{0};
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> bytes_copied_eager_{0}, bytes_copied_bounce_{0};
   std::atomic<uint64_t> protocol_errors_{0};
 };
 
@@ -513,6 +514,8 @@ LaneStats UcxLane::stats() const {
   s.frames_received = frames_received_.load(std::memory_order_relaxed);
   s.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
   s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
+  s.bytes_copied_eager = bytes_copied_eager_.load(std::memory_order_relaxed);
+  s.bytes_copied_bounce = bytes_copied_bounce_.load(std::memory_order_relaxed);
   s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
   return s;
 }
@@ -935,6 +938,7 @@ ucs_status_t UcxLane::OnActiveMessage(const void* header, size_t header_length, 
 
   if (length > 0) std::memcpy(dest->data(), data, length);
   bytes_received_.fetch_add(length, std::memory_order_relaxed);
+  bytes_copied_eager_.fetch_add(length, std::memory_order_relaxed);
   receiver_->OnPayload(*h, *dest);
   return UCS_OK;
 }
@@ -971,6 +975,7 @@ void UcxLane::OnRecvDone(RecvOp* op, ucs_status_t status, size_t length) {
     if (status == UCS_OK && length == op->dest.size()) {
       bytes_received_.fetch_add(length, std::memory_order_relaxed);
       if (length > 0) std::memcpy(op->dest.data(), op->bounce.get(), length);
+      bytes_copied_bounce_.fetch_add(length, std::memory_order_relaxed);
       receiver_->OnPayload(op->header, op->dest);
       GiveBounce(length, std::move(op->bounce));
     } else if (status == UCS_OK) {

@@ -15,6 +15,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--opt", default="sgd")
 ap.add_argument("--steps", type=int, default=5)
 ap.add_argument("--passes", type=int, default=1)
+ap.add_argument("--bucket-bytes", type=int, default=None)
 ap.add_argument("--out", required=True)
 a = ap.parse_args()
 
@@ -27,7 +28,8 @@ if rank == 0:
 gl.broadcast_parameters(model.state_dict(), root_rank=0)
 opt = gl.DistributedOptimizer(common.make_optimizer(a.opt, model.parameters()),
                               named_parameters=model.named_parameters(),
-                              backward_passes_per_step=a.passes)
+                              backward_passes_per_step=a.passes,
+                              bucket_bytes=a.bucket_bytes)
 gl.broadcast_optimizer_state(opt, root_rank=0)
 for step in range(a.steps):
     opt.zero_grad()
@@ -37,5 +39,9 @@ for step in range(a.steps):
         loss.backward()
     opt.step()
     print("step %d loss %.6f" % (step, loss.item()))
+# Small gradients went in fused buckets unless buckets are off.
+fused = gl.stats()["fused_ops"]
+assert (fused > 0) == (a.bucket_bytes != 0), fused
+print("fused ops %d" % fused)
 torch.save(model.state_dict(), os.path.join(a.out, "rank%d.pt" % rank))
 gl.shutdown()
