@@ -296,9 +296,10 @@ class ServerImpl final : public Server {
   void OnPushPayload(const wire::Header& h, bool ok) {
     PartitionState* p = Find(h.key, h.partition);
     if (p == nullptr) return;
-    p->EndPush(h.sender, ok);
+    const bool runnable = p->EndPush(h.sender, ok);
     if (ok) bytes_reduced_ += h.payload_bytes;
-    EngineFor(*p).Post([this, p] { RunEngine(p); });
+    // Each engine wake-up is a context switch; on small partitions those are most of a round.
+    if (runnable) EngineFor(*p).Post([this, p] { RunEngine(p); });
   }
 
   // On p's engine thread: sum, and send every round this completes.
@@ -329,7 +330,9 @@ class ServerImpl final : public Server {
         h.cookie = c->cookies[rank];
         SendToWorker(rank, h, payload, [this, p, slot, text](const Status& s) {
           if (!s.ok()) GL_LOG(kInfo) << "server " << id_ << ": pull response failed: " << s.ToString();
-          if (p->SendDone(slot)) EngineFor(*p).Post([this, p] { RunEngine(p); });
+          if (p->SendDone(slot) && p->WaitsForSlot(slot)) {
+            EngineFor(*p).Post([this, p] { RunEngine(p); });
+          }
         });
       }
     }
