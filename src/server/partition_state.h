@@ -6,8 +6,9 @@
 // being summed. Summation is in rank order: acc = s0 + s1, then acc += s2, ... so the result is
 // bit-identical whatever order pushes arrive in.
 //
-// Threads: BeginPush()/EndPush() run on the push lane's progress thread; Progress() and
-// SendDone() on the one engine thread that owns this partition. A mutex guards the per-rank
+// Threads: BeginPush()/EndPush() run on the push lane's progress thread; Progress() on the one
+// thread that owns this partition (an engine thread; for small partitions the push lane's
+// progress thread itself). SendDone()/WaitsForSlot() from any thread. A mutex guards the per-rank
 // flags only; the sums run outside it.
 #pragma once
 
