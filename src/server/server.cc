@@ -112,6 +112,16 @@ class ServerImpl final : public Server {
     for (auto& e : engines_) e->Stop();
     if (pull_lane_) pull_lane_->Stop();
     if (push_lane_) push_lane_->Stop();
+    // Pushes land in the staging buffers directly (PushReceiver::KeepsBuffersIfAbandoned): if
+    // the lane gave up a receive it could not cancel (a hung worker), the fabric may still
+    // write into one, so they are never freed.
+    if (push_lane_ && push_lane_->stats().receives_abandoned != 0) {
+      std::unique_lock<std::shared_mutex> lock(parts_mu_);
+      GL_LOG(kWarn) << "server " << id_ << ": " << push_lane_->stats().receives_abandoned
+                    << " push receive(s) abandoned; leaking " << parts_.size()
+                    << " partition(s) whose staging buffers they may still write";
+      for (auto& [id, part] : parts_) (void)part.release();
+    }
   }
 
   ServerStats stats() const override {
@@ -381,6 +391,9 @@ class ServerImpl final : public Server {
       GL_LOG(kWarn) << "server " << s_->id_ << ": receiving a push failed: " << st.ToString();
       s_->OnPushPayload(h, false);
     }
+    // Staging buffers live as long as their partition, and Stop() leaks the partitions when
+    // the lane abandoned a receive: pushes need no bounce buffer.
+    bool KeepsBuffersIfAbandoned() const override { return true; }
     void OnPeerFailed(PeerId peer, const Status& st) override {
       // A worker's pull endpoint failed. The scheduler decides whether the job is lost;
       // later sends to that worker fail on their own.

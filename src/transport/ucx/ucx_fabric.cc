@@ -9,7 +9,8 @@
 //
 // A frame is one active message (id kAmId): the 64-byte wire header as the AM header and the
 // payload as the AM data. UCX chooses eager or rendezvous by size; rendezvous payloads are
-// received straight into the span the Receiver chose.
+// received into a bounce buffer and copied into the span the Receiver chose, or straight into
+// that span when the Receiver keeps its buffers if a receive is abandoned.
 //
 // Lifetimes: the ucp_context is reference-counted between the fabric and its lanes, so the
 // interface rule "the Fabric outlives its lanes" is not load-bearing here, but callers should
@@ -173,9 +174,10 @@ class UcxLane final : public Lane {
     std::span<std::byte> dest;
     void* request = nullptr;     // the UCX request while in flight
     ucp_ep_h reply_ep = nullptr;  // the connection the payload comes on
-    // UCX receives into this, never into `dest` directly: a receive that a stopped lane cannot
-    // cancel (a hung or vanished peer) may still be written by UCX later, and then it must be
-    // memory the lane leaks, not the receiver's (freed) buffer. Copied into `dest` on success.
+    // UCX receives into this, not into `dest`: a receive that a stopped lane cannot cancel (a
+    // hung or vanished peer) may still be written by UCX later, and then it must be memory the
+    // lane leaks, not the receiver's (freed) buffer. Copied into `dest` on success. Null when
+    // the receiver keeps its buffers if a receive is abandoned: UCX then writes `dest`.
     std::unique_ptr<std::byte[]> bounce;
   };
 
@@ -269,6 +271,7 @@ class UcxLane final : public Lane {
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> protocol_errors_{0};
+  std::atomic<uint64_t> receives_abandoned_{0};
 };
 
 Result<std::unique_ptr<Lane>> UcxLane::Create(std::shared_ptr<UcxContext> context,
@@ -515,6 +518,7 @@ LaneStats UcxLane::stats() const {
   s.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
   s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
   s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
+  s.receives_abandoned = receives_abandoned_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -713,6 +717,7 @@ void UcxLane::Shutdown() {
     // async thread: the ops (with their bounce buffers) stay allocated, detached from this
     // lane, and the context is never cleaned up under the live worker. The receivers' own
     // buffers were never handed to UCX, so they are told the receives failed.
+    receives_abandoned_.fetch_add(recvs_in_flight_.size(), std::memory_order_relaxed);
     for (RecvOp* op : recvs_in_flight_) {
       if (receiver_ != nullptr) receiver_->OnReceiveFailed(op->header, aborted);
       op->lane = nullptr;
@@ -920,14 +925,18 @@ ucs_status_t UcxLane::OnActiveMessage(const void* header, size_t header_length, 
     op->header = *h;
     op->dest = *dest;
     op->reply_ep = reply_ep;
-    op->bounce = TakeBounce(length);
+    void* target = dest->data();
+    if (!receiver_->KeepsBuffersIfAbandoned()) {
+      op->bounce = TakeBounce(length);
+      target = op->bounce.get();
+    }
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                       UCP_OP_ATTR_FIELD_MEMORY_TYPE;
     rp.cb.recv_am = &UcxLane::RecvCallbackThunk;
     rp.user_data = op;
     rp.memory_type = UCS_MEMORY_TYPE_HOST;
-    ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, data, op->bounce.get(), length, &rp);
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, data, target, length, &rp);
     if (r == nullptr) {
       OnRecvDone(op, UCS_OK, length);
     } else if (UCS_PTR_IS_ERR(r)) {
@@ -976,9 +985,11 @@ void UcxLane::OnRecvDone(RecvOp* op, ucs_status_t status, size_t length) {
   if (receiver_ != nullptr) {
     if (status == UCS_OK && length == op->dest.size()) {
       bytes_received_.fetch_add(length, std::memory_order_relaxed);
-      if (length > 0) std::memcpy(op->dest.data(), op->bounce.get(), length);
+      if (op->bounce) {
+        if (length > 0) std::memcpy(op->dest.data(), op->bounce.get(), length);
+        GiveBounce(length, std::move(op->bounce));
+      }
       receiver_->OnPayload(op->header, op->dest);
-      GiveBounce(length, std::move(op->bounce));
     } else if (status == UCS_OK) {
       receiver_->OnReceiveFailed(
           op->header, ProtocolError("ucx lane '" + name_ + "': received " +
