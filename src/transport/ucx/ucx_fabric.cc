@@ -71,8 +71,14 @@ constexpr auto kCancelDeadline = std::chrono::milliseconds(500);
 // Bounce buffers kept per distinct payload size.
 constexpr size_t kBouncePoolPerSize = 16;
 // After the last progress, keep polling this long (yielding the core between polls) before
-// sleeping: cuts latency for request/response patterns without burning a core.
+// sleeping: cuts latency for request/response patterns without burning a core...
 constexpr auto kSpin = std::chrono::microseconds(20);
+// ...on hosts with at least this many hardware threads. With fewer, a one-host job has more
+// busy threads than cores (2 workers + 2 servers run ~10), and on a 2-core host shared with
+// other jobs every spin, even a yielding one, measured worse than sleeping at once: a yielding
+// thread sees its events only when it gets the core back, a sleeping one is woken by them
+// (64 MiB push_pull 0.4-0.6 GB/s busbw spinning against 0.7-0.9 sleeping; 4 KiB about even).
+constexpr unsigned kMinThreadsToSpin = 8;
 // Progress calls in a row before the queue is looked at again.
 constexpr int kMaxProgressRounds = 64;
 // Upper bound on one sleep, so a missed wake-up costs at most this much.
@@ -537,16 +543,17 @@ void UcxLane::ProgressLoop() {
     // Short spin: a reply often arrives within microseconds, and sleeping through it would cost
     // a syscall and a context switch each way.
     bool active = false;
+    static const bool spin = std::thread::hardware_concurrency() >= kMinThreadsToSpin;
     const auto spin_end = Clock::now() + kSpin;
-    while (Clock::now() < spin_end) {
+    while (spin && Clock::now() < spin_end) {
       if (queue_nonempty_.load(std::memory_order_acquire) || ProgressOnce() != 0 ||
           stop_requested_.load(std::memory_order_relaxed)) {
         active = true;
         break;
       }
-      // Spin politely: on a host with fewer cores than busy threads (2 workers + 2 servers
-      // on 2 cores run ~10), a plain busy loop holds the core that the thread we are waiting
-      // for needs; measured there, yielding cut a 4 KiB push_pull from ~360 to ~50 us. With
+      // Spin politely: where busy threads outnumber cores, a plain busy loop holds the core
+      // that the thread we are waiting for needs (on the 2-core host, the former 30 us busy
+      // spin made a 4 KiB push_pull ~360 us, yielding ~50-150, not spinning ~70-150). With
       // idle cores, sched_yield returns at once and this is an ordinary busy poll.
       sched_yield();
     }
