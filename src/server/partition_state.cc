@@ -71,9 +71,9 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
   return std::span<std::byte>(buf);
 }
 
-void PartitionState::EndPush(uint32_t rank, bool ok) {
+bool PartitionState::EndPush(uint32_t rank, bool ok) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (rank >= num_workers_ || stage_[rank] != Stage::kReceiving) return;
+  if (rank >= num_workers_ || stage_[rank] != Stage::kReceiving) return false;
   if (ok) {
     stage_[rank] = Stage::kStaged;
   } else {
@@ -83,6 +83,28 @@ void PartitionState::EndPush(uint32_t rank, bool ok) {
       failure_code_ = Code::kPeerLost;
     }
   }
+  // While the engine sums ranks [next_, last) they are still kStaged and next_ is not yet
+  // advanced, so this errs towards true; a false is exact: Progress() would change nothing.
+  return SummableEndLocked() > next_ || RoundOverLocked();
+}
+
+uint32_t PartitionState::SummableEndLocked() const {
+  uint32_t last = next_;
+  while (failure_.empty() && last < num_workers_ && stage_[last] == Stage::kStaged) ++last;
+  // The first step needs ranks 0 and 1 together (acc = s0 + s1), unless there is one worker.
+  if (next_ == 0 && last == 1 && num_workers_ > 1) last = 0;
+  return last;
+}
+
+bool PartitionState::RoundOverLocked() const {
+  // A failed round sums nothing more: staged pushes only wait for the others.
+  for (Stage s : stage_) {
+    if (!(s == Stage::kSummed || s == Stage::kFailed ||
+          (s == Stage::kStaged && !failure_.empty()))) {
+      return false;
+    }
+  }
+  return true;
 }
 
 std::optional<Completion> PartitionState::Progress() {
@@ -93,10 +115,7 @@ std::optional<Completion> PartitionState::Progress() {
     slot = static_cast<uint32_t>(round_ % 2);
     if (sends_pending_[slot] != 0) return std::nullopt;  // round-2's result still going out
     first = next_;
-    last = next_;
-    while (failure_.empty() && last < num_workers_ && stage_[last] == Stage::kStaged) ++last;
-    // The first step needs ranks 0 and 1 together (acc = s0 + s1), unless there is one worker.
-    if (first == 0 && last == 1 && num_workers_ > 1) last = 0;
+    last = SummableEndLocked();
   }
 
   std::vector<std::byte>& acc = acc_[slot];
@@ -119,15 +138,7 @@ std::optional<Completion> PartitionState::Progress() {
   for (uint32_t r = first; r < last; ++r) stage_[r] = Stage::kSummed;
   next_ = std::max(next_, last);
   // The round is over when every rank has either been summed or failed.
-  // A failed round sums nothing more: staged pushes only wait for the others.
-  uint32_t done = 0;
-  for (Stage s : stage_) {
-    done += (s == Stage::kSummed || s == Stage::kFailed ||
-             (s == Stage::kStaged && !failure_.empty()))
-                ? 1
-                : 0;
-  }
-  if (done < num_workers_) return std::nullopt;
+  if (!RoundOverLocked()) return std::nullopt;
 
   Completion c;
   c.round = round_;
@@ -186,6 +197,11 @@ bool PartitionState::MarkGone(uint32_t rank) {
   // A push already on its way or in belongs to this round, which may still complete.
   if (stage_[rank] == Stage::kFree) FailRankLocked(rank);
   return true;
+}
+
+bool PartitionState::WaitsForSlot(uint32_t slot) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return round_ % 2 == slot;
 }
 
 bool PartitionState::SendDone(uint32_t slot) {

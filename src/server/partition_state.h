@@ -6,8 +6,9 @@
 // being summed. Summation is in rank order: acc = s0 + s1, then acc += s2, ... so the result is
 // bit-identical whatever order pushes arrive in.
 //
-// Threads: BeginPush()/EndPush() run on the push lane's progress thread; Progress() and
-// SendDone() on the one engine thread that owns this partition. A mutex guards the per-rank
+// Threads: BeginPush()/EndPush() run on the push lane's progress thread; Progress() on the one
+// thread that owns this partition (an engine thread; for small partitions the push lane's
+// progress thread itself). SendDone()/WaitsForSlot() from any thread. A mutex guards the per-rank
 // flags only; the sums run outside it.
 #pragma once
 
@@ -51,7 +52,10 @@ class PartitionState {
   Result<std::span<std::byte>> BeginPush(const wire::Header& h, bool* run_engine);
 
   // The payload of `rank`'s push has landed (ok) or failed to arrive (!ok, the round fails).
-  void EndPush(uint32_t rank, bool ok);
+  // Returns false when Progress() would find nothing to do now (the push waits for a lower
+  // rank's): the caller need not wake the engine for it. True is conservative (Progress() may
+  // still find nothing, e.g. while a slot's sends are pending).
+  bool EndPush(uint32_t rank, bool ok);
 
   // Sums whatever can be summed in rank order. Returns the completed round, if this call
   // completed one; the caller sends it and calls SendDone(slot) once per worker after that.
@@ -61,8 +65,14 @@ class PartitionState {
   // Returns true when the caller should run Progress().
   bool MarkGone(uint32_t rank);
 
-  // One result send of `slot` finished. Returns true when the slot became free (call Progress()).
+  // One result send of `slot` finished. Returns true when the slot became free (call Progress()
+  // if WaitsForSlot(slot)).
   bool SendDone(uint32_t slot);
+
+  // True when the round being summed uses `slot` (round % 2 == slot): only then can freeing
+  // it let Progress() go further. When false, the Progress() call that completes the round
+  // before (RunEngine loops until Progress() returns nothing) finds the slot free by itself.
+  bool WaitsForSlot(uint32_t slot) const;
 
   uint64_t round() const;
 
@@ -70,6 +80,10 @@ class PartitionState {
   enum class Stage : uint8_t { kFree, kReceiving, kStaged, kSummed, kFailed };
 
   std::string Describe() const;
+  // With mu_ held: ranks [next_, SummableEndLocked()) can be summed now; RoundOverLocked():
+  // every rank is summed or failed (or staged in a failed round).
+  uint32_t SummableEndLocked() const;
+  bool RoundOverLocked() const;
   void FailRankLocked(uint32_t rank);
 
   const uint64_t key_;

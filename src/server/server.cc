@@ -23,6 +23,16 @@ using wire::MsgType;
 
 constexpr auto kPoll = std::chrono::milliseconds(100);
 
+// Partitions of at most this many wire bytes are summed on the push lane's progress thread
+// instead of an engine thread: the exception to "never sum on the I/O thread" for partitions
+// where the sum costs less than the hand-off it replaces. Summing two 16 KiB fp32 pushes takes
+// ~0.4 us warm (a few times that cold), about what receiving the payloads costs that thread; one engine wake-up costs
+// a futex wake and two context switches, and tens of us of latency when cores are
+// oversubscribed (4 KiB push_pull, 2 workers + 2 servers on 2 cores: ~11% fewer context
+// switches, median 83 -> 62 us; bench/results-fastpath.md). Larger partitions keep the rule:
+// a 4 MiB sum (~0.5 ms) would hold up every other push on the lane.
+constexpr uint64_t kInlineSumBytes = 16 << 10;
+
 class ServerImpl final : public Server {
  public:
   explicit ServerImpl(const ServerOptions& o) : opts_(o), job_hash_(wire::JobHash(o.job)) {}
@@ -106,6 +116,16 @@ class ServerImpl final : public Server {
     for (auto& e : engines_) e->Stop();
     if (pull_lane_) pull_lane_->Stop();
     if (push_lane_) push_lane_->Stop();
+    // Pushes land in the staging buffers directly (PushReceiver::KeepsBuffersIfAbandoned): if
+    // the lane gave up a receive it could not cancel (a hung worker), the fabric may still
+    // write into one, so they are never freed.
+    if (push_lane_ && push_lane_->stats().receives_abandoned != 0) {
+      std::unique_lock<std::shared_mutex> lock(parts_mu_);
+      GL_LOG(kWarn) << "server " << id_ << ": " << push_lane_->stats().receives_abandoned
+                    << " push receive(s) abandoned; leaking " << parts_.size()
+                    << " partition(s) whose staging buffers they may still write";
+      for (auto& [id, part] : parts_) (void)part.release();
+    }
   }
 
   ServerStats stats() const override {
@@ -224,7 +244,7 @@ class ServerImpl final : public Server {
     std::shared_lock<std::shared_mutex> lock(parts_mu_);
     for (auto& [id, part] : parts_) {
       PartitionState* p = part.get();
-      EngineFor(*p).Post([this, p, rank] {
+      RunOnOwner(*p, [this, p, rank] {
         if (p->MarkGone(static_cast<uint32_t>(rank))) RunEngine(p);
       });
     }
@@ -248,9 +268,24 @@ class ServerImpl final : public Server {
     return it == parts_.end() ? nullptr : it->second.get();
   }
 
+  // Small partitions are summed on the push lane's progress thread, where their pushes land
+  // (see kInlineSumBytes); the others on an engine thread chosen by key.
+  bool SummedInline(const PartitionState& p) const {
+    return p.count() * DataTypeSize(p.dtype()) <= kInlineSumBytes;
+  }
+
   WorkQueue& EngineFor(const PartitionState& p) {
     const uint64_t h = (p.key() ^ (uint64_t{p.partition()} * 0x9E3779B97F4A7C15ull));
     return *engines_[(h >> 17) % engines_.size()];
+  }
+
+  // Runs `fn` on the one thread that sums `p` (its only writer).
+  void RunOnOwner(const PartitionState& p, std::function<void()> fn) {
+    if (SummedInline(p)) {
+      push_lane_->Defer(std::move(fn));
+    } else {
+      EngineFor(p).Post(std::move(fn));
+    }
   }
 
   void Answer(uint32_t rank, const wire::Header& push, const Status& error) {
@@ -292,7 +327,7 @@ class ServerImpl final : public Server {
         protocol_errors_++;
         Answer(h.sender, h, span.status());
       }
-      if (run_engine) EngineFor(*p).Post([this, p] { RunEngine(p); });
+      if (run_engine) RunOnOwner(*p, [this, p] { RunEngine(p); });
     }
     return span;
   }
@@ -300,9 +335,15 @@ class ServerImpl final : public Server {
   void OnPushPayload(const wire::Header& h, bool ok) {
     PartitionState* p = Find(h.key, h.partition);
     if (p == nullptr) return;
-    p->EndPush(h.sender, ok);
+    const bool runnable = p->EndPush(h.sender, ok);
     if (ok) bytes_reduced_ += h.payload_bytes;
-    EngineFor(*p).Post([this, p] { RunEngine(p); });
+    // Each engine wake-up is a context switch; on small partitions those are most of a round.
+    if (!runnable) return;
+    if (SummedInline(*p)) {
+      RunEngine(p);  // we are on the push lane's progress thread: its owner
+    } else {
+      EngineFor(*p).Post([this, p] { RunEngine(p); });
+    }
   }
 
   // On p's engine thread: sum, and send every round this completes.
@@ -333,7 +374,9 @@ class ServerImpl final : public Server {
         h.cookie = c->cookies[rank];
         SendToWorker(rank, h, payload, [this, p, slot, text](const Status& s) {
           if (!s.ok()) GL_LOG(kInfo) << "server " << id_ << ": pull response failed: " << s.ToString();
-          if (p->SendDone(slot)) EngineFor(*p).Post([this, p] { RunEngine(p); });
+          if (p->SendDone(slot) && p->WaitsForSlot(slot)) {
+            RunOnOwner(*p, [this, p] { RunEngine(p); });
+          }
         });
       }
     }
@@ -352,6 +395,9 @@ class ServerImpl final : public Server {
       GL_LOG(kWarn) << "server " << s_->id_ << ": receiving a push failed: " << st.ToString();
       s_->OnPushPayload(h, false);
     }
+    // Staging buffers live as long as their partition, and Stop() leaks the partitions when
+    // the lane abandoned a receive: pushes need no bounce buffer.
+    bool KeepsBuffersIfAbandoned() const override { return true; }
     void OnPeerFailed(PeerId peer, const Status& st) override {
       // A worker's pull endpoint failed. The scheduler decides whether the job is lost;
       // later sends to that worker fail on their own.

@@ -6,7 +6,8 @@
 // after seeing its header, which is how pulls are written into a worker's tensor in place.
 // (UCX: eager payloads are copied from UCX's buffer, rendezvous payloads land in a lane-owned
 // bounce buffer first, so that a receive a stopped lane cannot cancel never writes into
-// memory its owner may already have freed.)
+// memory its owner may already have freed; unless the receiver promises to keep that memory,
+// see Receiver::KeepsBuffersIfAbandoned().)
 //
 // Threads: Send(), Connect() and Defer() may be called from any thread. Every Receiver and
 // SendCallback call runs on the lane's progress thread and must not block.
@@ -47,6 +48,13 @@ class Receiver {
 
   // The endpoint `peer` (created by Connect() on this lane) failed. Reported once.
   virtual void OnPeerFailed(PeerId peer, const Status& status) = 0;
+
+  // True when the receiver keeps every span OnHeader() returns allocated (never freed, never
+  // handed to anything else) until the process exits whenever the lane reports abandoned
+  // receives (LaneStats::receives_abandoned != 0 after Stop()). Then rendezvous payloads may
+  // land in those spans directly, without the bounce buffer and its copy. Called on the
+  // progress thread; must not change after Start().
+  virtual bool KeepsBuffersIfAbandoned() const { return false; }
 };
 
 // Runs on the progress thread when the payload may be reused (or the send failed).
@@ -62,6 +70,9 @@ struct LaneStats {
   // buffer, or out of a rendezvous bounce buffer); for copy accounting (WorkerStats).
   uint64_t bytes_copied_eager = 0;
   uint64_t bytes_copied_bounce = 0;
+  // Receives that Stop() could neither finish nor cancel (a hung peer): the fabric may still
+  // write their payloads, so their memory is leaked (see Receiver::KeepsBuffersIfAbandoned).
+  uint64_t receives_abandoned = 0;
 };
 
 class Lane {

@@ -9,7 +9,8 @@
 //   - a completion is OK exactly when no push failed/mismatched, no rank left, and all flags
 //     agree; then its result has count * size bytes and, for fp32/int32, equals a scalar sum in
 //     rank order (averaged when the flag says so); the cookies echo the pushes;
-//   - SendDone/MarkGone return what the model says.
+//   - SendDone/MarkGone return what the model says; EndPush asks for the engine when it
+//     completes the round's pushes (and never when it changed nothing).
 //
 // Input layout: byte 0 picks the reducer ISA (auto/scalar/AVX2/AVX-512, when the CPU has it);
 // then operations, each an op byte (partition = op >> 4 & 3, kind = op & 15 % 6) and operands:
@@ -203,7 +204,8 @@ void BeginPush(srv::PartitionState& ps, Model& m, Input& in) {
 
 void EndPush(srv::PartitionState& ps, Model& m, Input& in, bool ok) {
   const uint32_t r = in.U8() % (m.cfg.workers + 1);  // sometimes out of range
-  if (r < m.cfg.workers && m.stage[r] == St::kReceiving) {
+  const bool effective = r < m.cfg.workers && m.stage[r] == St::kReceiving;
+  if (effective) {
     if (ok) {
       in.Fill(m.span[r]);  // the payload lands in the staging buffer
       m.data[r].assign(m.span[r].begin(), m.span[r].end());
@@ -212,7 +214,13 @@ void EndPush(srv::PartitionState& ps, Model& m, Input& in, bool ok) {
       m.FailRank(r);
     }
   }
-  ps.EndPush(r, ok);
+  const bool runnable = ps.EndPush(r, ok);
+  // A false lets the server skip waking the engine, so it must never hide a completable round.
+  bool all_in = true;
+  for (St s : m.stage) all_in = all_in && (s == St::kStaged || s == St::kFailed);
+  Check(runnable || !effective || !all_in,
+        "EndPush said there is nothing to do, but it completed the round");
+  Check(!runnable || effective, "EndPush that changed nothing asked for the engine");
 }
 
 void Progress(srv::PartitionState& ps, Model& m) {

@@ -9,7 +9,8 @@
 //
 // A frame is one active message (id kAmId): the 64-byte wire header as the AM header and the
 // payload as the AM data. UCX chooses eager or rendezvous by size; rendezvous payloads are
-// received straight into the span the Receiver chose.
+// received into a bounce buffer and copied into the span the Receiver chose, or straight into
+// that span when the Receiver keeps its buffers if a receive is abandoned.
 //
 // Lifetimes: the ucp_context is reference-counted between the fabric and its lanes, so the
 // interface rule "the Fabric outlives its lanes" is not load-bearing here, but callers should
@@ -26,6 +27,7 @@
 // - Force-closing an endpoint does not release a rendezvous send still waiting for the peer;
 //   UCX warns "was not returned to mpool" when the worker is destroyed. Harmless for us.
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -68,9 +70,15 @@ constexpr auto kFlushDeadline = std::chrono::milliseconds(300);
 constexpr auto kCancelDeadline = std::chrono::milliseconds(500);
 // Bounce buffers kept per distinct payload size.
 constexpr size_t kBouncePoolPerSize = 16;
-// After the last progress, keep polling this long before sleeping: cuts latency for
-// request/response patterns without burning a core (2-core boxes run ~8 lane threads).
-constexpr auto kSpin = std::chrono::microseconds(30);
+// After the last progress, keep polling this long (yielding the core between polls) before
+// sleeping: cuts latency for request/response patterns without burning a core...
+constexpr auto kSpin = std::chrono::microseconds(20);
+// ...on hosts with at least this many hardware threads. With fewer, a one-host job has more
+// busy threads than cores (2 workers + 2 servers run ~10), and on a 2-core host shared with
+// other jobs every spin, even a yielding one, measured worse than sleeping at once: a yielding
+// thread sees its events only when it gets the core back, a sleeping one is woken by them
+// (64 MiB push_pull 0.4-0.6 GB/s busbw spinning against 0.7-0.9 sleeping; 4 KiB about even).
+constexpr unsigned kMinThreadsToSpin = 8;
 // Progress calls in a row before the queue is looked at again.
 constexpr int kMaxProgressRounds = 64;
 // Upper bound on one sleep, so a missed wake-up costs at most this much.
@@ -172,9 +180,10 @@ class UcxLane final : public Lane {
     std::span<std::byte> dest;
     void* request = nullptr;     // the UCX request while in flight
     ucp_ep_h reply_ep = nullptr;  // the connection the payload comes on
-    // UCX receives into this, never into `dest` directly: a receive that a stopped lane cannot
-    // cancel (a hung or vanished peer) may still be written by UCX later, and then it must be
-    // memory the lane leaks, not the receiver's (freed) buffer. Copied into `dest` on success.
+    // UCX receives into this, not into `dest`: a receive that a stopped lane cannot cancel (a
+    // hung or vanished peer) may still be written by UCX later, and then it must be memory the
+    // lane leaks, not the receiver's (freed) buffer. Copied into `dest` on success. Null when
+    // the receiver keeps its buffers if a receive is abandoned: UCX then writes `dest`.
     std::unique_ptr<std::byte[]> bounce;
   };
 
@@ -269,6 +278,7 @@ class UcxLane final : public Lane {
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> bytes_copied_eager_{0}, bytes_copied_bounce_{0};
   std::atomic<uint64_t> protocol_errors_{0};
+  std::atomic<uint64_t> receives_abandoned_{0};
 };
 
 Result<std::unique_ptr<Lane>> UcxLane::Create(std::shared_ptr<UcxContext> context,
@@ -517,6 +527,7 @@ LaneStats UcxLane::stats() const {
   s.bytes_copied_eager = bytes_copied_eager_.load(std::memory_order_relaxed);
   s.bytes_copied_bounce = bytes_copied_bounce_.load(std::memory_order_relaxed);
   s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
+  s.receives_abandoned = receives_abandoned_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -535,13 +546,19 @@ void UcxLane::ProgressLoop() {
     // Short spin: a reply often arrives within microseconds, and sleeping through it would cost
     // a syscall and a context switch each way.
     bool active = false;
+    static const bool spin = std::thread::hardware_concurrency() >= kMinThreadsToSpin;
     const auto spin_end = Clock::now() + kSpin;
-    while (Clock::now() < spin_end) {
+    while (spin && Clock::now() < spin_end) {
       if (queue_nonempty_.load(std::memory_order_acquire) || ProgressOnce() != 0 ||
           stop_requested_.load(std::memory_order_relaxed)) {
         active = true;
         break;
       }
+      // Spin politely: where busy threads outnumber cores, a plain busy loop holds the core
+      // that the thread we are waiting for needs (on the 2-core host, the former 30 us busy
+      // spin made a 4 KiB push_pull ~360 us, yielding ~50-150, not spinning ~70-150). With
+      // idle cores, sched_yield returns at once and this is an ordinary busy poll.
+      sched_yield();
     }
     if (active) continue;
 
@@ -710,6 +727,7 @@ void UcxLane::Shutdown() {
     // async thread: the ops (with their bounce buffers) stay allocated, detached from this
     // lane, and the context is never cleaned up under the live worker. The receivers' own
     // buffers were never handed to UCX, so they are told the receives failed.
+    receives_abandoned_.fetch_add(recvs_in_flight_.size(), std::memory_order_relaxed);
     for (RecvOp* op : recvs_in_flight_) {
       if (receiver_ != nullptr) receiver_->OnReceiveFailed(op->header, aborted);
       op->lane = nullptr;
@@ -917,14 +935,18 @@ ucs_status_t UcxLane::OnActiveMessage(const void* header, size_t header_length, 
     op->header = *h;
     op->dest = *dest;
     op->reply_ep = reply_ep;
-    op->bounce = TakeBounce(length);
+    void* target = dest->data();
+    if (!receiver_->KeepsBuffersIfAbandoned()) {
+      op->bounce = TakeBounce(length);
+      target = op->bounce.get();
+    }
     ucp_request_param_t rp{};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                       UCP_OP_ATTR_FIELD_MEMORY_TYPE;
     rp.cb.recv_am = &UcxLane::RecvCallbackThunk;
     rp.user_data = op;
     rp.memory_type = UCS_MEMORY_TYPE_HOST;
-    ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, data, op->bounce.get(), length, &rp);
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, data, target, length, &rp);
     if (r == nullptr) {
       OnRecvDone(op, UCS_OK, length);
     } else if (UCS_PTR_IS_ERR(r)) {
@@ -974,10 +996,12 @@ void UcxLane::OnRecvDone(RecvOp* op, ucs_status_t status, size_t length) {
   if (receiver_ != nullptr) {
     if (status == UCS_OK && length == op->dest.size()) {
       bytes_received_.fetch_add(length, std::memory_order_relaxed);
-      if (length > 0) std::memcpy(op->dest.data(), op->bounce.get(), length);
-      bytes_copied_bounce_.fetch_add(length, std::memory_order_relaxed);
+      if (op->bounce) {
+        if (length > 0) std::memcpy(op->dest.data(), op->bounce.get(), length);
+        bytes_copied_bounce_.fetch_add(length, std::memory_order_relaxed);
+        GiveBounce(length, std::move(op->bounce));
+      }
       receiver_->OnPayload(op->header, op->dest);
-      GiveBounce(length, std::move(op->bounce));
     } else if (status == UCS_OK) {
       receiver_->OnReceiveFailed(
           op->header, ProtocolError("ucx lane '" + name_ + "': received " +

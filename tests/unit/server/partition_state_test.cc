@@ -605,6 +605,49 @@ TEST(PartitionStateTest, DoubleBufferedRounds) {
   }
 }
 
+// EndPush() says when the engine has nothing to do, so the server skips that wake-up; a false
+// must be exact (Progress() then changes nothing), a true may be conservative.
+TEST(PartitionStateTest, EndPushSaysWhenProgressHasWork) {
+  constexpr uint32_t kW = 3;
+  Harness h(DataType::kFloat32, 4, kW);
+  const auto value = [](float v) { return AsBytes(std::vector<float>(4, v)); };
+  bool run = false;
+  // Rank 2 first: ranks 0 and 1 are missing, nothing to sum.
+  ASSERT_TRUE(h.Begin(h.MakePush(2, 0), value(4), &run).ok());
+  EXPECT_FALSE(h.state().EndPush(2, true));
+  // Rank 0 alone: the first step needs ranks 0 and 1 together.
+  ASSERT_TRUE(h.Begin(h.MakePush(0, 0), value(1), &run).ok());
+  EXPECT_FALSE(h.state().EndPush(0, true));
+  EXPECT_FALSE(h.state().Progress().has_value());
+  // Rank 1: all three can be summed and the round completes.
+  ASSERT_TRUE(h.Begin(h.MakePush(1, 0), value(2), &run).ok());
+  EXPECT_TRUE(h.state().EndPush(1, true));
+  std::optional<Completion> c = h.state().Progress();
+  ASSERT_TRUE(c.has_value());
+  ASSERT_TRUE(c->status.ok());
+  EXPECT_EQ(FromBytes<float>(c->result), std::vector<float>(4, 7.0f));
+  // Round 1 uses slot 1, so freeing slot 0 needs no engine run; round 2 will wait for slot 0.
+  EXPECT_FALSE(h.state().WaitsForSlot(c->slot));
+  EXPECT_TRUE(h.state().WaitsForSlot(1 - c->slot));
+  ReleaseSlot(h.state(), *c, kW);
+
+  // Round 1: rank 0 then 1 can be summed at once (a partial sum); a failed push completes the
+  // round (with an error), so it asks for the engine too.
+  ASSERT_TRUE(h.Begin(h.MakePush(1, 1), value(2), &run).ok());
+  EXPECT_FALSE(h.state().EndPush(1, true));
+  ASSERT_TRUE(h.Begin(h.MakePush(0, 1), value(1), &run).ok());
+  EXPECT_TRUE(h.state().EndPush(0, true));
+  EXPECT_FALSE(h.state().Progress().has_value());  // sums ranks 0 and 1, waits for rank 2
+  ASSERT_TRUE(h.Begin(h.MakePush(2, 1), value(4), &run).ok());
+  EXPECT_TRUE(h.state().EndPush(2, false));
+  c = h.state().Progress();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->status.code(), Code::kPeerLost) << c->status.ToString();
+  // EndPush of a rank that has no push in flight changes nothing.
+  EXPECT_FALSE(h.state().EndPush(0, true));
+  EXPECT_FALSE(h.state().EndPush(kW, true));
+}
+
 TEST(PartitionStateTest, SendDoneWithoutPendingSends) {
   Harness h(DataType::kFloat32, 1, 2);
   EXPECT_FALSE(h.state().SendDone(0));

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -115,6 +116,9 @@ class TestReceiver : public Receiver {
     peer_failures_.emplace_back(peer, status);
     cv_.notify_all();
   }
+
+  bool KeepsBuffersIfAbandoned() const override { return keeps_buffers_; }
+  bool keeps_buffers_ = false;  // set before Start()
 
   void SetPick(std::function<Result<std::span<std::byte>>(const wire::Header&)> pick) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -301,6 +305,47 @@ TEST_F(UcxLaneTest, PayloadLandsInReceiverChosenSpan) {
   EXPECT_TRUE(guard_intact(0));
   EXPECT_TRUE(guard_intact(kGuard + sizes[0]));
   EXPECT_TRUE(guard_intact(2 * kGuard + sizes[0] + sizes[1]));
+}
+
+// A receiver that keeps its buffers has rendezvous payloads written by UCX straight into its
+// span (no bounce buffer): exactly the span, the right bytes, nothing abandoned.
+TEST(UcxDirectLandingTest, RendezvousLandsInAKeptSpanDirectly) {
+  auto fabric = CreateUcxFabric();
+  ASSERT_TRUE(fabric.ok()) << fabric.status().ToString();
+  TestReceiver ra, rb;
+  rb.keeps_buffers_ = true;
+  auto a = (*fabric)->CreateLane("a");
+  auto b = (*fabric)->CreateLane("b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->Start(&ra).ok());
+  ASSERT_TRUE((*b)->Start(&rb).ok());
+  auto peer = (*a)->Connect((*b)->address(), "b");
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+
+  constexpr size_t kGuard = 64;
+  const std::vector<size_t> sizes = {4096, 1u << 20, 8u << 20};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    SCOPED_TRACE("payload of " + std::to_string(sizes[i]) + " bytes");
+    std::vector<std::byte> arena(sizes[i] + 2 * kGuard, std::byte{0xEE});
+    std::span<std::byte> slot(arena.data() + kGuard, sizes[i]);
+    rb.SetPick([&](const wire::Header&) -> Result<std::span<std::byte>> { return slot; });
+    std::vector<std::byte> data = Pattern(sizes[i], 300 + static_cast<uint32_t>(i));
+    std::promise<Status> sent;
+    (*a)->Send(*peer, MakeHeader(sizes[i], i), data,
+               [&](const Status& st) { sent.set_value(st); });
+    ASSERT_TRUE(sent.get_future().get().ok());
+    ASSERT_TRUE(rb.WaitFor([&] { return rb.frames_.size() == i + 1; }));
+    EXPECT_EQ(rb.frames().back().where, slot.data());
+    EXPECT_EQ(std::memcmp(slot.data(), data.data(), sizes[i]), 0);
+    for (size_t k = 0; k < kGuard; ++k) {
+      ASSERT_EQ(arena[k], std::byte{0xEE}) << "guard before, byte " << k;
+      ASSERT_EQ(arena[kGuard + sizes[i] + k], std::byte{0xEE}) << "guard after, byte " << k;
+    }
+  }
+  (*a)->Stop();
+  (*b)->Stop();
+  EXPECT_EQ((*b)->stats().receives_abandoned, 0u);
+  EXPECT_EQ((*b)->stats().bytes_received, 4096u + (1u << 20) + (8u << 20));
 }
 
 TEST_F(UcxLaneTest, ReceiverMayDropFrames) {
