@@ -276,7 +276,11 @@ def best_gradlink(stats, systems, b):
 
 
 def fmt_time(us):
-    return "%.1f" % us if us < 1e4 else "%.0f" % us
+    return "%.2f" % us if us < 100 else "%.1f" % us if us < 1e4 else "%.0f" % us
+
+
+def fmt_bw(v):
+    return "%.3f" % v if v >= 0.1 else "%.4f" % v if v >= 0.01 else "%.5f" % v
 
 
 def render(stats, systems, sz, a):
@@ -310,9 +314,10 @@ def render(stats, systems, sz, a):
                 ratio = "%.2fx" % (stats[best][b]["busbw_med"] / st["busbw_med"])
             else:
                 ratio = ""
-            lines.append("| %s | %s | %s | %.3f | %.3f / %.3f / %.3f | OK %d/%d | %s |"
-                         % (human(b), s.name, fmt_time(st["time_us"]), st["algbw"], st["busbw_min"],
-                            st["busbw_med"], st["busbw_max"], st["runs"], a.repeats, ratio))
+            lines.append("| %s | %s | %s | %s | %s / %s / %s | OK %d/%d | %s |"
+                         % (human(b), s.name, fmt_time(st["time_us"]), fmt_bw(st["algbw"]),
+                            fmt_bw(st["busbw_min"]), fmt_bw(st["busbw_med"]), fmt_bw(st["busbw_max"]),
+                            st["runs"], a.repeats, ratio))
     if gl and base:
         lines += [""] + render_ratios(stats, ran, sz)
     return lines
@@ -335,11 +340,11 @@ def render_ratios(stats, ran, sz):
              head, sep]
     for b in sz:
         best = best_gradlink(stats, ran, b)
-        row = "| %s | %s (%.3f) |" % (human(b), best, stats[best][b]["busbw_med"])
+        row = "| %s | %s (%s) |" % (human(b), best, fmt_bw(stats[best][b]["busbw_med"]))
         row += "".join(" %.2fx |" % (stats[best][b]["busbw_med"] / stats[n][b]["busbw_med"]) for n in base)
         if tcp:
             bt = max((s.name for s in tcp), key=lambda n: stats[n][b]["busbw_med"])
-            row += " %s (%.3f) |" % (bt, stats[bt][b]["busbw_med"])
+            row += " %s (%s) |" % (bt, fmt_bw(stats[bt][b]["busbw_med"]))
             row += "".join(" %.2fx |" % (stats[bt][b]["busbw_med"] / stats[n][b]["busbw_med"])
                            for n in tcp_base)
         lines.append(row)
