@@ -487,6 +487,7 @@ def main(argv=None):
     sz = sizes(a.minbytes, a.maxbytes, a.stepfactor)
     times = {s.name: {b: [] for b in sz} for s in systems}
     started = datetime.datetime.now(datetime.timezone.utc)
+    load_start = os.getloadavg()[0]
     try:
         for rep in range(a.repeats):
             for s in systems:  # interleaved: noise hits every system alike
@@ -508,7 +509,8 @@ def main(argv=None):
                    "gradlink vs Open MPI vs Gloo, %d ranks, one host (%s)" % (a.ranks, rev))
         print("compare: " + (why or "plot written to %s" % a.plot), file=sys.stderr)
     if not a.no_results:
-        host = "%s, %d CPUs" % (socket.gethostname(), os.cpu_count() or 0)
+        host = "%s, %d CPUs, 1-min load average %.1f at the start and %.1f at the end" % (
+            socket.gethostname(), os.cpu_count() or 0, load_start, os.getloadavg()[0])
         section = ["", "## %s — bench/compare: gradlink vs Open MPI vs Gloo, %d ranks on one host (fp32 sum)"
                    % (rev, a.ranks), "",
                    "Command: `%s` (started %s, %s)." % (cmdline, started.strftime("%Y-%m-%d %H:%M UTC"), host)]
