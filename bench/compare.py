@@ -308,6 +308,10 @@ def fmt_bw(v):
     return "%.3f" % v if v >= 0.1 else "%.4f" % v if v >= 0.01 else "%.5f" % v
 
 
+def fmt_ratio(r):
+    return "%.2fx" % r if r >= 0.1 else "%.3fx" % r if r >= 0.01 else "%.4fx" % r
+
+
 def render(stats, systems, sz, a):
     """The markdown table (and the ratio summary) as a list of lines."""
     ran = [s for s in systems if s.name in stats]
@@ -336,7 +340,7 @@ def render(stats, systems, sz, a):
             if s.is_gradlink:
                 ratio = "best" if s.name == best else ""
             elif best:
-                ratio = "%.2fx" % (stats[best][b]["busbw_med"] / st["busbw_med"])
+                ratio = fmt_ratio(stats[best][b]["busbw_med"] / st["busbw_med"])
             else:
                 ratio = ""
             lines.append("| %s | %s | %s | %s | %s / %s / %s | OK %d/%d | %s |"
@@ -366,11 +370,11 @@ def render_ratios(stats, ran, sz):
     for b in sz:
         best = best_gradlink(stats, ran, b)
         row = "| %s | %s (%s) |" % (human(b), best, fmt_bw(stats[best][b]["busbw_med"]))
-        row += "".join(" %.2fx |" % (stats[best][b]["busbw_med"] / stats[n][b]["busbw_med"]) for n in base)
+        row += "".join(" %s |" % fmt_ratio(stats[best][b]["busbw_med"] / stats[n][b]["busbw_med"]) for n in base)
         if tcp:
             bt = max((s.name for s in tcp), key=lambda n: stats[n][b]["busbw_med"])
             row += " %s (%s) |" % (bt, fmt_bw(stats[bt][b]["busbw_med"]))
-            row += "".join(" %.2fx |" % (stats[bt][b]["busbw_med"] / stats[n][b]["busbw_med"])
+            row += "".join(" %s |" % fmt_ratio(stats[bt][b]["busbw_med"] / stats[n][b]["busbw_med"])
                            for n in tcp_base)
         lines.append(row)
     return lines
@@ -442,6 +446,8 @@ def parser():
     ap.add_argument("--results", default=os.path.join(REPO, "bench", "RESULTS.md"),
                     help="append the table here (default bench/RESULTS.md)")
     ap.add_argument("--no-results", action="store_true")
+    ap.add_argument("--save-json", default="", metavar="FILE",
+                    help="also write every run's time per size (us) and the summary as JSON")
     ap.add_argument("--timeout", type=positive_int, default=600, help="seconds for one run of one system")
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--mpirun-args", default="", help="extra mpirun arguments (one string)")
@@ -504,6 +510,15 @@ def main(argv=None):
     table = render(stats, systems, sz, a)
     print("\n".join(legend + [""] + table))
 
+    if a.save_json:
+        with open(a.save_json, "w") as f:
+            json.dump({"commit": rev, "command": cmdline, "ranks": a.ranks, "iters": a.iters,
+                       "warmup": a.warmup, "repeats": a.repeats, "sizes": sz,
+                       "systems": {s.name: s.label for s in systems},
+                       "skipped": dict(skipped),
+                       "runs_time_us": {n: {str(b): ts for b, ts in v.items()} for n, v in times.items()},
+                       "summary": {n: {str(b): st for b, st in v.items()} for n, v in stats.items()}},
+                      f, indent=1)
     if not a.no_plot:
         why = plot(stats, systems, sz, a.plot,
                    "gradlink vs Open MPI vs Gloo, %d ranks, one host (%s)" % (a.ranks, rev))
