@@ -220,7 +220,7 @@ def tail(text, lines=15):
 
 
 def parse_gradlink(out):
-    """{bytes: (time_us, check)} from gradlink-bench's table; columns found by their header."""
+    """{bytes: (mean_us, min_us, check)} from gradlink-bench's table; columns found by their header."""
     cols = None
     rows = {}
     for line in out.splitlines():
@@ -232,29 +232,29 @@ def parse_gradlink(out):
             continue
         if not f[0].isdigit():
             continue
-        c = cols or {"size(B)": 0, "time(us)": 3, "check": 7}  # the documented layout
+        c = cols or {"size(B)": 0, "time(us)": 3, "min(us)": 4, "check": 7}  # the documented layout
         try:
-            rows[int(f[c["size(B)"]])] = (float(f[c["time(us)"]]), f[c["check"]])
+            rows[int(f[c["size(B)"]])] = (float(f[c["time(us)"]]), float(f[c["min(us)"]]), f[c["check"]])
         except (KeyError, IndexError, ValueError):
             raise Failure("cannot read this gradlink-bench row: %r (header: %s)" % (line, cols))
     return rows
 
 
 def parse_json_rows(out):
-    """{bytes: (time_us, check)} from the baselines' JSON lines."""
+    """{bytes: (mean_us, min_us, check)} from the baselines' JSON lines."""
     rows = {}
     for line in out.splitlines():
         if line.startswith("{"):
             try:
                 r = json.loads(line)
-                rows[int(r["bytes"])] = (float(r["time_us"]), str(r["check"]))
+                rows[int(r["bytes"])] = (float(r["time_us"]), float(r["min_us"]), str(r["check"]))
             except (ValueError, KeyError, TypeError) as e:
                 raise Failure("cannot read this result line (%s): %r" % (e, line))
     return rows
 
 
 def run_system(system, a, rep, expected_sizes, corrupt):
-    """One run; returns {bytes: time_us}. Raises Failure on a failed run or any wrong value."""
+    """One run; returns {bytes: (mean_us, min_us)}. Raises Failure on a failed run or any wrong value."""
     argv, env = command(system, a, corrupt)
     t0 = time.monotonic()
     try:
@@ -263,7 +263,7 @@ def run_system(system, a, rep, expected_sizes, corrupt):
         raise Failure("%s (repeat %d) %s" % (system.name, rep + 1, e))
     rows = parse_gradlink(out) if system.is_gradlink else parse_json_rows(out)
     where = "%s (repeat %d): %s" % (system.name, rep + 1, shlex.join(argv))
-    wrong = ["%d bytes: %s" % (b, chk) for b, (_, chk) in sorted(rows.items()) if chk != "OK"]
+    wrong = ["%d bytes: %s" % (b, chk) for b, (_, _, chk) in sorted(rows.items()) if chk != "OK"]
     if wrong:
         raise Failure("WRONG VALUES from %s\n  %s\n%s" % (where, "\n  ".join(wrong), tail(err)))
     if rc != 0:
@@ -273,7 +273,7 @@ def run_system(system, a, rep, expected_sizes, corrupt):
                       % (where, sorted(rows), expected_sizes, tail(out), tail(err)))
     print("compare: repeat %d %-16s %5.1f s  OK" % (rep + 1, system.name, time.monotonic() - t0),
           file=sys.stderr, flush=True)
-    return {b: t for b, (t, _) in rows.items()}
+    return {b: (t, t_min) for b, (t, t_min, _) in rows.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,17 +281,19 @@ def run_system(system, a, rep, expected_sizes, corrupt):
 
 
 def summarize(times, ranks):
-    """times: {system: {bytes: [time_us per repeat]}} -> {system: {bytes: stats}}."""
+    """times: {system: {bytes: [(mean_us, min_us) per repeat]}} -> {system: {bytes: stats}}."""
     factor = 2.0 * (ranks - 1) / ranks
     out = {}
     for name, per_size in times.items():
         out[name] = {}
-        for b, ts in per_size.items():
+        for b, runs in per_size.items():
+            ts = [t for t, _ in runs]
             bus = sorted(b / (t * 1e3) * factor for t in ts)
             t_med = statistics.median(ts)
             out[name][b] = {"time_us": t_med, "algbw": b / (t_med * 1e3),
                             "busbw_min": bus[0], "busbw_med": statistics.median(bus),
-                            "busbw_max": bus[-1], "runs": len(ts)}
+                            "busbw_max": bus[-1], "runs": len(ts),
+                            "fastest_us": min(t_min for _, t_min in runs)}
     return out
 
 
@@ -320,7 +322,8 @@ def render(stats, systems, sz, a):
     lines = []
     lines.append("%d ranks (gradlink: %d workers + its servers), fp32 sum, sizes %s..%s, %d iters "
                  "(+%d warmup) per run, %d repeats interleaved. time = median over repeats of a "
-                 "run's mean time per operation (us); algbw = bytes / time; busbw = algbw * "
+                 "run's mean time per operation (us); fastest = the fastest single operation of all "
+                 "runs (us); algbw = bytes / time; busbw = algbw * "
                  "2(n-1)/n (GB/s), min / median / max over repeats. Every element of every "
                  "result was checked: check = runs with all elements exact."
                  % (a.ranks, a.ranks, human(sz[0]), human(sz[-1]), a.iters, a.warmup, a.repeats))
@@ -330,9 +333,9 @@ def render(stats, systems, sz, a):
                      "(the row marked `best`) divided by this baseline's median busbw "
                      "(> 1: gradlink is faster).")
         lines.append("")
-    lines.append("| size | system | time (us) | algbw (GB/s) | busbw (GB/s) min / median / max | check |"
-                 " best gradlink ÷ this |")
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append("| size | system | time (us) | fastest (us) | algbw (GB/s) | busbw (GB/s) min / median / max |"
+                 " check | best gradlink ÷ this |")
+    lines.append("|---|---|---|---|---|---|---|---|")
     for b in sz:
         best = best_gradlink(stats, ran, b)
         for s in ran:
@@ -343,8 +346,9 @@ def render(stats, systems, sz, a):
                 ratio = fmt_ratio(stats[best][b]["busbw_med"] / st["busbw_med"])
             else:
                 ratio = ""
-            lines.append("| %s | %s | %s | %s | %s / %s / %s | OK %d/%d | %s |"
-                         % (human(b), s.name, fmt_time(st["time_us"]), fmt_bw(st["algbw"]),
+            lines.append("| %s | %s | %s | %s | %s | %s / %s / %s | OK %d/%d | %s |"
+                         % (human(b), s.name, fmt_time(st["time_us"]), fmt_time(st["fastest_us"]),
+                            fmt_bw(st["algbw"]),
                             fmt_bw(st["busbw_min"]), fmt_bw(st["busbw_med"]), fmt_bw(st["busbw_max"]),
                             st["runs"], a.repeats, ratio))
     if gl and base:
@@ -516,7 +520,7 @@ def main(argv=None):
                        "warmup": a.warmup, "repeats": a.repeats, "sizes": sz,
                        "systems": {s.name: s.label for s in systems},
                        "skipped": dict(skipped),
-                       "runs_time_us": {n: {str(b): ts for b, ts in v.items()} for n, v in times.items()},
+                       "runs_mean_min_us": {n: {str(b): ts for b, ts in v.items()} for n, v in times.items()},
                        "summary": {n: {str(b): st for b, st in v.items()} for n, v in stats.items()}},
                       f, indent=1)
     if not a.no_plot:

@@ -13,6 +13,7 @@ from conftest import BIN, REPO
 COMPARE = os.path.join(REPO, "bench", "compare")
 GRADLINK = ["gradlink-shm-1s", "gradlink-shm-2s", "gradlink-tcp-1s", "gradlink-tcp-2s"]
 MPI = ["mpi-shm", "mpi-tcp"]
+SYSTEMS = GRADLINK + MPI + ["gloo"]
 TINY = ["--bin", BIN, "-b", "4K", "-e", "16K", "-f", "4", "-n", "2", "--warmup", "1", "--repeats", "1",
         "--timeout", "60"]  # compare stops a hung run itself (its processes are in their own groups)
 
@@ -53,7 +54,7 @@ def table_rows(text):
     rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 7 and re.fullmatch(r"\d+[KMG]?", cells[0]):
+        if len(cells) == 8 and re.fullmatch(r"\d+[KMG]?", cells[0]) and cells[1] in SYSTEMS:
             rows[(cells[0], cells[1])] = cells
     return rows
 
@@ -76,9 +77,10 @@ def test_every_available_system_runs_and_checks(tmp_path):
         for size, nbytes in (("4K", 4096), ("16K", 16384)):
             cells = rows.get((size, system))
             assert cells, "no row for %s at %s in:\n%s\n%s" % (system, size, out, err)
-            assert cells[5] == "OK 1/1", cells
-            time_us, algbw = float(cells[2]), float(cells[3])
-            lo, med, hi = (float(x) for x in cells[4].split("/"))
+            assert cells[6] == "OK 1/1", cells
+            time_us, fastest, algbw = float(cells[2]), float(cells[3]), float(cells[4])
+            lo, med, hi = (float(x) for x in cells[5].split("/"))
+            assert 0 < fastest <= time_us * 1.001, cells
             # algbw = bytes / time; with 2 ranks busbw = algbw; one repeat: min = median = max.
             assert algbw == pytest.approx(nbytes / (time_us * 1e3), rel=0.02, abs=2e-3), cells
             assert med == pytest.approx(algbw, rel=0.02, abs=2e-3) and lo == med == hi, cells
@@ -87,13 +89,13 @@ def test_every_available_system_runs_and_checks(tmp_path):
         # The ratio column: best gradlink's median busbw over each baseline's; with one repeat and
         # the same bytes that is the baseline's time over best gradlink's (times have more digits).
         for size in ("4K", "16K"):
-            best = [s for (z, s), c in rows.items() if z == size and c[6] == "best"]
+            best = [s for (z, s), c in rows.items() if z == size and c[7] == "best"]
             assert len(best) == 1 and best[0] in GRADLINK, rows
             t_best = float(rows[(size, best[0])][2])
             assert t_best == pytest.approx(min(float(rows[(size, g)][2]) for g in ran & set(GRADLINK)),
                                            rel=0.01), rows
             for s in ran - set(GRADLINK):
-                ratio = float(rows[(size, s)][6].rstrip("x"))
+                ratio = float(rows[(size, s)][7].rstrip("x"))
                 assert ratio == pytest.approx(float(rows[(size, s)][2]) / t_best, rel=0.02, abs=0.006), \
                     rows[(size, s)]
     text = results.read_text()
