@@ -21,11 +21,16 @@ the output says so and why.
 Each system runs --repeats times, interleaved (repeat 1 of every system, then repeat 2, ...), so
 noise from the machine hits every system alike. One run gives, per size, the mean time of its
 timed iterations (rank 0's clock, a barrier before each iteration, as gradlink-bench does);
-the table reports per size and system the median of those times over the repeats, algbw =
-bytes / time and busbw = algbw * 2(n-1)/n (nccl-tests), busbw min / median / max over the
-repeats, and the ratio of the best gradlink configuration's median busbw at that size to each
-baseline's. The table (with the commit and the command line) is appended to --results, and
-busbw against size is plotted to --plot (matplotlib, if installed).
+the table reports per size and system the median of those times over the repeats, the fastest
+single operation of all runs (the latency floor on a noisy machine), algbw = bytes / time and
+busbw = algbw * 2(n-1)/n (nccl-tests), busbw min / median / max over the repeats, and the ratio of the best gradlink configuration's median busbw at that size to each
+baseline's. The table (with the commit, the command line and the load average) is appended to
+--results, and busbw against size is plotted to --plot (matplotlib, if installed). --save-json
+keeps every run's numbers.
+
+Open MPI runs under mpirun --allow-run-as-root --oversubscribe (and OMPI_ALLOW_RUN_AS_ROOT=1,
+OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1: Debian's Open MPI 4.1 refuses root otherwise) with its default
+process binding; --mpirun-args adds options (e.g. "--bind-to none").
 """
 import argparse
 import datetime
