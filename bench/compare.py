@@ -436,7 +436,7 @@ def commit():
 
 
 def parser():
-    ap = argparse.ArgumentParser(prog="bench/compare", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="bench/compare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=os.path.join(REPO, "build", "bin"),
                     help="where gradlink-bench, gradlink-server and mpi_allreduce are (default build/bin)")
