@@ -16,7 +16,7 @@
 namespace gradlink::wire {
 
 inline constexpr uint32_t kMagic = 0x314B4C47;  // "GLK1" little-endian
-inline constexpr uint8_t kVersion = 1;
+inline constexpr uint8_t kVersion = 2;
 inline constexpr size_t kHeaderSize = 64;
 
 // Upper bounds on payloads a receiver accepts. Data frames carry one partition.

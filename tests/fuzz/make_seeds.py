@@ -9,7 +9,7 @@ MAGIC = 0x314B4C47
 
 def header(type_, flags=0, job=1, sender=0, key=0, partition=0, dtype=0, code=0, round_=0,
            count=0, payload=0, cookie=0):
-    return struct.pack("<IBBHIIQIBBHQQQQ", MAGIC, 1, type_, flags, job, sender, key, partition,
+    return struct.pack("<IBBHIIQIBBHQQQQ", MAGIC, 2, type_, flags, job, sender, key, partition,
                        dtype, code, 0, round_, count, payload, cookie)
 
 

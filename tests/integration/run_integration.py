@@ -293,7 +293,7 @@ def bench_job(h, workers, servers, begin, end, factor=4.0, dtype="fp32", iters=5
 
 HEADER = struct.Struct("<IBBHIIQIBBHQQQQ")
 assert HEADER.size == 64
-MAGIC, VERSION = 0x314B4C47, 1
+MAGIC, VERSION = 0x314B4C47, 2
 T_REGISTER, T_WELCOME, T_DECLARE, T_BARRIER, T_ABORT, T_PUSH, T_DATA_ERROR = 1, 2, 3, 6, 10, 32, 34
 
 
@@ -331,7 +331,8 @@ def scheduler_bad_inputs():
         ("bad magic", frame(T_REGISTER, reg, magic=0x12345678), quick),
         ("magic all ones", frame(T_REGISTER, reg, magic=0xFFFFFFFF), quick),
         ("version 0", frame(T_REGISTER, reg, version=0), quick),
-        ("version 2", frame(T_REGISTER, reg, version=2), quick),
+        ("version 1 (before server weights)", frame(T_REGISTER, reg, version=1), quick),
+        ("version 3", frame(T_REGISTER, reg, version=3), quick),
         ("version 255", frame(T_REGISTER, reg, version=255), quick),
     ]
     for t in (0, 11, 31, 35, 200, 255):

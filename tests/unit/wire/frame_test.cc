@@ -246,7 +246,7 @@ TEST(FrameTest, RejectsBadMagic) {
 }
 
 TEST(FrameTest, RejectsBadVersion) {
-  for (uint8_t v : {uint8_t{0}, uint8_t{2}, uint8_t{255}}) {
+  for (uint8_t v : {uint8_t{0}, uint8_t{kVersion - 1}, uint8_t{kVersion + 1}, uint8_t{255}}) {
     HeaderBytes b = EncodeHeader(SamplePush());
     PutLe(b, kOffVersion, v, 1);
     ExpectProtocolError(DecodeHeader(b), "version " + std::to_string(v));
