@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all setup build test demo bench compare bench-reduce fuzz test-asan test-tsan clean
+.PHONY: all setup build test test-arm demo bench compare bench-reduce fuzz test-asan test-tsan clean
 
 all: build
 
@@ -67,6 +67,13 @@ test-tsan: setup
 	cmake --build $(BUILD)-tsan -j$(JOBS)
 	cd $(BUILD)-tsan && UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_RELOC=no \
 	  ctest --output-on-failure -j$(JOBS) -LE "integration|fault"
+
+# The reducers' NEON kernels: cross-built for aarch64 (just the reducers and their unit test) and
+# run under qemu-user. Installs the cross compiler, qemu-user and googletest's sources when missing.
+# ARM_BENCH=1 also builds reduce_bench and runs it once under qemu (a smoke check, not a timing).
+ARM_BENCH ?= 0
+test-arm:
+	BUILD_ARM=$(BUILD)-arm JOBS=$(JOBS) ARM_BENCH=$(ARM_BENCH) scripts/test-arm.sh
 
 # Reducer throughput against memcpy (Google Benchmark).
 bench-reduce: build

@@ -6,8 +6,8 @@
 // for SumTwo both inputs, for memcpy the bytes copied. Accumulate reads acc and x and writes acc
 // back: three streams of traffic, like memcpy's read + write-allocate + write.
 //
-// The *_Isa benchmarks force one implementation (0 scalar, 1 AVX2, 2 AVX-512); an ISA this CPU
-// lacks is reported as skipped.
+// The *_Isa benchmarks force one implementation (0 scalar, 1 AVX2, 2 AVX-512, 3 NEON; x86-64
+// builds list 0-2, aarch64 builds 0 and 3); an ISA this CPU lacks is reported as skipped.
 //
 // Run e.g.: reduce_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
@@ -64,6 +64,7 @@ const char* IsaName(ReduceIsa isa) {
     case ReduceIsa::kScalar: return "scalar";
     case ReduceIsa::kAvx2: return "avx2";
     case ReduceIsa::kAvx512: return "avx512";
+    case ReduceIsa::kNeon: return "neon";
   }
   return "?";
 }
@@ -137,9 +138,14 @@ void BM_Bf16Accumulate(benchmark::State& s) { RunAccumulate(s, DataType::kBFloat
 void BM_Fp64Accumulate(benchmark::State& s) { RunAccumulate(s, DataType::kFloat64, ReduceIsa::kAuto); }
 void BM_Int32Accumulate(benchmark::State& s) { RunAccumulate(s, DataType::kInt32, ReduceIsa::kAuto); }
 
-// Args: {input bytes, isa (0 scalar, 1 AVX2, 2 AVX-512)}.
+// Args: {input bytes, isa (0 scalar, 1 AVX2, 2 AVX-512, 3 NEON)}.
 ReduceIsa IsaArg(int64_t v) {
-  return v == 0 ? ReduceIsa::kScalar : v == 1 ? ReduceIsa::kAvx2 : ReduceIsa::kAvx512;
+  switch (v) {
+    case 0: return ReduceIsa::kScalar;
+    case 1: return ReduceIsa::kAvx2;
+    case 2: return ReduceIsa::kAvx512;
+    default: return ReduceIsa::kNeon;
+  }
 }
 void BM_Fp32Accumulate_Isa(benchmark::State& s) {
   RunAccumulate(s, DataType::kFloat32, IsaArg(s.range(1)));
@@ -153,7 +159,11 @@ void Sizes(benchmark::internal::Benchmark* b) {
 }
 void IsaSizes(benchmark::internal::Benchmark* b) {
   for (int64_t size : {4 * kMiB, 64 * kMiB}) {
+#if defined(__aarch64__)
+    for (int64_t isa : {0, 3}) b->Args({size, isa});
+#else
     for (int64_t isa : {0, 1, 2}) b->Args({size, isa});
+#endif
   }
   b->ArgNames({"bytes", "isa"})->Unit(benchmark::kMicrosecond);
 }

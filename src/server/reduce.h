@@ -37,11 +37,11 @@ float BFloat16ToFloat(uint16_t b);
 uint16_t FloatToBFloat16(float f);
 
 // Test hook. The functions above run hand-vectorized loops for the best instruction set the CPU
-// supports (x86-64: AVX-512F, else AVX2+F16C) and portable scalar loops otherwise; all give
-// bit-identical results. SetReduceIsaForTesting forces one implementation (kAuto: the best
-// supported, the default) and returns false, changing nothing, when this CPU or build lacks it.
-// For tests and benchmarks only.
-enum class ReduceIsa : uint8_t { kAuto, kScalar, kAvx2, kAvx512 };
+// supports (x86-64: AVX-512F, else AVX2+F16C, chosen at run time; AArch64: NEON, always there)
+// and portable scalar loops otherwise; all give bit-identical results. SetReduceIsaForTesting
+// forces one implementation (kAuto: the best supported, the default) and returns false,
+// changing nothing, when this CPU or build lacks it. For tests and benchmarks only.
+enum class ReduceIsa : uint8_t { kAuto, kScalar, kAvx2, kAvx512, kNeon };
 bool SetReduceIsaForTesting(ReduceIsa isa);
 // The implementation the functions above use now (never kAuto).
 ReduceIsa ActiveReduceIsa();

@@ -508,6 +508,7 @@ std::string IsaName(ReduceIsa isa) {
     case ReduceIsa::kScalar: return "Scalar";
     case ReduceIsa::kAvx2: return "Avx2";
     case ReduceIsa::kAvx512: return "Avx512";
+    case ReduceIsa::kNeon: return "Neon";
   }
   return "Unknown";
 }
@@ -524,7 +525,8 @@ class ReduceTest : public ::testing::TestWithParam<ReduceIsa> {
 };
 
 INSTANTIATE_TEST_SUITE_P(Isa, ReduceTest,
-                         ::testing::Values(ReduceIsa::kScalar, ReduceIsa::kAvx2, ReduceIsa::kAvx512),
+                         ::testing::Values(ReduceIsa::kScalar, ReduceIsa::kAvx2, ReduceIsa::kAvx512,
+                                           ReduceIsa::kNeon),
                          [](const ::testing::TestParamInfo<ReduceIsa>& info) {
                            return IsaName(info.param);
                          });
@@ -796,6 +798,8 @@ TEST(ReduceDispatchTest, AutoPicksTheBestSupported) {
     EXPECT_EQ(best, ReduceIsa::kAvx512);
   } else if (SetReduceIsaForTesting(ReduceIsa::kAvx2)) {
     EXPECT_EQ(best, ReduceIsa::kAvx2);
+  } else if (SetReduceIsaForTesting(ReduceIsa::kNeon)) {
+    EXPECT_EQ(best, ReduceIsa::kNeon);
   } else {
     EXPECT_EQ(best, ReduceIsa::kScalar);
   }
@@ -834,94 +838,154 @@ struct Bytes {
   unsigned char* at(size_t off) { return b.data() + off; }
 };
 
+// The vector ISAs this build has (whether this CPU runs them is checked when they are set).
+constexpr ReduceIsa kVectorIsas[] = {ReduceIsa::kAvx2, ReduceIsa::kAvx512, ReduceIsa::kNeon};
+
+// fp32 accumulator values for a 16-bit Store that sit exactly on a rounding tie of the 16-bit
+// type (and their neighbours one ulp away), so that round-to-nearest-even decides.
+float TieF32(DataType t, Gen& g) {
+  uint32_t u;
+  if (t == DataType::kBFloat16) {
+    u = (static_cast<uint32_t>(g.Bits64()) & 0xffff0000u) | 0x8000u;  // bf16 keeps 16 bits
+  } else {
+    // A normal or subnormal fp16 magnitude; the dropped 13 bits (normal) are exactly half.
+    const uint32_t exp = 103 + static_cast<uint32_t>(g.Below(143 - 103));
+    u = (static_cast<uint32_t>(g.Bits64()) & 0x807fe000u) | (exp << 23) | 0x1000u;
+  }
+  switch (g.Below(4)) {
+    case 0: --u; break;
+    case 1: ++u; break;
+    default: break;
+  }
+  return F32(u);
+}
+
+// Runs SumTwo, Accumulate, Load, Store and Store in place on n random elements of t at element
+// offset off, once with `isa` and once with the scalar kernels, and fails on the first byte that
+// differs (but for the NaN + NaN case below). Returns false if `isa` is not available.
+bool CompareWithScalar(ReduceIsa isa, DataType t, size_t n, size_t off, uint32_t divisor, Gen& g,
+                       int& nan_nan) {
+  if (!SetReduceIsaForTesting(isa)) return false;
+  const size_t ws = DataTypeSize(t), as = DataTypeSize(AccumulatorType(t));
+  auto random_bytes = [&](size_t count) {
+    Bytes r{std::vector<unsigned char>(count)};
+    for (auto& c : r.b) c = static_cast<unsigned char>(g.Bits64());
+    return r;
+  };
+  // fp16/bf16 accumulators: also mix in values within the 16-bit types' range, and ties.
+  Bytes a = random_bytes((n + 17) * ws), b = random_bytes((n + 17) * ws);
+  Bytes acc0 = random_bytes((n + 17) * as);
+  if (as == 4 && ws == 2) {
+    for (size_t i = 0; i < n + 17; ++i) {
+      const size_t kind = g.Below(4);
+      if (kind == 0) continue;  // random bits
+      const float f = kind == 1 ? TieF32(t, g)
+                                : (t == DataType::kFloat16 ? RandomF16Acc(g) : RandomBf16Acc(g));
+      std::memcpy(acc0.at(i * 4), &f, 4);
+    }
+  }
+
+  auto run_all = [&](ReduceIsa which) {
+    EXPECT_TRUE(SetReduceIsaForTesting(which));
+    std::vector<Bytes> results;
+    Bytes acc = acc0;
+    SumTwo(t, acc.at(off * as), a.at(off * ws), b.at(off * ws), n);
+    results.push_back(acc);
+    acc = acc0;
+    Accumulate(t, acc.at(off * as), a.at(off * ws), n);
+    results.push_back(acc);
+    acc = acc0;
+    Load(t, acc.at(off * as), a.at(off * ws), n);
+    results.push_back(acc);
+    Bytes out = b;
+    Store(t, out.at(off * ws), acc0.at(off * as), n, divisor);
+    results.push_back(out);
+    acc = acc0;
+    Store(t, acc.at(off * as), acc.at(off * as), n, divisor);
+    results.push_back(acc);
+    return results;
+  };
+  const std::vector<Bytes> vec = run_all(isa);
+  const std::vector<Bytes> ref = run_all(ReduceIsa::kScalar);
+  const char* ops[] = {"SumTwo", "Accumulate", "Load", "Store", "Store in place"};
+  for (size_t k = 0; k < ref.size(); ++k) {
+    // Element size of what op k writes: accumulators, or wire values for Store.
+    const size_t es = k == 3 ? ws : as;
+    const DataType et = k == 3 ? t : AccumulatorType(t);
+    const auto& x = vec[k].b;
+    const auto& y = ref[k].b;
+    EXPECT_EQ(x.size(), y.size());
+    if (x.size() != y.size()) return true;
+    for (size_t j = 0; j * es < x.size(); ++j) {
+      if (std::memcmp(&x[j * es], &y[j * es], es) == 0) continue;
+      // The one allowed difference: a sum of two NaNs is a NaN, but which operand's payload
+      // it carries depends on the operand order the compiler picked (IEEE 754 leaves it
+      // open, and compilers treat + as commutative).
+      const size_t i = j - off;  // element index within the n processed (wraps if j < off)
+      bool both_nan = false;
+      if (k <= 1 && j >= off && i < n) {
+        const bool first = k == 0 ? IsNaNAt(t, a.at((off + i) * ws))
+                                  : IsNaNAt(AccumulatorType(t), acc0.at((off + i) * as));
+        const bool second =
+            k == 0 ? IsNaNAt(t, b.at((off + i) * ws)) : IsNaNAt(t, a.at((off + i) * ws));
+        both_nan = first && second && IsNaNAt(et, &x[j * es]) && IsNaNAt(et, &y[j * es]);
+      }
+      if (both_nan) {
+        ++nan_nan;
+        continue;
+      }
+      ADD_FAILURE() << IsaName(isa) << " " << DataTypeName(t) << " " << ops[k] << " n=" << n
+                    << " off=" << off << " d=" << divisor << ": first differing element " << j;
+      break;
+    }
+  }
+  return true;
+}
+
 TEST(ReduceDispatchTest, VectorMatchesScalarBitForBit) {
   Gen g(17);
   int compared = 0;
   int nan_nan = 0;
-  for (ReduceIsa isa : {ReduceIsa::kAvx2, ReduceIsa::kAvx512}) {
+  for (ReduceIsa isa : kVectorIsas) {
     if (!SetReduceIsaForTesting(isa)) continue;
     for (int round = 0; round < 40; ++round) {
       for (uint8_t raw = 1; raw <= 6; ++raw) {
         const auto t = static_cast<DataType>(raw);
-        const size_t ws = DataTypeSize(t), as = DataTypeSize(AccumulatorType(t));
         const size_t n = round < 10 ? round : (round < 20 ? 4099 : g.Below(3000));
         const size_t off = g.Below(17);  // in elements: every head length to 64-byte alignment
-        auto random_bytes = [&](size_t count) {
-          Bytes r{std::vector<unsigned char>(count)};
-          for (auto& c : r.b) c = static_cast<unsigned char>(g.Bits64());
-          return r;
-        };
-        // fp16/bf16 accumulators: also mix in values within the 16-bit types' range.
-        Bytes a = random_bytes((n + 17) * ws), b = random_bytes((n + 17) * ws);
-        Bytes acc0 = random_bytes((n + 17) * as);
-        if (as == 4 && ws == 2) {
-          for (size_t i = 0; i < n + 17; i += 2) {
-            const float f = t == DataType::kFloat16 ? RandomF16Acc(g) : RandomBf16Acc(g);
-            std::memcpy(acc0.at(i * 4), &f, 4);
-          }
-        }
         const uint32_t divisor = static_cast<uint32_t>(g.Pick(std::vector<uint32_t>{1, 2, 3, 5}));
-
-        auto run_all = [&](ReduceIsa which) {
-          EXPECT_TRUE(SetReduceIsaForTesting(which));
-          std::vector<Bytes> results;
-          Bytes acc = acc0;
-          SumTwo(t, acc.at(off * as), a.at(off * ws), b.at(off * ws), n);
-          results.push_back(acc);
-          acc = acc0;
-          Accumulate(t, acc.at(off * as), a.at(off * ws), n);
-          results.push_back(acc);
-          acc = acc0;
-          Load(t, acc.at(off * as), a.at(off * ws), n);
-          results.push_back(acc);
-          Bytes out = b;
-          Store(t, out.at(off * ws), acc0.at(off * as), n, divisor);
-          results.push_back(out);
-          acc = acc0;
-          Store(t, acc.at(off * as), acc.at(off * as), n, divisor);
-          results.push_back(acc);
-          return results;
-        };
-        const std::vector<Bytes> vec = run_all(isa);
-        const std::vector<Bytes> ref = run_all(ReduceIsa::kScalar);
-        const char* ops[] = {"SumTwo", "Accumulate", "Load", "Store", "Store in place"};
-        for (size_t k = 0; k < ref.size(); ++k) {
-          // Element size of what op k writes: accumulators, or wire values for Store.
-          const size_t es = k == 3 ? ws : as;
-          const DataType et = k == 3 ? t : AccumulatorType(t);
-          const auto& x = vec[k].b;
-          const auto& y = ref[k].b;
-          ASSERT_EQ(x.size(), y.size());
-          for (size_t j = 0; j * es < x.size(); ++j) {
-            if (std::memcmp(&x[j * es], &y[j * es], es) == 0) continue;
-            // The one allowed difference: a sum of two NaNs is a NaN, but which operand's payload
-            // it carries depends on the operand order the compiler picked (IEEE 754 leaves it
-            // open, and compilers treat + as commutative).
-            const size_t i = j - off;  // element index within the n processed (wraps if j < off)
-            bool both_nan = false;
-            if (k <= 1 && j >= off && i < n) {
-              const bool first = k == 0 ? IsNaNAt(t, a.at((off + i) * ws))
-                                        : IsNaNAt(AccumulatorType(t), acc0.at((off + i) * as));
-              const bool second = k == 0 ? IsNaNAt(t, b.at((off + i) * ws))
-                                         : IsNaNAt(t, a.at((off + i) * ws));
-              both_nan = first && second && IsNaNAt(et, &x[j * es]) && IsNaNAt(et, &y[j * es]);
-            }
-            if (both_nan) {
-              ++nan_nan;
-              continue;
-            }
-            ADD_FAILURE() << IsaName(isa) << " " << DataTypeName(t) << " " << ops[k]
-                          << " n=" << n << " off=" << off << " d=" << divisor
-                          << ": first differing element " << j;
-            break;
-          }
-        }
-        ++compared;
+        if (CompareWithScalar(isa, t, n, off, divisor, g, nan_nan)) ++compared;
       }
     }
   }
   SetReduceIsaForTesting(ReduceIsa::kAuto);
   std::printf("NaN + NaN sums whose payload differed: %d\n", nan_nan);
+  if (compared == 0) GTEST_SKIP() << "no vector implementation on this CPU";
+}
+
+// Every length from 0 to 1000 (every head and tail length of every vector width, both vector
+// loops of the 16-bit kernels), each at a random misalignment, every dtype, sum and average.
+TEST(ReduceDispatchTest, VectorMatchesScalarEveryLength) {
+  Gen g(23);
+  int compared = 0;
+  int nan_nan = 0;
+  for (ReduceIsa isa : kVectorIsas) {
+    if (!SetReduceIsaForTesting(isa)) continue;
+    for (size_t n = 0; n <= 1000; ++n) {
+      for (uint8_t raw = 1; raw <= 6; ++raw) {
+        const auto t = static_cast<DataType>(raw);
+        const size_t off = g.Below(17);
+        const uint32_t divisor = n % 2 == 0 ? 1 : static_cast<uint32_t>(2 + g.Below(6));
+        if (CompareWithScalar(isa, t, n, off, divisor, g, nan_nan)) ++compared;
+        if (::testing::Test::HasFailure()) {  // one report, not thousands
+          SetReduceIsaForTesting(ReduceIsa::kAuto);
+          return;
+        }
+      }
+    }
+  }
+  SetReduceIsaForTesting(ReduceIsa::kAuto);
+  std::printf("compared %d runs; NaN + NaN sums whose payload differed: %d\n", compared, nan_nan);
   if (compared == 0) GTEST_SKIP() << "no vector implementation on this CPU";
 }
 
