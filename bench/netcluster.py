@@ -172,7 +172,9 @@ def _raise_exit(signum, frame):
 
 
 def install_signal_handlers():
-    """SIGTERM and SIGHUP end the harness like Ctrl-C does: through every finally block."""
+    """SIGTERM and SIGHUP end the harness like Ctrl-C does: through every finally block. SIGINT
+    is set explicitly: a shell starts background jobs with it ignored."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _raise_exit)
     signal.signal(signal.SIGHUP, _raise_exit)
 
@@ -915,7 +917,7 @@ def main(argv=None):
     if bad:
         ap.error("--baselines: unknown %s (gloo, mpi or none)" % ",".join(bad))
     for tool in ("gradlink-scheduler", "gradlink-server", "gradlink-bench"):
-        if not os.access(os.path.join(a.bin, tool), os.X_OK):
+        if a.scenario != "hold" and not os.access(os.path.join(a.bin, tool), os.X_OK):
             ap.error("%s not found in --bin %s (build first: make build)" % (tool, a.bin))
 
     scenarios = ["ps", "mixed", "lanes"] if a.scenario == "all" else [a.scenario]
