@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all setup build test demo bench bench-reduce netcluster fuzz test-asan test-tsan clean
+.PHONY: all setup build test demo bench compare bench-reduce netcluster fuzz test-asan test-tsan clean
 
 all: build
 
@@ -31,6 +31,13 @@ demo: build
 # push_pull bandwidth sweep like nccl-tests (2 workers, 2 servers), every element checked.
 bench: build
 	$(BUILD)/bin/gradlink-bench -w 2 -s 2 -b 4K -e 64M -f 4 -n 10
+
+# gradlink (shm and TCP modes, 1 and 2 servers) against Open MPI's MPI_Allreduce and Gloo's
+# all_reduce, 2 ranks on this host, 3 interleaved repeats; appends its table to bench/RESULTS.md
+# and plots bench/compare.png. COMPARE_ARGS adds options (bench/compare --help).
+COMPARE_ARGS ?=
+compare: build
+	bench/compare --bin $(BUILD)/bin $(COMPARE_ARGS)
 
 # Emulated cluster (needs root, iproute2): 4 worker hosts, 4/2 server hosts, mixed placement and
 # lanes, beside Gloo and Open MPI, on network namespaces with 1 Gbit/s tbf-shaped links; every

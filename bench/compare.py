@@ -174,19 +174,41 @@ def command(system, a, corrupt):
     return argv + size_args(a) + extra, env
 
 
+def stop_group(p):
+    """Stops the process group p leads: SIGTERM (mpirun and gloo_allreduce --local pass it on to
+    their ranks), then SIGKILL to whatever is left after 5 s. Returns what p printed."""
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        out, err = p.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        out, err = "", ""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)  # children that outlived their parent
+    except ProcessLookupError:
+        pass
+    if p.poll() is None:
+        p.kill()
+    try:
+        more_out, more_err = p.communicate(timeout=5)
+        return out + (more_out or ""), err + (more_err or "")
+    except (subprocess.TimeoutExpired, ValueError):
+        return out, err
+
+
 def run_process(argv, env, timeout):
     """Runs argv in its own process group; returns (rc, stdout, stderr); kills the group on timeout."""
     p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGTERM)
-        try:
-            out, err = p.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            out, err = p.communicate()
+    except BaseException as e:  # the timeout below; Ctrl-C or SIGTERM: stop the run's processes
+        if not isinstance(e, subprocess.TimeoutExpired):
+            stop_group(p)
+            raise
+        out, err = stop_group(p)
         raise Failure("did not finish within %d s (stopped): %s\n%s%s"
                       % (timeout, shlex.join(argv), tail(out), tail(err)))
     return p.returncode, out, err
@@ -235,7 +257,10 @@ def run_system(system, a, rep, expected_sizes, corrupt):
     """One run; returns {bytes: time_us}. Raises Failure on a failed run or any wrong value."""
     argv, env = command(system, a, corrupt)
     t0 = time.monotonic()
-    rc, out, err = run_process(argv, env, a.timeout)
+    try:
+        rc, out, err = run_process(argv, env, a.timeout)
+    except Failure as e:
+        raise Failure("%s (repeat %d) %s" % (system.name, rep + 1, e))
     rows = parse_gradlink(out) if system.is_gradlink else parse_json_rows(out)
     where = "%s (repeat %d): %s" % (system.name, rep + 1, shlex.join(argv))
     wrong = ["%d bytes: %s" % (b, chk) for b, (_, chk) in sorted(rows.items()) if chk != "OK"]
@@ -276,7 +301,11 @@ def best_gradlink(stats, systems, b):
 
 
 def fmt_time(us):
-    return "%.1f" % us if us < 1e4 else "%.0f" % us
+    return "%.2f" % us if us < 100 else "%.1f" % us if us < 1e4 else "%.0f" % us
+
+
+def fmt_bw(v):
+    return "%.3f" % v if v >= 0.1 else "%.4f" % v if v >= 0.01 else "%.5f" % v
 
 
 def render(stats, systems, sz, a):
@@ -310,9 +339,10 @@ def render(stats, systems, sz, a):
                 ratio = "%.2fx" % (stats[best][b]["busbw_med"] / st["busbw_med"])
             else:
                 ratio = ""
-            lines.append("| %s | %s | %s | %.3f | %.3f / %.3f / %.3f | OK %d/%d | %s |"
-                         % (human(b), s.name, fmt_time(st["time_us"]), st["algbw"], st["busbw_min"],
-                            st["busbw_med"], st["busbw_max"], st["runs"], a.repeats, ratio))
+            lines.append("| %s | %s | %s | %s | %s / %s / %s | OK %d/%d | %s |"
+                         % (human(b), s.name, fmt_time(st["time_us"]), fmt_bw(st["algbw"]),
+                            fmt_bw(st["busbw_min"]), fmt_bw(st["busbw_med"]), fmt_bw(st["busbw_max"]),
+                            st["runs"], a.repeats, ratio))
     if gl and base:
         lines += [""] + render_ratios(stats, ran, sz)
     return lines
@@ -335,11 +365,11 @@ def render_ratios(stats, ran, sz):
              head, sep]
     for b in sz:
         best = best_gradlink(stats, ran, b)
-        row = "| %s | %s (%.3f) |" % (human(b), best, stats[best][b]["busbw_med"])
+        row = "| %s | %s (%s) |" % (human(b), best, fmt_bw(stats[best][b]["busbw_med"]))
         row += "".join(" %.2fx |" % (stats[best][b]["busbw_med"] / stats[n][b]["busbw_med"]) for n in base)
         if tcp:
             bt = max((s.name for s in tcp), key=lambda n: stats[n][b]["busbw_med"])
-            row += " %s (%.3f) |" % (bt, stats[bt][b]["busbw_med"])
+            row += " %s (%s) |" % (bt, fmt_bw(stats[bt][b]["busbw_med"]))
             row += "".join(" %.2fx |" % (stats[bt][b]["busbw_med"] / stats[n][b]["busbw_med"])
                            for n in tcp_base)
         lines.append(row)
@@ -422,7 +452,12 @@ def parser():
     return ap
 
 
+def on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through run_process, which stops the current run
+
+
 def main(argv=None):
+    signal.signal(signal.SIGTERM, on_sigterm)
     ap = parser()
     a = ap.parse_args(argv)
     if a.maxbytes < a.minbytes:

@@ -11,6 +11,8 @@ packages=(
   iproute2
   # The Python layer: Debian's torch/pybind11/pytest belong to /usr/bin/python3 (no PyPI).
   python3-dev python3-pybind11 pybind11-dev python3-torch python3-pytest python3-venv
+  # bench/compare's baselines (Open MPI's MPI_Allreduce, Gloo via torch) and its plot.
+  openmpi-bin libopenmpi-dev python3-mpi4py python3-matplotlib
 )
 
 missing=()

@@ -124,8 +124,8 @@ def run_local(a):
     for r in range(a.local):
         cmd = [sys.executable, os.path.abspath(__file__), "--rank", str(r), "--world-size", str(a.local),
                "--master-addr", "127.0.0.1", "--master-port", str(port)] + size_args(a)
-        procs.append(subprocess.Popen(cmd, env=env, stdout=None if r == 0 else subprocess.DEVNULL,
-                                      start_new_session=True))
+        # The ranks stay in this process's group: a launcher that stops the group stops them.
+        procs.append(subprocess.Popen(cmd, env=env, stdout=None if r == 0 else subprocess.DEVNULL))
     # Every rank has its own deadlines (rendezvous, each collective); this one bounds the whole job.
     n_sizes = len(list(sizes(a.minbytes, a.maxbytes, a.stepfactor)))
     deadline = time.monotonic() + a.timeout * (2 + n_sizes * (a.iters + a.warmup))
@@ -154,7 +154,7 @@ def run_local(a):
     finally:
         for p in procs:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+                p.kill()
                 p.wait()
 
 
@@ -224,6 +224,8 @@ def main():
     if a.local is not None:
         if a.rank is not None or a.world_size is not None:
             ap.error("--local starts its own ranks: do not give --rank/--world-size with it")
+        # SIGTERM unwinds through run_local's finally, which stops the ranks.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         return run_local(a)
     missing = [o for o, v in (("--rank", a.rank), ("--world-size", a.world_size),
                               ("--master-port", a.master_port)) if v is None]
