@@ -1,5 +1,6 @@
 // gradlink-server: an aggregation server; joins a job through its scheduler.
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 
@@ -11,9 +12,22 @@ int main(int argc, char** argv) {
   gradlink::ServerOptions o;
   if (const char* env = std::getenv("GRADLINK_SCHEDULER")) o.scheduler = env;
   if (const char* env = std::getenv("GRADLINK_JOB")) o.job = env;
+  if (const char* env = std::getenv("GRADLINK_SERVER_WEIGHT")) {
+    char* end = nullptr;
+    errno = 0;
+    o.weight = std::strtod(env, &end);
+    if (*env == '\0' || *end != '\0' || errno != 0) {
+      std::fprintf(stderr, "gradlink-server: GRADLINK_SERVER_WEIGHT='%s' is not a number in [1e-6, 1e6]\n", env);
+      return 2;
+    }
+  }
   app.add_option("--scheduler", o.scheduler, "scheduler host:port (default: $GRADLINK_SCHEDULER)");
   app.add_option("--job", o.job, "job name (default: $GRADLINK_JOB or 'default')");
   app.add_option("--engine-threads", o.engine_threads, "summing threads")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--weight", o.weight,
+                 "placement weight: this server gets about weight/(sum of all servers' weights) "
+                 "of the bytes; in [1e-6, 1e6] (default: $GRADLINK_SERVER_WEIGHT or 1)")
+      ->capture_default_str();
   app.add_flag("--single-lane", o.single_lane, "answer pulls on the push lane (comparison mode)");
   CLI11_PARSE(app, argc, argv);
   if (o.scheduler.empty()) {

@@ -34,6 +34,11 @@ struct ServerOptions {
   std::string job = "default";  // must equal the scheduler's
   uint32_t engine_threads = 2;  // threads that sum pushes, sharded by key; >= 1
   bool single_lane = false;     // answer pulls on the push lane (comparison mode)
+  // Placement weight: the scheduler gives this server about weight / (sum of all servers'
+  // weights) of every key's bytes, partition granularity permitting. Mixed placement (servers
+  // on worker hosts too) gives the worker-host servers a smaller weight than dedicated ones.
+  // Must be finite and in [1e-6, 1e6], else Start() fails with kInvalidArgument.
+  double weight = 1.0;
   // Transport: "ucx" (default), or "inproc" with `fabric` set (threads as ranks, for tests).
   std::string transport = "ucx";
   std::shared_ptr<transport::Fabric> fabric;

@@ -1,10 +1,12 @@
 #include "gradlink/scheduler.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -32,6 +34,12 @@ constexpr auto kPoll = std::chrono::milliseconds(100);
 constexpr size_t kMaxUnregistered = 256;
 
 std::string RoleName(Role r) { return r == Role::kWorker ? "worker" : "server"; }
+
+std::string FormatWeight(double w) {
+  std::ostringstream o;
+  o << w;
+  return o.str();
+}
 
 struct Connection {
   std::shared_ptr<ControlChannel> channel;
@@ -397,7 +405,6 @@ class SchedulerImpl final : public Scheduler {
     for (auto& c : conns_) {
       if (!c->registered || c->left) continue;
       if (c->role == Role::kServer) {
-        c->id = static_cast<uint32_t>(servers.size());
         servers.push_back(c.get());
       } else if (c->reg.requested_rank >= 0) {
         const auto r = static_cast<uint32_t>(c->reg.requested_rank);
@@ -412,6 +419,18 @@ class SchedulerImpl final : public Scheduler {
         unranked.push_back(c.get());
       }
     }
+    // Server ids: heaviest weight first, then in connection order. The plan then depends only
+    // on the weights, not on which server connected first (servers of equal weight are
+    // interchangeable); with equal weights the ids are in connection order.
+    std::stable_sort(servers.begin(), servers.end(), [](const Connection* a, const Connection* b) {
+      return a->reg.weight > b->reg.weight;
+    });
+    std::vector<double> weights;
+    for (Connection* c : servers) {
+      c->id = static_cast<uint32_t>(weights.size());
+      weights.push_back(c->reg.weight);
+    }
+    placer_ = scheduler::Placer(weights);
     size_t next = 0;
     for (Connection* c : unranked) {
       while (workers[next] != nullptr) ++next;
@@ -439,8 +458,16 @@ class SchedulerImpl final : public Scheduler {
         return Status::Ok();
       }
     }
+    std::string weight_list;
+    if (std::any_of(weights.begin(), weights.end(), [](double x) { return x != 1.0; })) {
+      weight_list = "; placement weights:";
+      for (Connection* c : servers) {
+        weight_list += (c->id == 0 ? " server " : ", server ") + std::to_string(c->id) + " (" +
+                       c->reg.host + ") " + FormatWeight(c->reg.weight);
+      }
+    }
     GL_LOG(kInfo) << "scheduler: job '" << opts_.job << "' started with " << opts_.num_workers
-                  << " workers and " << opts_.num_servers << " servers";
+                  << " workers and " << opts_.num_servers << " servers" << weight_list;
     return Status::Ok();
   }
 

@@ -30,6 +30,9 @@ class ServerImpl final : public Server {
 
   Status Init() {
     if (opts_.engine_threads == 0) return InvalidArgument("engine_threads must be at least 1");
+    if (!wire::IsValidServerWeight(opts_.weight)) {
+      return InvalidArgument("server " + wire::ServerWeightError(opts_.weight));
+    }
     const auto deadline = transport::Clock::now() + opts_.connect_timeout;
     GL_ASSIGN_OR_RETURN(fabric_, MakeFabric(opts_.transport, opts_.fabric));
     GL_ASSIGN_OR_RETURN(push_lane_, fabric_->CreateLane("server push lane"));
@@ -49,6 +52,7 @@ class ServerImpl final : public Server {
     reg.host = opts_.host_name.empty() ? LocalHostName() : opts_.host_name;
     reg.push_address = push_lane_->address();
     reg.pull_address = reply_lane().address();
+    reg.weight = opts_.weight;
     GL_ASSIGN_OR_RETURN(Joined joined, JoinJob(opts_.scheduler, job_hash_, reg, deadline, opts_.secret));
     channel_ = std::move(joined.channel);
     id_ = joined.welcome.your_id;

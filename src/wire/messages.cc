@@ -1,5 +1,9 @@
 #include "wire/messages.h"
 
+#include <bit>
+#include <iomanip>
+#include <sstream>
+
 #include "wire/codec.h"
 
 namespace gradlink::wire {
@@ -25,6 +29,13 @@ bool GetRole(Reader& r, Role* role) {
 
 }  // namespace
 
+std::string ServerWeightError(double w) {
+  std::ostringstream o;
+  o << "weight " << std::setprecision(17) << w << " is not a finite number in ["
+    << std::setprecision(6) << kMinServerWeight << ", " << kMaxServerWeight << "]";
+  return o.str();
+}
+
 std::vector<std::byte> Encode(const RegisterMsg& m) {
   Writer w;
   w.U8(static_cast<uint8_t>(m.role));
@@ -32,18 +43,24 @@ std::vector<std::byte> Encode(const RegisterMsg& m) {
   w.Str(m.host);
   w.Bytes(m.push_address);
   w.Bytes(m.pull_address);
+  w.U64(std::bit_cast<uint64_t>(m.weight));
   return w.Take();
 }
 
 Result<RegisterMsg> DecodeRegister(std::span<const std::byte> b) {
   Reader r(b);
   RegisterMsg m;
+  uint64_t weight_bits;
   if (!GetRole(r, &m.role) || !r.I32(&m.requested_rank) || !r.Str(&m.host, kMaxNameLength) ||
       !r.Bytes(&m.push_address, kMaxAddressLength) ||
-      !r.Bytes(&m.pull_address, kMaxAddressLength) || !r.Done()) {
+      !r.Bytes(&m.pull_address, kMaxAddressLength) || !r.U64(&weight_bits) || !r.Done()) {
     return Bad("register message");
   }
   if (m.requested_rank < -1) return Bad("register message (negative rank)");
+  m.weight = std::bit_cast<double>(weight_bits);
+  if (!IsValidServerWeight(m.weight)) {
+    return Bad("register message (" + ServerWeightError(m.weight) + ")");
+  }
   return m;
 }
 

@@ -21,6 +21,14 @@ inline constexpr uint32_t kMaxPartitions = 1u << 20;
 // Partitions of one tensor: its kAssign (20 bytes each) must fit in one control frame.
 inline constexpr uint64_t kMaxPartitionsPerTensor = 50000;
 inline constexpr uint32_t kMaxMessageLength = 8192;
+// A server's placement weight (RegisterMsg::weight) lies in [kMinServerWeight, kMaxServerWeight]:
+// any ratio of two weights is at most 1e12, so load / weight never overflows a double.
+inline constexpr double kMinServerWeight = 1e-6;
+inline constexpr double kMaxServerWeight = 1e6;
+// False for NaN too.
+inline bool IsValidServerWeight(double w) { return w >= kMinServerWeight && w <= kMaxServerWeight; }
+// "weight W is not a finite number in [1e-06, 1e+06]", W printed exactly: for error messages.
+std::string ServerWeightError(double w);
 
 enum class Role : uint8_t { kWorker = 1, kServer = 2 };
 
@@ -31,6 +39,10 @@ struct RegisterMsg {
   std::string host;             // for messages and the address book
   std::vector<std::byte> push_address;  // transport lane addresses
   std::vector<std::byte> pull_address;
+  // Servers: the share of the partitions this server takes, relative to the other servers'
+  // weights (ServerOptions::weight). Workers send 1.0; the scheduler ignores theirs. Decoding
+  // refuses a value that is not finite or lies outside [kMinServerWeight, kMaxServerWeight].
+  double weight = 1.0;
 };
 
 struct Member {

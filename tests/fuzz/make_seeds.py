@@ -37,7 +37,11 @@ for name, data in frames.items():
     write("frame", name, data)
 
 addr = b"\x01\x02\x03\x04"
-register = bytes([1]) + struct.pack("<i", -1) + s(b"host") + s(addr) + s(addr)
+register = bytes([1]) + struct.pack("<i", -1) + s(b"host") + s(addr) + s(addr) + struct.pack("<d", 1.0)
+# A server with placement weight 0.25, and (refused) weights out of range: 0, -1, NaN, inf, 1e7.
+register_server = bytes([2]) + struct.pack("<i", -1) + s(b"srv") + s(addr) + s(addr) + struct.pack("<d", 0.25)
+register_bad_weights = [bytes([2]) + struct.pack("<i", -1) + s(b"srv") + s(addr) + s(addr) + struct.pack("<d", w)
+                        for w in (0.0, -1.0, float("nan"), float("inf"), 1e7)]
 welcome = struct.pack("<IIII", 0, 1, 1, 2) + bytes([1]) + struct.pack("<I", 0) + s(b"w") + s(addr) + s(addr) \
     + bytes([2]) + struct.pack("<I", 0) + s(b"s") + s(addr) + s(addr)
 declare = s(b"fc1.weight") + struct.pack("<Q", 4 << 20)
@@ -49,6 +53,9 @@ for i, (name, payload) in enumerate([("register", register), ("welcome", welcome
     # 97 elements on one server.
     data = bytes([i]) + payload
     write("messages", name, data)
+write("messages", "register_server_weight", bytes([0]) + register_server)
+for j, payload in enumerate(register_bad_weights):
+    write("messages", "register_bad_weight_%d" % j, bytes([0]) + payload)
 
 # ---- handshake_fuzz: byte 0 mode, then steps [op][len][payload]. The target's fixed secret,
 # job hash, epoch and nonces (handshake_fuzz.cc) let honest transcripts be computed here.

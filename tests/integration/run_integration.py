@@ -165,9 +165,9 @@ class Harness:
 
     # ---- the three roles -------------------------------------------------------------------
 
-    def start_scheduler(self, workers, servers, extra=(), port=0, name="scheduler"):
+    def start_scheduler(self, workers, servers, extra=(), port=0, name="scheduler", env=None):
         p = self.spawn(name, [self.bin("gradlink-scheduler"), "--port", str(port), "-w",
-                              str(workers), "-s", str(servers)] + list(extra))
+                              str(workers), "-s", str(servers)] + list(extra), env=env)
         limit = time.monotonic() + min(15, self.left())
         while time.monotonic() < limit:
             m = re.search(r"listening on (\S+):(\d+)", p.out())
@@ -311,10 +311,11 @@ def header(type_, job="default", payload=0, magic=MAGIC, version=VERSION, flags=
                        cookie)
 
 
-def register_payload(role=1, rank=-1, host="intruder", push=b"", pull=b""):
+def register_payload(role=1, rank=-1, host="intruder", push=b"", pull=b"", weight=1.0):
     def blob(b):
         return struct.pack("<I", len(b)) + b
-    return struct.pack("<Bi", role, rank) + blob(host.encode()) + blob(push) + blob(pull)
+    return (struct.pack("<Bi", role, rank) + blob(host.encode()) + blob(push) + blob(pull) +
+            struct.pack("<d", weight))
 
 
 def frame(type_, payload=b"", **kw):
@@ -351,6 +352,13 @@ def scheduler_bad_inputs():
         ("kRegister with a garbage payload", frame(T_REGISTER, b"\x07" * 10), quick),
         ("kRegister with role 3", frame(T_REGISTER, register_payload(role=3)), quick),
         ("kRegister with rank -5", frame(T_REGISTER, register_payload(rank=-5)), quick),
+        ("kRegister with server weight 0", frame(T_REGISTER, register_payload(role=2, weight=0.0)),
+         quick),
+        ("kRegister with server weight NaN",
+         frame(T_REGISTER, register_payload(role=2, weight=float("nan"))), quick),
+        ("kRegister with server weight 1e300",
+         frame(T_REGISTER, register_payload(role=2, weight=1e300)), quick),
+        ("kRegister without a weight", frame(T_REGISTER, register_payload()[:-8]), quick),
         ("kRegister whose strings overrun",
          frame(T_REGISTER, struct.pack("<Bi", 1, -1) + struct.pack("<I", 0xFFFFFFF0) + b"ab"),
          quick),
@@ -841,6 +849,60 @@ def case_refusals(h):
                                       time.monotonic() - t0, wk[0].err().strip().splitlines()[-1]))
 
 
+def case_server_weights(h):
+    """gradlink-server --weight / GRADLINK_SERVER_WEIGHT: bad values are refused before joining;
+    a job on servers of weights 0.5, 3 and 1 is exact, and the scheduler numbers them heaviest
+    first whatever order they connect in."""
+    t0 = time.monotonic()
+    refused = [(["--weight", "0"], {}), (["--weight", "-1"], {}), (["--weight", "inf"], {}),
+               (["--weight", "nan"], {}), (["--weight", "2e6"], {}), (["--weight", "x"], {}),
+               ([], {"GRADLINK_SERVER_WEIGHT": "abc"}), ([], {"GRADLINK_SERVER_WEIGHT": ""}),
+               ([], {"GRADLINK_SERVER_WEIGHT": "0"})]
+    for args, env in refused:
+        p = h.spawn("bad-weight", [h.bin("gradlink-server"), "--scheduler", "127.0.0.1:1"] + args,
+                    env=env)
+        rc = h.wait(p, 10)
+        err = p.err()
+        if rc == 0 or "weight" not in err.lower():
+            raise Failure("gradlink-server %s %s: exit %d, stderr %r (expected a refusal naming "
+                          "the weight)" % (" ".join(args), env, rc, err))
+    print("ok   %-58s" % ("%d bad weights refused before joining" % len(refused)))
+
+    job = "weights"
+    sched, addr = h.start_scheduler(2, 3, extra=["--job", job], env={"GRADLINK_LOG_LEVEL": "info"})
+    base = [h.bin("gradlink-server"), "--scheduler", addr, "--job", job]
+    srv = []
+    # Lightest first, so that connection order and weight order differ.
+    for name, args, env in [("server-w0.5", ["--weight", "0.5"], {}),
+                            ("server-w3", [], {"GRADLINK_SERVER_WEIGHT": "3"}),
+                            ("server-w1", ["--weight", "1"], {"GRADLINK_SERVER_WEIGHT": "9"})]:
+        srv.append(h.spawn(name, base + args, env=env))
+        time.sleep(0.2)
+    args = ["--scheduler", addr, "--job", job, "-b", "4", "-e", "1M", "-f", "8", "-n", "3",
+            "--warmup", "1", "--partition-bytes", "16384"]
+    wk = [h.spawn("worker%d" % r, [h.bin("gradlink-bench")] + args) for r in range(2)]
+    procs = srv + wk + [sched]
+    try:
+        h.wait_all(wk, [0, 0], 60, "weighted bench")
+        for p in srv + [sched]:
+            rc = h.wait(p, 15)
+            if rc != 0:
+                raise Failure("%s exited with %d" % (p.name, rc))
+        rows = bench_rows(wk)
+        if not rows or any(r[3] != "OK" for r in rows):
+            raise Failure("bench rows: %s" % rows)
+        m = re.search(r"placement weights: server 0 \(\S+\) 3, server 1 \(\S+\) 1, "
+                      r"server 2 \(\S+\) 0\.5", sched.err())
+        if not m:
+            raise Failure("the scheduler did not number the servers by weight (3, 1, 0.5):\n%s" %
+                          sched.err())
+    except Failure:
+        h.dump_logs(procs)
+        raise
+    print("ok   %-58s %6.2f s" % ("bench w2 s3 weights 0.5/3/1: exact, ids by weight",
+                                  time.monotonic() - t0))
+
+
 def case_split_header(h):
     """Regression test: a frame header that reaches the scheduler in two pieces 300 ms apart
     (a TCP segment retransmitted) must not cost the member its connection."""
@@ -909,6 +971,7 @@ CASES = {
     "mismatch": case_mismatch,
     "timeout": case_timeout,
     "refusals": case_refusals,
+    "server_weights": case_server_weights,
     "split_header": case_split_header,
     "scheduler_reaps_connections": case_scheduler_reaps_connections,
 }

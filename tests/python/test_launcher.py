@@ -50,6 +50,28 @@ def test_usage_errors(built):
     assert p.returncode == 2 and "no worker command" in p.stderr
 
 
+def test_server_weights(run_job):
+    """--server-weights gives each server its --weight: the job is exact (basics.py asserts its
+    sums) and the scheduler numbers the servers heaviest first."""
+    job = run_job(2, 2, "basics.py", timeout=90, launcher_args=["--server-weights", "1,3"],
+                  env={"GRADLINK_LOG_LEVEL": "info"})
+    assert job.rc == 0, job.explain()
+    assert any("placement weights: server 0 (" in line and ") 3, server 1 (" in line and
+               line.endswith(") 1") for line in job.lines("[scheduler]")), job.explain()
+
+
+def test_server_weights_usage_errors(built):
+    import subprocess
+    import sys
+
+    from conftest import BIN, LAUNCHER
+    for weights, why in (("1", "has 1 weights for 2 servers"), ("1,x", "'x' is not a number")):
+        p = subprocess.run([sys.executable, LAUNCHER, "--bin-dir", BIN, "-n", "1", "-s", "2",
+                            "--server-weights", weights, "--", "true"],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and why in p.stderr, (weights, p.stderr)
+
+
 def test_torchrun_environment(built, tmp_path):
     """Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) init() finds the
     scheduler at MASTER_ADDR:MASTER_PORT+1. Started by hand here, as a cluster launcher would."""

@@ -1,10 +1,13 @@
 // Tests of the Placer: partition sizes, exact coverage, byte balance across servers, edge cases
-// (empty tensors, partitions smaller than one element) and determinism.
+// (empty tensors, partitions smaller than one element) and determinism; with server weights,
+// shares against the ideal w_i / sum(w) and against a brute-force search over all placements.
 #include "scheduler/placement.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -191,6 +194,213 @@ TEST(PlacementTest, PlanDependsOnCallHistoryOnly) {
     auto pb = b.Plan(DataType::kFloat32, 100 * i, 256);
     ASSERT_EQ(pa.size(), pb.size());
     for (size_t j = 0; j < pa.size(); ++j) EXPECT_EQ(pa[j].server, pb[j].server);
+  }
+}
+
+// ---- Weighted placement -----------------------------------------------------------------------
+
+// Runs the same random sequence of Plan() calls on `a` and `b`; they must agree on everything.
+void ExpectSamePlans(Placer& a, Placer& b, uint64_t seed, int tensors) {
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < tensors; ++i) {
+    const DataType t = kAllTypes[rng() % 6];
+    const uint64_t count = rng() % 4 == 0 ? rng() % 500000 : rng() % 3000;
+    const uint64_t pb = 1 + rng() % 65536;
+    const auto pa = a.Plan(t, count, pb);
+    const auto pbb = b.Plan(t, count, pb);
+    ASSERT_EQ(pa.size(), pbb.size()) << "tensor " << i;
+    for (size_t j = 0; j < pa.size(); ++j) {
+      ASSERT_EQ(pa[j].offset, pbb[j].offset) << "tensor " << i << " partition " << j;
+      ASSERT_EQ(pa[j].count, pbb[j].count) << "tensor " << i << " partition " << j;
+      ASSERT_EQ(pa[j].server, pbb[j].server) << "tensor " << i << " partition " << j;
+    }
+  }
+  EXPECT_EQ(a.load_bytes(), b.load_bytes());
+}
+
+TEST(WeightedPlacementTest, EqualWeightsPlanExactlyAsUnweighted) {
+  for (double w : {1.0, 0.3, 7.0, 1e-6, 1e6}) {
+    for (uint32_t n : {1u, 2u, 5u}) {
+      Placer plain(n);
+      Placer weighted(std::vector<double>(n, w));
+      ExpectSamePlans(plain, weighted, 99 + n, 300);
+    }
+  }
+}
+
+TEST(WeightedPlacementTest, ScalingAllWeightsChangesNothing) {
+  // Only ratios matter, even where the scaled weights are not exact in binary (0.1, 0.3).
+  for (const auto& scaled : std::vector<std::vector<double>>{
+           {0.1, 0.3, 0.2}, {0.5, 1.5, 1.0}, {1e-5, 3e-5, 2e-5}, {1e5, 3e5, 2e5}}) {
+    Placer a(std::vector<double>{1, 3, 2});
+    Placer b(scaled);
+    ExpectSamePlans(a, b, 5, 300);
+  }
+}
+
+TEST(WeightedPlacementTest, TiesGoToTheLowestServerId) {
+  // One-element partitions of 4 bytes on weights {0.3, 0.3, 0.1, 0.1}: the empty servers first
+  // in id order, then by bytes / weight; 12/0.3 and 4/0.1 tie (though not in binary) at the end.
+  Placer placer(std::vector<double>{0.3, 0.3, 0.1, 0.1});
+  std::vector<uint32_t> got;
+  for (int i = 0; i < 9; ++i) got.push_back(placer.Plan(DataType::kFloat32, 1, 4)[0].server);
+  EXPECT_EQ(got, (std::vector<uint32_t>{0, 1, 2, 3, 0, 1, 0, 1, 0}));
+}
+
+// The ideal bytes of server i: total * w_i / sum(w), computed independently of the Placer.
+std::vector<double> IdealShares(const std::vector<double>& w, double total) {
+  double sum = 0;
+  for (double x : w) sum += x;
+  std::vector<double> out;
+  for (double x : w) out.push_back(total * x / sum);
+  return out;
+}
+
+TEST(WeightedPlacementTest, WeightsOneAndThreeGiveAQuarterAndThreeQuarters) {
+  for (uint64_t pb : {4ull, 1000ull, 4096ull, 1ull << 20}) {
+    Placer placer(std::vector<double>{1, 3});
+    std::mt19937_64 rng(pb);
+    double total = 0;
+    uint64_t largest = 0;
+    for (int i = 0; i < 400; ++i) {
+      // Some tensors of up to 300 partitions, most of a few elements.
+      const uint64_t per_part = std::max<uint64_t>(1, pb / 4);
+      const uint64_t count = rng() % 3 == 0 ? rng() % (300 * per_part) : 1 + rng() % 5000;
+      for (const auto& p : placer.Plan(DataType::kFloat32, count, pb)) {
+        largest = std::max(largest, p.count * 4);
+      }
+      total += double(count) * 4;
+      const auto ideal = IdealShares({1, 3}, total);
+      for (int s = 0; s < 2; ++s) {
+        // Two servers: each within one partition of its share (a quarter, three quarters).
+        ASSERT_LE(std::fabs(double(placer.load_bytes()[s]) - ideal[s]), double(largest))
+            << "server " << s << " after " << i + 1 << " tensors, " << pb << "-byte partitions";
+      }
+    }
+    // With this many bytes, one partition is a small fraction of the whole.
+    if (pb <= 4096) {
+      EXPECT_NEAR(double(placer.load_bytes()[0]) / total, 0.25, 1e-3) << pb;
+    }
+  }
+}
+
+TEST(WeightedPlacementTest, ManySmallPartitionsOnMixedWeights) {
+  // BytePS-style mixed placement, n = 4 worker hosts, k = 2 dedicated server hosts: each
+  // dedicated server holds 0.3 of the model, each worker-colocated one 0.1.
+  const std::vector<double> w = {0.3, 0.3, 0.1, 0.1};
+  Placer placer(w);
+  const uint64_t part = 4096;
+  for (int i = 1; i <= 8000; ++i) {
+    placer.Plan(DataType::kFloat32, part / 4, part);  // one partition each
+    const auto ideal = IdealShares(w, double(i) * part);
+    for (size_t s = 0; s < w.size(); ++s) {
+      const double load = double(placer.load_bytes()[s]);
+      // Never more than one partition above its share; never below by more than the others
+      // together can be above theirs.
+      ASSERT_LE(load, ideal[s] + part + 1e-6) << "server " << s << " after " << i;
+      ASSERT_GE(load, ideal[s] - 3.0 * part - 1e-6) << "server " << s << " after " << i;
+    }
+    if (i % 8 == 0) {
+      // Whole multiples of the weights' denominator: the shares are met exactly.
+      const auto want = IdealShares(w, double(i));
+      for (size_t s = 0; s < w.size(); ++s) {
+        ASSERT_EQ(placer.load_bytes()[s], uint64_t(std::llround(want[s])) * part)
+            << "server " << s << " after " << i;
+      }
+    }
+  }
+  const auto& load = placer.load_bytes();
+  EXPECT_EQ(load, (std::vector<uint64_t>{3000 * part, 3000 * part, 1000 * part, 1000 * part}));
+}
+
+TEST(WeightedPlacementTest, RandomWeightsAndSizesStayWithinOnePartitionAboveTheShare) {
+  std::mt19937_64 rng(2024);
+  for (int trial = 0; trial < 60; ++trial) {
+    const uint32_t n = 2 + rng() % 7;
+    std::vector<double> w(n);
+    for (double& x : w) x = std::exp(std::uniform_real_distribution<double>(-3, 3)(rng));
+    Placer placer(w);
+    std::vector<uint64_t> expected(n, 0), last_part(n, 0);
+    double total = 0;
+    uint64_t largest = 0;
+    for (int i = 0; i < 200; ++i) {
+      const DataType t = kAllTypes[rng() % 6];
+      const uint64_t count = rng() % 4 == 0 ? rng() % 200000 : rng() % 3000;
+      const uint64_t pb = 1 + rng() % 16384;
+      auto plan = placer.Plan(t, count, pb);
+      ExpectTiling(plan, count, std::max<uint64_t>(1, pb / DataTypeSize(t)), n);
+      for (const auto& p : plan) {
+        expected[p.server] += p.count * DataTypeSize(t);
+        last_part[p.server] = p.count * DataTypeSize(t);
+        largest = std::max(largest, p.count * DataTypeSize(t));
+      }
+      total += double(count * DataTypeSize(t));
+      ASSERT_EQ(placer.load_bytes(), expected);
+      const auto ideal = IdealShares(w, total);
+      for (uint32_t s = 0; s < n; ++s) {
+        const double load = double(expected[s]);
+        // At or below its share when it got its last partition (up to the 1e-12 tie margin).
+        ASSERT_LE(load, ideal[s] * (1 + 1e-9) + double(last_part[s]))
+            << "trial " << trial << " server " << s << " of " << n << " after " << i + 1;
+        ASSERT_GE(load, ideal[s] - double(n - 1) * double(largest) - 1e-6)
+            << "trial " << trial << " server " << s << " of " << n << " after " << i + 1;
+      }
+    }
+  }
+}
+
+// Every way of giving `parts` equal partitions to w.size() servers, as partition counts.
+void ForEachPlacement(size_t servers, uint32_t parts,
+                      const std::function<void(const std::vector<uint32_t>&)>& fn) {
+  std::vector<uint32_t> c(servers, 0);
+  std::function<void(size_t, uint32_t)> rec = [&](size_t i, uint32_t left) {
+    if (i + 1 == servers) {
+      c[i] = left;
+      fn(c);
+      return;
+    }
+    for (uint32_t k = 0; k <= left; ++k) {
+      c[i] = k;
+      rec(i + 1, left - k);
+    }
+  };
+  rec(0, parts);
+}
+
+TEST(WeightedPlacementTest, EqualPartitionsMatchBruteForce) {
+  // Against every possible placement of P equal partitions: the Placer's placement (1) keeps
+  // each server within one partition above its share, which some placement always can, and
+  // (2) has the largest smallest partitions-per-weight of all placements: no server is left
+  // further behind its share than it must be.
+  std::mt19937_64 rng(77);
+  const double choices[] = {0.1, 0.3, 1, 2, 3, 5, 0.25};
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t n = 2 + rng() % 3;
+    std::vector<double> w(n);
+    for (double& x : w) x = choices[rng() % 7];
+    const uint32_t parts = 1 + rng() % 10;
+    Placer placer(w);
+    std::vector<uint32_t> got(n, 0);
+    for (uint32_t i = 0; i < parts; ++i) got[placer.Plan(DataType::kInt64, 1, 8)[0].server]++;
+    const auto ideal = IdealShares(w, parts);
+    auto min_ratio = [&](const std::vector<uint32_t>& c) {
+      double m = INFINITY;
+      for (size_t s = 0; s < n; ++s) m = std::min(m, c[s] / w[s]);
+      return m;
+    };
+    double best = -1;
+    bool upper_quota_possible = false;
+    ForEachPlacement(n, parts, [&](const std::vector<uint32_t>& c) {
+      best = std::max(best, min_ratio(c));
+      bool ok = true;
+      for (size_t s = 0; s < n; ++s) ok = ok && c[s] <= ideal[s] + 1 + 1e-9;
+      upper_quota_possible = upper_quota_possible || ok;
+    });
+    ASSERT_TRUE(upper_quota_possible);
+    for (size_t s = 0; s < n; ++s) {
+      EXPECT_LT(double(got[s]), ideal[s] + 1) << "trial " << trial << " server " << s;
+    }
+    EXPECT_NEAR(min_ratio(got), best, 1e-9 * best) << "trial " << trial;
   }
 }
 

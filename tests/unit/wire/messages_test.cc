@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -155,6 +157,38 @@ TEST(MessagesTest, RegisterRejects) {
   m = SampleRegister();
   m.pull_address.assign(kMaxAddressLength + 1, std::byte{1});
   ExpectBad(DecodeRegister(Encode(m)), "pull address too long");
+}
+
+TEST(MessagesTest, RegisterCarriesTheServerWeight) {
+  for (double w : {1.0, 0.25, 3.0, 0.1, kMinServerWeight, kMaxServerWeight, 123456.789}) {
+    RegisterMsg m = SampleRegister();
+    m.weight = w;
+    const std::vector<std::byte> enc = Encode(m);
+    // The last 8 bytes: the weight's IEEE 754 bits, little-endian.
+    uint64_t bits = 0;
+    for (int i = 0; i < 8; ++i) bits |= uint64_t(enc[enc.size() - 8 + i]) << (8 * i);
+    EXPECT_EQ(bits, std::bit_cast<uint64_t>(w));
+    Result<RegisterMsg> d = DecodeRegister(enc);
+    ASSERT_TRUE(d.ok()) << w << ": " << d.status().ToString();
+    EXPECT_EQ(d->weight, w);
+  }
+  EXPECT_EQ(RegisterMsg{}.weight, 1.0);
+}
+
+TEST(MessagesTest, RegisterRejectsBadWeights) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double w : {0.0, -0.0, -1.0, std::nan(""), -std::nan(""), inf, -inf, 1e-7,
+                   std::nextafter(kMinServerWeight, 0.0), std::nextafter(kMaxServerWeight, inf),
+                   1e300, std::numeric_limits<double>::denorm_min()}) {
+    RegisterMsg m = SampleRegister();
+    m.weight = w;
+    Result<RegisterMsg> d = DecodeRegister(Encode(m));
+    ASSERT_FALSE(d.ok()) << "weight " << w;
+    EXPECT_EQ(d.status().code(), Code::kProtocolError);
+    EXPECT_NE(d.status().message().find("weight"), std::string::npos) << d.status().ToString();
+  }
+  EXPECT_TRUE(IsValidServerWeight(1.0));
+  EXPECT_FALSE(IsValidServerWeight(std::nan("")));
 }
 
 TEST(MessagesTest, RegisterTruncationsAndTrailingBytes) {
