@@ -518,13 +518,14 @@ def parse_gradlink_table(text):
 
 
 def run_gradlink(cl, bin_dir, workers, servers, sizes, iters, warmup, partition=None,
-                 max_in_flight=None, single_lane=False, timeout=None):
+                 max_in_flight=None, single_lane=False, timeout=None, extra_env=None):
     """One gradlink job: gradlink-bench workers on the hosts `workers` (list of host indices),
     gradlink-servers at `servers` (list of (host, weight or None)), the scheduler on workers[0].
     Returns {size: (mean_us, min_us)} from rank 0's table (every element checked)."""
     b, e = sizes[0], sizes[-1]
     f = sizes[1] / sizes[0] if len(sizes) > 1 else 2.0
     env = gradlink_env(secrets.token_hex(32))
+    env.update(extra_env or {})
     job = "nc%d" % cl._n
     sched = cl.spawn(workers[0], "scheduler", [
         os.path.join(bin_dir, "gradlink-scheduler"), "--host", cl.ip(workers[0]), "--port", "0",
@@ -650,19 +651,13 @@ def run_mpi(cl, bin_dir, workers, sizes, iters, warmup):
 
 
 def load_placement_model():
+    """bench/placement_model.py: ps_bound_time, mixed_shares, mixed_time."""
     sys.path.insert(0, BENCH)
     try:
-        import placement_model  # bench/placement_model.py
+        import placement_model
         return placement_model
-    except ImportError:
-        return None
     finally:
         sys.path.remove(BENCH)
-
-
-def ps_bound_time(n, k, nbytes, byte_s):
-    """Dedicated servers: every worker moves M each way, every server nM/k each way."""
-    return max(nbytes / byte_s, n * nbytes / (k * byte_s))
 
 
 def ring_bound_time(n, nbytes, byte_s):
@@ -673,8 +668,9 @@ class System:
     """One thing measured: a name, how to run it (returns {size: (mean_us, min_us)}), and the
     model time for `size` bytes in seconds."""
 
-    def __init__(self, name, kind, run, model, model_name):
+    def __init__(self, name, kind, run, model, model_name, note=None):
         self.name, self.kind, self.run, self.model, self.model_name = name, kind, run, model, model_name
+        self.note = note
 
 
 # ---- report -----------------------------------------------------------------------------------
@@ -715,6 +711,22 @@ def report(title, systems, results, sizes, rate_bps, out):
                            else "")
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
+    lines.append("Link traffic: the busiest host link's bytes in its busier direction, per byte "
+                 "of the model summed (median over repeats; frames as the veth counts them, "
+                 "control messages included), against the model's:")
+    lines.append("")
+    lines.append("| system | busiest link, bytes per model byte | model |")
+    lines.append("|---|---|---|")
+    for s in systems:
+        v = results.get((s.name, "traffic"))
+        if v:
+            m = s.model(MIB) * byte_s / MIB if s.model else None
+            lines.append("| %s | %.3f | %s |" % (s.name, statistics.median(v),
+                                                  "%.3f" % m if m else "-"))
+    lines.append("")
+    for s in systems:
+        if s.note:
+            lines.append("- %s: %s" % (s.name, s.note))
     lines.append("time: median over repeats of each run's mean time per operation; algbw = size / "
                  "median time; of link = algbw / link rate (%s); model: %s; of model = model time / "
                  "measured time; x gloo / x mpi = that system's median time / gradlink's." % (
@@ -726,13 +738,19 @@ def report(title, systems, results, sizes, rate_bps, out):
     out.append(text)
 
 
-def measure(systems, repeats, log):
-    """Runs every system `repeats` times, interleaved; returns {(name, size): [mean_us, ...]}."""
+def measure(cl, systems, repeats, unit, log):
+    """Runs every system `repeats` times, interleaved; returns {(name, size): [mean_us, ...]}
+    and {(name, "traffic"): [busiest link's bytes each way / unit, ...]}, where unit is the
+    payload of one run (sum over sizes of size * (iters + warmup))."""
     results = {}
     for rep in range(repeats):
         for s in systems:
             t0 = time.monotonic()
+            before = [cl.link_bytes(h) for h in range(cl.hosts)]
             rows = s.run()
+            after = [cl.link_bytes(h) for h in range(cl.hosts)]
+            busiest = max(max(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before))
+            results.setdefault((s.name, "traffic"), []).append(busiest / unit)
             log("  repeat %d/%d %-32s %s (%.0f s)" % (
                 rep + 1, repeats, s.name,
                 " ".join("%s:%.1fms" % (human(k), v[0] / 1e3) for k, v in sorted(rows.items())),
@@ -765,10 +783,10 @@ def build_systems(a, cl, scenario, n, ks, sizes, pm, log):
     workers = list(range(n))
     systems = []
 
-    def gradlink(name, servers, partition, inflight, single_lane, model, model_name):
+    def gradlink(name, servers, partition, inflight, single_lane, model, model_name, note=None):
         run = lambda: run_gradlink(cl, a.bin, workers, servers, sizes, a.iters, a.warmup,
-                                   partition, inflight, single_lane)
-        systems.append(System(name, "gradlink", run, model, model_name))
+                                   partition, inflight, single_lane, extra_env=a.gradlink_env)
+        systems.append(System(name, "gradlink", run, model, model_name, note))
 
     def variants():
         for p in a.partition_bytes:
@@ -790,26 +808,25 @@ def build_systems(a, cl, scenario, n, ks, sizes, pm, log):
                 for single in lanes:
                     name = "gradlink n=%d k=%d%s%s" % (n, k, tag, " 1-lane" if single else "")
                     gradlink(name, servers, p, m, single,
-                             lambda M, k=k: ps_bound_time(n, k, M, byte_s),
+                             lambda M, k=k: pm.ps_bound_time(n, k, M, byte_s),
                              "PS bound max(M/B, nM/(kB))")
     elif scenario == "mixed":
-        if pm is None:
-            raise RunError("scenario mixed needs bench/placement_model.py (branch placement)")
         if not server_weight_supported(a.bin):
             raise RunError("scenario mixed needs gradlink-server --weight (branch placement); "
                            "%s/gradlink-server has none" % a.bin)
         for k in ks:
             if k > n:
                 raise SystemExit("netcluster: mixed placement needs k <= n, got k=%d n=%d" % (k, n))
-            colocated, dedicated = pm.mixed_shares(n, k)
+            dedicated, colocated = pm.mixed_shares(n, k)
             servers = [(h, colocated) for h in workers if colocated > 0]
             servers += [(n + i, dedicated) for i in range(k)]
+            note = ("server weights %.4f on each of the %d worker hosts, %.4f on each of the %d "
+                    "server hosts" % (colocated, n, dedicated, k) if colocated > 0 else
+                    "servers only on the %d server hosts (weight %.4f each)" % (k, dedicated))
             for tag, p, m in variants():
                 gradlink("gradlink mixed n=%d k=%d%s" % (n, k, tag), servers, p, m, a.single_lane,
                          lambda M, k=k: pm.mixed_time(n, k, M, byte_s),
-                         "mixed placement 2n(n-1)M/((n^2+kn-2k)B)")
-            log("mixed k=%d: colocated share %.4f on each of %d worker hosts, dedicated share %.4f "
-                "on each of %d server hosts" % (k, colocated, n, dedicated, k))
+                         "mixed placement 2n(n-1)M/((n^2+kn-2k)B)", note)
     if scenario in ("ps", "mixed", "baselines") and a.baselines:
         ring = lambda M: ring_bound_time(n, M, byte_s)
         for base in a.baselines:
@@ -867,6 +884,9 @@ def main(argv=None):
     ap.add_argument("--max-in-flight", default="",
                     help="gradlink bytes in flight per worker, comma-separated (default: its own)")
     ap.add_argument("--single-lane", action="store_true", help="gradlink on one lane (ps, mixed)")
+    ap.add_argument("--gradlink-env", action="append", default=[], metavar="VAR=VALUE",
+                    help="extra environment of the gradlink processes (repeatable), e.g. "
+                         "UCX_RNDV_THRESH=1m")
     ap.add_argument("--baselines", default="gloo,mpi", help="gloo, mpi, or none (default gloo,mpi)")
     ap.add_argument("--bin", default=os.path.join(REPO, "build", "bin"))
     ap.add_argument("--results", default=os.path.join(BENCH, "RESULTS.md"),
@@ -912,6 +932,10 @@ def main(argv=None):
         a.max_in_flight = [parse_size(x) for x in a.max_in_flight.split(",") if x.strip()] or [0]
     except argparse.ArgumentTypeError as e:
         ap.error(str(e))
+    bad = [x for x in a.gradlink_env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", x)]
+    if bad:
+        ap.error("--gradlink-env wants VAR=VALUE, got %s" % ", ".join(bad))
+    a.gradlink_env = dict(x.split("=", 1) for x in a.gradlink_env)
     a.baselines = [] if a.baselines.strip() in ("", "none") else [x.strip() for x in a.baselines.split(",")]
     bad = [x for x in a.baselines if x not in ("gloo", "mpi")]
     if bad:
@@ -951,9 +975,11 @@ def main(argv=None):
                 commit_id(), a.scenario, a.workers, fmt_rate(a.rate), started), "",
                 "Command: `%s`" % command, "",
                 "%d hosts (namespaces; bridge in its own), tbf burst %d B, latency %g ms, MTU %d; "
-                "UCX_TLS=tcp; fp32 sum, every element checked; %d iters + %d warmup per run, "
-                "%d repeats interleaved." % (hosts, cl.burst, cl.latency_ms, cl.mtu, a.iters,
-                                             a.warmup, a.repeats)]
+                "gradlink with UCX_TLS=tcp UCX_NET_DEVICES=%s%s; fp32 sum, every element "
+                "checked; %d iters + %d warmup per run, %d repeats interleaved." % (
+                    hosts, cl.burst, cl.latency_ms, cl.mtu, IFACE,
+                    "".join(" %s=%s" % kv for kv in sorted(a.gradlink_env.items())),
+                    a.iters, a.warmup, a.repeats)]
             if a.link_check > 0 and hosts >= 2:
                 bps = cl.tcp_check(0, 1, a.link_check)
                 header.append("Link check: one TCP stream host 0 -> host 1: %.3f Gbit/s goodput "
@@ -967,10 +993,10 @@ def main(argv=None):
                 systems = build_systems(a, cl, sc, a.workers, ks, sizes, pm, log)
                 todo = [s for s in systems if s.kind == "gradlink" or (s.name, sizes[0]) not in cache]
                 log("netcluster: scenario %s: %d systems x %d repeats" % (sc, len(todo), a.repeats))
-                results = measure(todo, a.repeats, log)
+                results = measure(cl, todo, a.repeats, sum(sizes) * (a.iters + a.warmup), log)
                 for s in systems:
                     if s.kind != "gradlink":
-                        for size in sizes:
+                        for size in sizes + ["traffic"]:
                             if (s.name, size) in results:
                                 cache[(s.name, size)] = results[(s.name, size)]
                             elif (s.name, size) in cache:
