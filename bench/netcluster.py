@@ -29,6 +29,13 @@ Scenarios (n = --workers worker hosts, k = each of --servers):
   hold       (for tests) set up the cluster, start an idle process on every host, print
              "ready PREFIX" and wait for a signal.
 
+gradlink runs with --partition-bytes 128K --max-in-flight 1M unless told otherwise: the best
+of a sweep (64K/128K/256K x 512K/1M/2M, n = 4, k = 4 and 2, 1 Gbit/s; bench/results-netcluster.md).
+Small partitions let the pull stream start early (a server answers a partition only once all
+n workers pushed it); a small window keeps the n workers' push streams in step, so every
+server's partitions complete at the rate they arrive (with gradlink's default 32 MiB window a
+worker's flows to the k servers drift apart and the pulls trail the pushes).
+
 Every run checks every element of every result (gradlink-bench, gloo_allreduce.py and
 mpi_allreduce all do); a wrong value fails the benchmark. Repeats (--repeats) are interleaved
 (repeat 1 of every system, then repeat 2, ...); the tables give the median over repeats of each
@@ -499,10 +506,10 @@ def gradlink_env(secret):
             "GRADLINK_LOG_LEVEL": os.environ.get("GRADLINK_LOG_LEVEL", "warn")}
 
 
-def run_time_limit(sizes, iters, warmup, rate_bps, factor=2.0, extra=60.0):
-    """A generous deadline for one run: `factor` ring bounds per iteration... times 8, plus setup."""
+def run_time_limit(sizes, iters, warmup, rate_bps, slack=16.0, extra=60.0):
+    """A generous deadline for one run: `slack` times M/B per iteration, plus a minute to start."""
     byte_s = rate_bps / 8
-    return extra + 8 * sum(factor * s / byte_s * (iters + warmup) for s in sizes)
+    return extra + slack * sum(s / byte_s * (iters + warmup) for s in sizes)
 
 
 def parse_gradlink_table(text):
@@ -590,8 +597,9 @@ def gloo_unavailable():
     return None
 
 
-def run_gloo(cl, workers, sizes, iters, warmup, port=29500):
+def run_gloo(cl, workers, sizes, iters, warmup):
     py = python_with_torch()
+    port = 20000 + cl._n % 10000  # a fresh port per run: no wait for the last run's TIME_WAIT
     b, e = sizes[0], sizes[-1]
     f = sizes[1] / sizes[0] if len(sizes) > 1 else 2.0
     limit = run_time_limit(sizes, iters, warmup, cl.rate_bps)
@@ -879,10 +887,11 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=5, help="timed iterations per size (default 5)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed iterations per size (default 1)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--partition-bytes", default="256K",
-                    help="gradlink partition size(s), comma-separated: a sweep (default 256K)")
-    ap.add_argument("--max-in-flight", default="",
-                    help="gradlink bytes in flight per worker, comma-separated (default: its own)")
+    ap.add_argument("--partition-bytes", default="128K",
+                    help="gradlink partition size(s), comma-separated: a sweep (default 128K)")
+    ap.add_argument("--max-in-flight", default="1M",
+                    help="gradlink bytes in flight per worker, comma-separated: a sweep "
+                         "(default 1M; 0 = gradlink's own default)")
     ap.add_argument("--single-lane", action="store_true", help="gradlink on one lane (ps, mixed)")
     ap.add_argument("--gradlink-env", action="append", default=[], metavar="VAR=VALUE",
                     help="extra environment of the gradlink processes (repeatable), e.g. "
@@ -949,8 +958,10 @@ def main(argv=None):
     for sc in scenarios:
         default = {"mixed": "0,1,2,4", "baselines": "0", "hold": "0"}.get(sc, "4,2")
         ks = ints(a.servers if a.servers is not None else default, "--servers")
-        if sc == "lanes" and a.scenario == "all":
-            ks = ks[:1]
+        if a.scenario == "all" and sc in ("ps", "lanes"):
+            ks = [k for k in ks if k >= 1][:1 if sc == "lanes" else None]
+            if not ks:
+                ap.error("--servers: scenario %s needs a k >= 1" % sc)
         plan.append((sc, ks))
     hosts = a.workers + max(max(ks) for _, ks in plan)
     if a.scenario == "hold":
