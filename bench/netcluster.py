@@ -424,6 +424,25 @@ class Cluster:
                     pass
             p.popen.wait(timeout=10)
 
+    def describe(self, hosts):
+        """The processes inside these hosts' namespaces, one line per host (for diagnostics)."""
+        lines = []
+        for h in hosts:
+            pids = sh(["ip", "netns", "pids", self.ns(h)], check=False).split()
+            ps = sh(["ps", "-o", "pid=,stat=,args=", "-p", ",".join(pids)], check=False) if pids else ""
+            lines.append("host %d: %s" % (h, "; ".join(" ".join(x.split()[:3]) for x in ps.splitlines())))
+        return "\n".join(lines)
+
+    def kill_inside(self, hosts):
+        """Kills every process left inside these hosts' namespaces (all of them were started
+        by this harness: a daemon that detached from the process it was started by)."""
+        for h in hosts:
+            for pid in sh(["ip", "netns", "pids", self.ns(h)], check=False).split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+
     def wait_all(self, procs, timeout, label):
         """Waits until every process exited 0; raises RunError (with their output) as soon as
         one exits otherwise or when `timeout` seconds are up. Kills them all on any failure."""
@@ -628,26 +647,55 @@ def mpi_unavailable(bin_dir):
     return None
 
 
-def run_mpi(cl, bin_dir, workers, sizes, iters, warmup):
-    # mpirun starts its daemons through this agent instead of ssh: the host name is the
-    # namespace's name. All daemons run on one real machine: no binding (it would put every
-    # rank of every "host" on core 0), no tree spawn.
+def run_mpi(cl, bin_dir, workers, sizes, iters, warmup, log=print):
+    """Open MPI across the namespaces: mpirun on workers[0] starts one orted per host through
+    a launch agent instead of ssh (the host name is the namespace's name).
+
+    Network namespaces share the host name (one UTS namespace), and Open MPI 4.1 keys its
+    session directories and its daemons' identities by host name: with every daemon called
+    "vm", about 1 start in 10 hung or failed (an orted segfaulting in
+    hwloc_shmem_topology_write, "ORTE does not know how to route a message to the specified
+    daemon", "unable to complete a TCP connection ... Local host: vm, Remote host: vm"). So the
+    agent gives every daemon a UTS namespace whose host name is its network namespace's, and
+    mpirun one of its own: 150 of 150 starts worked. A start that still fails (mpirun exits, or
+    prints nothing within 60 s) is retried once. No binding: every rank of every "host" would
+    be put on core 0.
+    """
     agent = os.path.join(cl.tmp, "netns-agent.sh")
     with open(agent, "w") as f:
         f.write('#!/bin/sh\n# mpirun launch agent: $1 is a network namespace, the rest a command\n'
-                'host="$1"; shift\nexec ip netns exec "$host" /bin/sh -c "$*"\n')
+                'host="$1"; shift\nexec ip netns exec "$host" unshare --uts '
+                '/bin/sh -c "hostname $host; $*"\n')
     os.chmod(agent, 0o755)
     b, e = sizes[0], sizes[-1]
     f = sizes[1] / sizes[0] if len(sizes) > 1 else 2.0
     hosts = ",".join("%s:1" % cl.ns(h) for h in workers)
     argv = [shutil.which("mpirun"), "--allow-run-as-root", "-np", str(len(workers)), "-H", hosts,
             "--bind-to", "none", "--mca", "plm_rsh_agent", agent, "--mca",
-            "plm_rsh_no_tree_spawn", "1", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
-            "--mca", "btl_tcp_if_include", IFACE, "--mca", "oob_tcp_if_include", IFACE,
+            "plm_rsh_no_tree_spawn", "1", "--mca", "pml", "ob1",
+            "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", IFACE,
+            "--mca", "oob_tcp_if_include", IFACE,
             os.path.join(bin_dir, "mpi_allreduce"), "-b", str(b), "-e", str(e), "-f", repr(f),
             "-n", str(iters), "--warmup", str(warmup)]
-    p = cl.spawn(workers[0], "mpirun", argv, {"OMPI_MCA_plm_rsh_disable_qrsh": "1"})
-    cl.wait_all([p], run_time_limit(sizes, iters, warmup, cl.rate_bps), "mpi job")
+    for attempt in (1, 2):
+        p = cl.spawn(workers[0], "mpirun", ["unshare", "--uts", "/bin/sh", "-c",
+                                            'hostname "$0"-mpirun; exec "$@"',
+                                            cl.ns(workers[0])] + argv,
+                     {"OMPI_MCA_plm_rsh_disable_qrsh": "1"})
+        try:
+            try:
+                cl.wait_for(p, r"(?m)^# mpi_allreduce", 60)
+            except RunError as err:
+                if attempt == 2:
+                    raise
+                log("netcluster: mpirun did not start its ranks (within 60 s); retrying once\n"
+                    "%s\n%s" % (err, cl.describe(workers)))
+                continue
+            cl.wait_all([p], run_time_limit(sizes, iters, warmup, cl.rate_bps), "mpi job")
+        finally:
+            cl.kill([p])
+            cl.kill_inside(workers)  # orteds and ranks that outlived a failed mpirun
+        break
     rows = parse_json_rows(p.out(), "mpi_allreduce")
     if sorted(rows) != sorted(sizes):
         raise RunError("mpi_allreduce printed sizes %s, expected %s\n%s" % (
@@ -679,6 +727,7 @@ class System:
     def __init__(self, name, kind, run, model, model_name, note=None):
         self.name, self.kind, self.run, self.model, self.model_name = name, kind, run, model, model_name
         self.note = note
+        self.failed = None  # the first line of its error, once a run failed
 
 
 # ---- report -----------------------------------------------------------------------------------
@@ -735,6 +784,8 @@ def report(title, systems, results, sizes, rate_bps, out):
     for s in systems:
         if s.note:
             lines.append("- %s: %s" % (s.name, s.note))
+        if s.failed:
+            lines.append("- %s: **FAILED**: %s" % (s.name, s.failed))
     lines.append("time: median over repeats of each run's mean time per operation; algbw = size / "
                  "median time; of link = algbw / link rate (%s); model: %s; of model = model time / "
                  "measured time; x gloo / x mpi = that system's median time / gradlink's." % (
@@ -753,9 +804,18 @@ def measure(cl, systems, repeats, unit, log):
     results = {}
     for rep in range(repeats):
         for s in systems:
+            if s.failed:
+                continue
             t0 = time.monotonic()
             before = [cl.link_bytes(h) for h in range(cl.hosts)]
-            rows = s.run()
+            try:
+                rows = s.run()
+            except RunError as e:
+                # One system failing (a wrong value, a hang, a crash) fails the benchmark (exit
+                # status 1), but the others are still measured and reported.
+                s.failed = str(e).splitlines()[0]
+                log("netcluster: %s FAILED (not run again): %s" % (s.name, e))
+                continue
             after = [cl.link_bytes(h) for h in range(cl.hosts)]
             busiest = max(max(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before))
             results.setdefault((s.name, "traffic"), []).append(busiest / unit)
@@ -809,8 +869,6 @@ def build_systems(a, cl, scenario, n, ks, sizes, pm, log):
     if scenario in ("ps", "lanes"):
         lanes = [False, True] if scenario == "lanes" else [a.single_lane]
         for k in ks:
-            if k < 1:
-                raise SystemExit("netcluster: scenario %s needs k >= 1 dedicated server hosts" % scenario)
             servers = [(n + i, None) for i in range(k)]
             for tag, p, m in variants():
                 for single in lanes:
@@ -823,8 +881,6 @@ def build_systems(a, cl, scenario, n, ks, sizes, pm, log):
             raise RunError("scenario mixed needs gradlink-server --weight (branch placement); "
                            "%s/gradlink-server has none" % a.bin)
         for k in ks:
-            if k > n:
-                raise SystemExit("netcluster: mixed placement needs k <= n, got k=%d n=%d" % (k, n))
             dedicated, colocated = pm.mixed_shares(n, k)
             servers = [(h, colocated) for h in workers if colocated > 0]
             servers += [(n + i, dedicated) for i in range(k)]
@@ -852,7 +908,8 @@ def build_systems(a, cl, scenario, n, ks, sizes, pm, log):
                     log("netcluster: skipping Open MPI: " + why)
                     continue
                 systems.append(System("mpi tcp n=%d" % n, "mpi",
-                                      lambda: run_mpi(cl, a.bin, workers, sizes, a.iters, a.warmup),
+                                      lambda: run_mpi(cl, a.bin, workers, sizes, a.iters, a.warmup,
+                                                      log),
                                       ring, "ring bound 2(n-1)M/(nB)"))
     return systems
 
@@ -962,6 +1019,10 @@ def main(argv=None):
             ks = [k for k in ks if k >= 1][:1 if sc == "lanes" else None]
             if not ks:
                 ap.error("--servers: scenario %s needs a k >= 1" % sc)
+        if sc in ("ps", "lanes") and min(ks) < 1:
+            ap.error("--servers: scenario %s needs k >= 1 dedicated server hosts" % sc)
+        if sc == "mixed" and max(ks) > a.workers:
+            ap.error("--servers: mixed placement needs k <= n (%d)" % a.workers)
         plan.append((sc, ks))
     hosts = a.workers + max(max(ks) for _, ks in plan)
     if a.scenario == "hold":
@@ -999,6 +1060,7 @@ def main(argv=None):
             text = "\n".join(header)
             print(text, flush=True)
             out.append(text)
+            failed = []
             cache = {}  # baselines are measured once per invocation (ps), shown again after
             for sc, ks in plan:
                 systems = build_systems(a, cl, sc, a.workers, ks, sizes, pm, log)
@@ -1020,6 +1082,7 @@ def main(argv=None):
                 if sc == "lanes":
                     out.append(lanes_summary(systems, results, sizes, a.rate))
                     print(out[-1], flush=True)
+                failed += [s.name for s in systems if s.failed]
     except RunError as e:
         print("netcluster: FAILED: %s" % e, file=sys.stderr)
         return 1
@@ -1031,6 +1094,9 @@ def main(argv=None):
             with open(a.results, "a") as f:
                 f.write("\n" + "\n".join(out) + "\n")
             print("netcluster: appended to %s" % a.results)
+    if failed:
+        print("netcluster: FAILED: %s" % ", ".join(sorted(set(failed))), file=sys.stderr)
+        return 1
     return 0
 
 
