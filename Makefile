@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all setup build test test-arm demo bench compare bench-reduce fuzz test-asan test-tsan clean
+.PHONY: all setup build test test-arm demo bench compare bench-reduce netcluster fuzz test-asan test-tsan clean
 
 all: build
 
@@ -38,6 +38,13 @@ bench: build
 COMPARE_ARGS ?=
 compare: build
 	bench/compare --bin $(BUILD)/bin $(COMPARE_ARGS)
+
+# Emulated cluster (needs root, iproute2): 4 worker hosts, 4/2 server hosts, mixed placement and
+# lanes, beside Gloo and Open MPI, on network namespaces with 1 Gbit/s tbf-shaped links; every
+# element checked; tables appended to bench/RESULTS.md. bench/netcluster --help for the options.
+NETCLUSTER_ARGS ?= --scenario all
+netcluster: build
+	bench/netcluster --bin $(BUILD)/bin $(NETCLUSTER_ARGS)
 
 # libFuzzer targets under ASan+UBSan (clang), each run for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 60

@@ -1,0 +1,239 @@
+#!/usr/bin/python3
+"""Tests of the emulated-cluster harness bench/netcluster.py (one case per ctest test).
+
+  smoke    two hosts (network namespaces behind a bridge, 1 Gbit/s tbf links), each running a
+           gradlink-bench worker and a gradlink-server shard: every partition lives on one host,
+           so the other host's worker pushes and pulls it across the shaped links. Checks: the
+           qdiscs are there in both directions, a TCP stream is held to the rate, every element
+           of every result is exact (gradlink-bench checks against the closed-form sum), the
+           links carried at least the bytes that had to cross them (UCX really went over TCP on
+           the veth, not shared memory), and nothing is left afterwards.
+  cleanup  everything is removed when the body fails, on SIGTERM and on SIGINT of a running
+           harness (namespaces and the processes inside), and `--cleanup` removes the leftovers
+           of a killed run but not the namespaces of a running one.
+
+Exit status: 0 passed, 1 failed, 77 skipped (not root, no iproute2 or no network namespaces:
+the reason is printed). Standard library only (Debian's /usr/bin/python3).
+
+Usage: run_netcluster_test.py --bin-dir DIR [--budget S] CASE
+"""
+
+import argparse
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HARNESS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench", "netcluster.py")
+
+spec = importlib.util.spec_from_file_location("netcluster", HARNESS)
+nc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(nc)
+
+
+class Failure(Exception):
+    pass
+
+
+def expect(cond, msg):
+    if not cond:
+        raise Failure(msg)
+
+
+def ours(prefix):
+    return [ns for ns in nc.list_namespaces() if ns.startswith(prefix)]
+
+
+def qdisc_rate(ns, dev):
+    import json
+    q = json.loads(nc.sh(["tc", "-n", ns, "-j", "qdisc", "show", "dev", dev]))
+    tbf = [x for x in q if x.get("kind") == "tbf"]
+    expect(tbf, "no tbf qdisc on %s in %s: %s" % (dev, ns, q))
+    return tbf[0]["options"]["rate"]
+
+
+def case_smoke(a):
+    rate = 1e9
+    sizes = list(nc.sizes_of(4 << 10, 4 << 20, 4))  # 4K 16K 64K 256K 1M 4M
+    iters, warmup = 3, 1
+    with nc.Cluster(2, rate) as cl:
+        prefix = cl.prefix
+        expect(len(ours(prefix)) == 3, "expected 3 namespaces %s*, found %s" % (prefix, ours(prefix)))
+        # tbf on both ends of both links (host -> bridge and bridge -> host).
+        for h in range(2):
+            for ns, dev in ((cl.ns(h), nc.IFACE), (cl.bridge_ns, "p%d" % h)):
+                r = qdisc_rate(ns, dev)
+                expect(abs(r * 8 - rate) / rate < 0.01 or abs(r - rate) / rate < 0.01,
+                       "tbf rate on %s/%s is %s, expected %g bit/s" % (ns, dev, r, rate))
+        # The links are shaped: an unshaped veth carries several Gbit/s here.
+        bps = cl.tcp_check(0, 1, 1.0)
+        print("TCP stream host 0 -> host 1: %.3f Gbit/s" % (bps / 1e9))
+        expect(bps <= rate * 1.02, "a TCP stream ran at %.3f Gbit/s over a %.1f Gbit/s link: "
+               "the link is not shaped" % (bps / 1e9, rate / 1e9))
+        expect(bps >= rate * 0.2, "a TCP stream reached only %.3f Gbit/s of %.1f" % (
+            bps / 1e9, rate / 1e9))
+
+        before = [cl.link_bytes(h)[0] for h in range(2)]
+        t0 = time.monotonic()
+        servers = [(0, None), (1, None)]
+        rows = nc.run_gradlink(cl, a.bin_dir, [0, 1], servers, sizes, iters, warmup,
+                               partition=64 << 10, timeout=60)
+        print("gradlink, 2 hosts x (worker + server), separate lanes: %s (%.1f s)" % (
+            " ".join("%s:%.1fms" % (nc.human(s), rows[s][0] / 1e3) for s in sizes),
+            time.monotonic() - t0))
+        # One size that is not a multiple of the partition or of 4 KiB, on one lane.
+        odd = [4 * 250007]
+        rows1 = nc.run_gradlink(cl, a.bin_dir, [0, 1], servers, odd, iters, warmup,
+                                partition=64 << 10, single_lane=True, timeout=60)
+        print("gradlink, single lane, %d B: %.1f ms" % (odd[0], rows1[odd[0]][0] / 1e3))
+        after = [cl.link_bytes(h)[0] for h in range(2)]
+        # Every partition lives on one of the two hosts; the other host's worker pushes it
+        # across and pulls the sum back: 2 * size payload bytes cross per iteration.
+        need = 2 * (sum(sizes) + sum(odd)) * (iters + warmup)
+        sent = sum(after) - sum(before)
+        print("bytes sent on the two links: %d (at least %d of payload had to cross)" % (sent, need))
+        expect(sent >= need, "the links carried %d bytes, less than the %d that had to cross: "
+               "traffic bypassed the shaped links" % (sent, need))
+        expect(sent <= 1.5 * need + (4 << 20), "the links carried %d bytes, far more than the "
+               "%d needed" % (sent, need))
+    left = ours(prefix)
+    expect(not left, "namespaces left after the cluster closed: %s" % left)
+
+
+def harness_cmd(*args):
+    return [sys.executable, HARNESS] + list(args)
+
+
+def start_hold(budget_end):
+    p = subprocess.Popen(harness_cmd("--scenario", "hold", "--workers", "2", "--link-check", "0",
+                                     "--results", "-"),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    line = ""
+    while time.monotonic() < budget_end:
+        line = p.stdout.readline()
+        if not line or line.startswith("ready "):
+            break
+    expect(line.startswith("ready "), "the hold harness did not get ready: %r (exit %s)" % (
+        line, p.poll()))
+    return p, line.split()[1]
+
+
+def idle_pids(prefix):
+    pids = []
+    for ns in ours(prefix):
+        pids += [int(x) for x in nc.sh(["ip", "netns", "pids", ns], check=False).split()]
+    return pids
+
+
+def gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie of ours is gone too.
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(") ")[1].startswith("Z")
+    except OSError:
+        return True
+
+
+def case_cleanup(a):
+    end = time.monotonic() + a.budget - 5
+    # 1. The body fails: everything goes, the processes inside too.
+    prefix, sleepers = None, []
+    try:
+        with nc.Cluster(3, 1e9, log=lambda m: None) as cl:
+            prefix = cl.prefix
+            sleepers = [cl.spawn(h, "idle", ["sleep", "600"]) for h in range(3)]
+            expect(len(ours(prefix)) == 4, "expected 4 namespaces, found %s" % ours(prefix))
+            raise RuntimeError("deliberate failure")
+    except RuntimeError:
+        pass
+    expect(not ours(prefix), "namespaces left after a failure: %s" % ours(prefix))
+    expect(all(p.popen.poll() is not None for p in sleepers), "processes left after a failure")
+    print("failure inside the cluster: everything removed")
+
+    # 2. SIGTERM and SIGINT of a running harness.
+    for sig, want in ((signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 130)):
+        p, prefix = start_hold(end)
+        try:
+            expect(len(ours(prefix)) == 3, "hold: expected 3 namespaces %s*, found %s" % (
+                prefix, ours(prefix)))
+            pids = idle_pids(prefix)
+            expect(len(pids) == 2, "hold: expected one idle process per host, found %s" % pids)
+            # --cleanup leaves a running harness alone.
+            out = subprocess.run(harness_cmd("--cleanup"), capture_output=True, text=True,
+                                 timeout=60)
+            expect(out.returncode == 0, "--cleanup failed: %s" % out.stderr)
+            expect(len(ours(prefix)) == 3, "--cleanup removed a running harness's namespaces")
+            p.send_signal(sig)
+            rc = p.wait(timeout=30)
+            expect(rc == want, "%s: harness exited with %d, expected %d" % (sig.name, rc, want))
+            expect(not ours(prefix), "%s: namespaces left: %s" % (sig.name, ours(prefix)))
+            time.sleep(0.2)
+            expect(all(gone(x) for x in pids), "%s: idle processes survived: %s" % (
+                sig.name, [x for x in pids if not gone(x)]))
+            print("%s: harness exited %d, everything removed" % (sig.name, rc))
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            p.stdout.close()
+            for ns in ours(prefix):
+                nc.remove_namespace(ns)
+
+    # 3. --cleanup removes what a killed harness left: a namespace named after a dead pid,
+    #    with a process inside.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ns = "glnc%d-c1-h0" % dead.pid
+    expect(not nc.pid_is_harness(dead.pid), "pid %d was reused" % dead.pid)
+    nc.sh(["ip", "netns", "add", ns])
+    sleeper = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "600"], start_new_session=True)
+    try:
+        time.sleep(0.2)
+        out = subprocess.run(harness_cmd("--cleanup"), capture_output=True, text=True, timeout=60)
+        expect(out.returncode == 0, "--cleanup failed: %s%s" % (out.stdout, out.stderr))
+        expect(ns not in nc.list_namespaces(), "--cleanup left %s: %s" % (ns, out.stdout))
+        expect(sleeper.wait(timeout=10) is not None, "--cleanup left the process inside")
+        print("--cleanup removed %s and its process" % ns)
+    finally:
+        if sleeper.poll() is None:
+            os.killpg(sleeper.pid, signal.SIGKILL)
+            sleeper.wait()
+        if ns in nc.list_namespaces():
+            nc.remove_namespace(ns)
+
+
+CASES = {"smoke": case_smoke, "cleanup": case_cleanup}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin-dir", required=True)
+    ap.add_argument("--budget", type=float, default=60)
+    ap.add_argument("case", choices=sorted(CASES))
+    a = ap.parse_args()
+    try:
+        nc.check_available()
+    except nc.Unavailable as e:
+        print("SKIPPED: %s" % e)
+        return nc.SKIP
+    nc.install_signal_handlers()
+    t0 = time.monotonic()
+    try:
+        CASES[a.case](a)
+    except (Failure, nc.RunError) as e:
+        print("FAILED: %s" % e)
+        return 1
+    print("PASSED (%.1f s)" % (time.monotonic() - t0))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
