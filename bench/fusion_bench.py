@@ -9,7 +9,7 @@
 2. Where the fusion threshold pays: 4 MiB as T tensors of 16 KiB .. 1 MiB, fused and not.
 3. gradlink-bench --verbose at 4 KiB and 4 MiB (one tensor) and for the fused group.
 
-Prints markdown (bench/results-fusion.md holds a run). Every element is checked by
+Prints markdown (bench/RESULTS.md holds a run). Every element is checked by
 gradlink-bench itself (a wrong value fails the run).
 """
 

@@ -30,7 +30,7 @@ Scenarios (n = --workers worker hosts, k = each of --servers):
              "ready PREFIX" and wait for a signal.
 
 gradlink runs with --partition-bytes 128K --max-in-flight 1M unless told otherwise: the best
-of a sweep (64K/128K/256K x 512K/1M/2M, n = 4, k = 4 and 2, 1 Gbit/s; bench/results-netcluster.md).
+of a sweep (64K/128K/256K x 512K/1M/2M, n = 4, k = 4 and 2, 1 Gbit/s; bench/RESULTS.md).
 Small partitions let the pull stream start early (a server answers a partition only once all
 n workers pushed it); a small window keeps the n workers' push streams in step, so every
 server's partitions complete at the rate they arrive (with gradlink's default 32 MiB window a

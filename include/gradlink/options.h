@@ -67,8 +67,8 @@ struct WorkerOptions {
   // the caller's tensor (no copy). Fusing costs 2 copies of the member (pack, unpack: about
   // 0.1 ms per MiB from DRAM), a message of its own costs a fixed few tens of microseconds on
   // an unloaded host or a real fabric: about even at 256 KiB. On a loaded host a message costs
-  // more and fusion pays up to ~1 MiB (bench/results-fusion.md): raise it there. Values above
-  // fusion_buffer_bytes act as fusion_buffer_bytes.
+  // more and fusion pays up to ~1 MiB (bench/RESULTS.md, "Where fusion pays"): raise it
+  // there. Values above fusion_buffer_bytes act as fusion_buffer_bytes.
   uint64_t fusion_threshold_bytes = 256u << 10;
   std::string transport = "ucx";
   std::shared_ptr<transport::Fabric> fabric;

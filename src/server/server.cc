@@ -29,8 +29,8 @@ constexpr auto kPoll = std::chrono::milliseconds(100);
 // ~0.4 us warm (a few times that cold), about what receiving the payloads costs that thread; one engine wake-up costs
 // a futex wake and two context switches, and tens of us of latency when cores are
 // oversubscribed (4 KiB push_pull, 2 workers + 2 servers on 2 cores: ~11% fewer context
-// switches, median 83 -> 62 us; bench/results-fastpath.md). Larger partitions keep the rule:
-// a 4 MiB sum (~0.5 ms) would hold up every other push on the lane.
+// switches, median 83 -> 62 us; bench/RESULTS.md, "The inline-sum exception"). Larger
+// partitions keep the rule: a 4 MiB sum (~0.5 ms) would hold up every other push on the lane.
 constexpr uint64_t kInlineSumBytes = 16 << 10;
 
 class ServerImpl final : public Server {
