@@ -884,9 +884,13 @@ def build_systems(a, cl, scenario, n, ks, sizes, pm, log):
             dedicated, colocated = pm.mixed_shares(n, k)
             servers = [(h, colocated) for h in workers if colocated > 0]
             servers += [(n + i, dedicated) for i in range(k)]
-            note = ("server weights %.4f on each of the %d worker hosts, %.4f on each of the %d "
-                    "server hosts" % (colocated, n, dedicated, k) if colocated > 0 else
-                    "servers only on the %d server hosts (weight %.4f each)" % (k, dedicated))
+            if k == 0:
+                note = "servers only on the %d worker hosts (weight %.4f each)" % (n, colocated)
+            elif colocated == 0:
+                note = "servers only on the %d server hosts (weight %.4f each)" % (k, dedicated)
+            else:
+                note = ("server weights %.4f on each of the %d worker hosts, %.4f on each of the "
+                        "%d server hosts" % (colocated, n, dedicated, k))
             for tag, p, m in variants():
                 gradlink("gradlink mixed n=%d k=%d%s" % (n, k, tag), servers, p, m, a.single_lane,
                          lambda M, k=k: pm.mixed_time(n, k, M, byte_s),
