@@ -41,7 +41,8 @@ compare: build
 
 # Emulated cluster (needs root, iproute2): 4 worker hosts, 4/2 server hosts, mixed placement and
 # lanes, beside Gloo and Open MPI, on network namespaces with 1 Gbit/s tbf-shaped links; every
-# element checked; tables appended to bench/RESULTS.md. bench/netcluster --help for the options.
+# element checked; tables appended to bench/RESULTS.md (about 35 minutes on the 2-core VM).
+# NETCLUSTER_ARGS replaces the options (bench/netcluster --help).
 NETCLUSTER_ARGS ?= --scenario all
 netcluster: build
 	bench/netcluster --bin $(BUILD)/bin $(NETCLUSTER_ARGS)

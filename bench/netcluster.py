@@ -7,7 +7,8 @@ other end is a port of the bridge br0, which lives in a namespace of its own), a
 both directions (tbf on the host end's egress shapes host -> bridge, on the bridge end's egress
 bridge -> host). UCX is forced onto TCP over nc0 (UCX_TLS=tcp, UCX_NET_DEVICES=nc0): shared
 memory would bypass the shaped links. Gloo uses GLOO_SOCKET_IFNAME=nc0, Open MPI btl tcp over
-nc0 (mpirun starts its daemons through `ip netns exec`, the namespace name is the host name).
+nc0 (mpirun starts its daemons through `ip netns exec`, the namespace name is the host name,
+and each daemon gets that host name in a UTS namespace of its own).
 Everything the harness creates is named glnc<pid>-..., and is removed afterwards, also on
 Ctrl-C, SIGTERM or failure; `--cleanup` removes what a killed run left (namespaces whose
 owning harness process is gone, and the processes inside them).
@@ -41,8 +42,10 @@ mpi_allreduce all do); a wrong value fails the benchmark. Repeats (--repeats) ar
 (repeat 1 of every system, then repeat 2, ...); the tables give the median over repeats of each
 run's mean time, with min / max. A table per size gives per system: time, algbw (GB/s, Gbit/s),
 the fraction of the link rate, the model's time and measured/model, gradlink's speedup over
-Gloo and over MPI. The tables are appended to --results with the commit, the rate and the
-command.
+Gloo and over MPI; and per system the busiest link's bytes per model byte against the model's
+(byte counters of the veths: placement and routing checked apart from timing). The tables are
+appended to --results with the commit, the rate and the command. A system whose run fails is
+reported as FAILED and not run again; the others go on; the exit status is then 1.
 
   bench/netcluster --scenario ps --workers 4 --servers 4,2 --results /tmp/nc.md
   bench/netcluster --scenario mixed --workers 4 --servers 0,1,2,4
@@ -884,9 +887,13 @@ def build_systems(a, cl, scenario, n, ks, sizes, pm, log):
             dedicated, colocated = pm.mixed_shares(n, k)
             servers = [(h, colocated) for h in workers if colocated > 0]
             servers += [(n + i, dedicated) for i in range(k)]
-            note = ("server weights %.4f on each of the %d worker hosts, %.4f on each of the %d "
-                    "server hosts" % (colocated, n, dedicated, k) if colocated > 0 else
-                    "servers only on the %d server hosts (weight %.4f each)" % (k, dedicated))
+            if k == 0:
+                note = "servers only on the %d worker hosts (weight %.4f each)" % (n, colocated)
+            elif colocated == 0:
+                note = "servers only on the %d server hosts (weight %.4f each)" % (k, dedicated)
+            else:
+                note = ("server weights %.4f on each of the %d worker hosts, %.4f on each of the "
+                        "%d server hosts" % (colocated, n, dedicated, k))
             for tag, p, m in variants():
                 gradlink("gradlink mixed n=%d k=%d%s" % (n, k, tag), servers, p, m, a.single_lane,
                          lambda M, k=k: pm.mixed_time(n, k, M, byte_s),
