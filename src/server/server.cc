@@ -26,10 +26,10 @@ constexpr auto kPoll = std::chrono::milliseconds(100);
 // Partitions of at most this many wire bytes are summed on the push lane's progress thread
 // instead of an engine thread: the exception to "never sum on the I/O thread" for partitions
 // where the sum costs less than the hand-off it replaces. Summing two 16 KiB fp32 pushes takes
-// ~0.4 us warm (a few times that cold), about what receiving the payloads costs that thread; one engine wake-up costs
-// a futex wake and two context switches, and tens of us of latency when cores are
-// oversubscribed (4 KiB push_pull, 2 workers + 2 servers on 2 cores: ~11% fewer context
-// switches, median 83 -> 62 us; bench/RESULTS.md, "The inline-sum exception"). Larger
+// ~0.4 us warm (a few times that cold), about what receiving the payloads costs that thread;
+// one engine wake-up costs a futex wake and two context switches, and tens of us of latency
+// when cores are oversubscribed (4 KiB push_pull, 2 workers + 2 servers on 2 cores: ~11% fewer
+// context switches, median 83 -> 62 us; bench/RESULTS.md, "The inline-sum exception"). Larger
 // partitions keep the rule: a 4 MiB sum (~0.5 ms) would hold up every other push on the lane.
 constexpr uint64_t kInlineSumBytes = 16 << 10;
 
