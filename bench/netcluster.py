@@ -547,7 +547,8 @@ def parse_gradlink_table(text):
 
 
 def run_gradlink(cl, bin_dir, workers, servers, sizes, iters, warmup, partition=None,
-                 max_in_flight=None, single_lane=False, timeout=None, extra_env=None):
+                 max_in_flight=None, single_lane=False, timeout=None, extra_env=None,
+                 max_ahead=None):
     """One gradlink job: gradlink-bench workers on the hosts `workers` (list of host indices),
     gradlink-servers at `servers` (list of (host, weight or None)), the scheduler on workers[0].
     Returns {size: (mean_us, min_us)} from rank 0's table (every element checked)."""
@@ -577,6 +578,8 @@ def run_gradlink(cl, bin_dir, workers, servers, sizes, iters, warmup, partition=
             argv += ["--partition-bytes", str(partition)]
         if max_in_flight:
             argv += ["--max-in-flight", str(max_in_flight)]
+        if max_ahead:
+            argv += ["--max-ahead", str(max_ahead)]
         if single_lane:
             argv.append("--single-lane")
         wk.append(cl.spawn(host, "worker%d" % i, argv, env))
@@ -854,29 +857,34 @@ def build_systems(a, cl, scenario, n, ks, sizes, pm, log):
     workers = list(range(n))
     systems = []
 
-    def gradlink(name, servers, partition, inflight, single_lane, model, model_name, note=None):
+    def gradlink(name, servers, variant, single_lane, model, model_name, note=None):
+        _, partition, inflight, ahead = variant
         run = lambda: run_gradlink(cl, a.bin, workers, servers, sizes, a.iters, a.warmup,
-                                   partition, inflight, single_lane, extra_env=a.gradlink_env)
+                                   partition, inflight, single_lane, extra_env=a.gradlink_env,
+                                   max_ahead=ahead)
         systems.append(System(name, "gradlink", run, model, model_name, note))
 
     def variants():
         for p in a.partition_bytes:
             for m in a.max_in_flight:
-                tag = ""
-                if len(a.partition_bytes) > 1 or p:
-                    tag += " P=%s" % human(p or 4 * MIB)
-                if len(a.max_in_flight) > 1 or m:
-                    tag += " F=%s" % human(m or 32 * MIB)
-                yield tag, p, m
+                for ahead in a.max_ahead:
+                    tag = ""
+                    if len(a.partition_bytes) > 1 or p:
+                        tag += " P=%s" % human(p or 4 * MIB)
+                    if len(a.max_in_flight) > 1 or m:
+                        tag += " F=%s" % human(m or 32 * MIB)
+                    if len(a.max_ahead) > 1 or ahead:
+                        tag += " A=%s" % (human(ahead) if ahead else "none")
+                    yield tag, p, m, ahead
 
     if scenario in ("ps", "lanes"):
         lanes = [False, True] if scenario == "lanes" else [a.single_lane]
         for k in ks:
             servers = [(n + i, None) for i in range(k)]
-            for tag, p, m in variants():
+            for v in variants():
                 for single in lanes:
-                    name = "gradlink n=%d k=%d%s%s" % (n, k, tag, " 1-lane" if single else "")
-                    gradlink(name, servers, p, m, single,
+                    name = "gradlink n=%d k=%d%s%s" % (n, k, v[0], " 1-lane" if single else "")
+                    gradlink(name, servers, v, single,
                              lambda M, k=k: pm.ps_bound_time(n, k, M, byte_s),
                              "PS bound max(M/B, nM/(kB))")
     elif scenario == "mixed":
@@ -894,8 +902,8 @@ def build_systems(a, cl, scenario, n, ks, sizes, pm, log):
             else:
                 note = ("server weights %.4f on each of the %d worker hosts, %.4f on each of the "
                         "%d server hosts" % (colocated, n, dedicated, k))
-            for tag, p, m in variants():
-                gradlink("gradlink mixed n=%d k=%d%s" % (n, k, tag), servers, p, m, a.single_lane,
+            for v in variants():
+                gradlink("gradlink mixed n=%d k=%d%s" % (n, k, v[0]), servers, v, a.single_lane,
                          lambda M, k=k: pm.mixed_time(n, k, M, byte_s),
                          "mixed placement 2n(n-1)M/((n^2+kn-2k)B)", note)
     if scenario in ("ps", "mixed", "baselines") and a.baselines:
@@ -956,6 +964,10 @@ def main(argv=None):
     ap.add_argument("--max-in-flight", default="1M",
                     help="gradlink bytes in flight per worker, comma-separated: a sweep "
                          "(default 1M; 0 = gradlink's own default)")
+    ap.add_argument("--max-ahead", default="0",
+                    help="gradlink bytes an operation may have pushed whose sums are not back "
+                         "(gradlink-bench --max-ahead), comma-separated: a sweep (default 0: no "
+                         "limit)")
     ap.add_argument("--single-lane", action="store_true", help="gradlink on one lane (ps, mixed)")
     ap.add_argument("--gradlink-env", action="append", default=[], metavar="VAR=VALUE",
                     help="extra environment of the gradlink processes (repeatable), e.g. "
@@ -1003,6 +1015,7 @@ def main(argv=None):
     try:
         a.partition_bytes = [parse_size(x) for x in a.partition_bytes.split(",") if x.strip()] or [0]
         a.max_in_flight = [parse_size(x) for x in a.max_in_flight.split(",") if x.strip()] or [0]
+        a.max_ahead = [parse_size(x) for x in a.max_ahead.split(",") if x.strip()] or [0]
     except argparse.ArgumentTypeError as e:
         ap.error(str(e))
     bad = [x for x in a.gradlink_env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", x)]

@@ -42,6 +42,7 @@ struct Config {
   bool average = false, single_lane = false;
   uint64_t partition_bytes = 4u << 20;
   uint64_t max_in_flight = 32u << 20;
+  uint64_t max_ahead = 0;
   uint64_t tensors = 1;
   bool no_fusion = false, verbose = false;
   uint64_t fusion_buffer_bytes = gl::WorkerOptions().fusion_buffer_bytes;
@@ -161,6 +162,7 @@ int RunWorker(const Config& c) {
   o.single_lane = c.single_lane;
   o.partition_bytes = c.partition_bytes;
   o.max_bytes_in_flight = c.max_in_flight;
+  o.max_bytes_ahead = c.max_ahead;
   o.fusion_buffer_bytes = c.no_fusion ? 0 : c.fusion_buffer_bytes;
   o.fusion_threshold_bytes = c.fusion_threshold_bytes;
   auto secret = gl::security::LoadSecret();
@@ -360,6 +362,9 @@ int main(int argc, char** argv) {
   app.add_flag("--single-lane", c.single_lane, "push and pull on one lane");
   app.add_option("--partition-bytes", c.partition_bytes, "partition size")->capture_default_str();
   app.add_option("--max-in-flight", c.max_in_flight, "bytes in flight per worker")->capture_default_str();
+  app.add_option("--max-ahead", c.max_ahead,
+                 "bytes an operation may have pushed whose sums are not back (0: no limit)")
+      ->capture_default_str();
   app.add_option("--tensors", c.tensors, "split each row into this many tensors, pushed as one group")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--no-fusion", c.no_fusion, "do not fuse a group's tensors (fusion_buffer_bytes 0)");
@@ -382,7 +387,7 @@ int main(int argc, char** argv) {
       "-b", c.begin, "-e", c.end, "-f", std::to_string(c.factor), "-d", c.dtype_name,
       "-n", std::to_string(c.iters), "--warmup", std::to_string(c.warmup), "--job", c.job,
       "--partition-bytes", std::to_string(c.partition_bytes), "--max-in-flight",
-      std::to_string(c.max_in_flight), "--tensors", std::to_string(c.tensors),
+      std::to_string(c.max_in_flight), "--max-ahead", std::to_string(c.max_ahead), "--tensors", std::to_string(c.tensors),
       "--fusion-buffer-bytes", std::to_string(c.fusion_buffer_bytes), "--fusion-threshold",
       std::to_string(c.fusion_threshold_bytes)};
   if (c.no_fusion) worker_args.push_back("--no-fusion");

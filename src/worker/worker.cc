@@ -24,7 +24,7 @@ namespace internal {
 // Counters shared by a worker and its groups (a group may outlive its worker).
 struct Counters {
   std::atomic<uint64_t> push_pulls{0}, bytes_reduced{0}, groups{0}, fused_ops{0},
-      bytes_packed{0}, bytes_unpacked{0};
+      bytes_packed{0}, bytes_unpacked{0}, partitions_held{0}, peak_bytes_ahead{0};
 };
 
 // Fusion buffers, reused: a fresh multi-MiB buffer would cost its page faults on every use.
@@ -93,6 +93,10 @@ struct Op {
   enum class Part : uint8_t { kQueued, kSent, kPushed, kDone };
   std::vector<Part> parts;
   uint32_t outstanding = 0;  // partitions not yet answered (pulled, or refused by the server)
+  // WorkerOptions::max_bytes_ahead: bytes sent (or let back into the queue to be sent) and not
+  // yet answered, and the partitions held back meanwhile, in order (seq, partition).
+  uint64_t bytes_ahead = 0;
+  std::deque<std::pair<uint64_t, uint32_t>> held;
   uint32_t sending = 0;      // pushes the transport may still be reading from `data`
   uint32_t receiving = 0;    // pulls being written into `data` right now
   // The first error. The op still pushes and collects every partition, so each server's round
@@ -511,6 +515,8 @@ class WorkerImpl final : public Worker {
     s.bytes_packed = counters_->bytes_packed.load(std::memory_order_relaxed);
     s.bytes_unpacked = counters_->bytes_unpacked.load(std::memory_order_relaxed);
     s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
+    s.partitions_held = counters_->partitions_held.load(std::memory_order_relaxed);
+    s.peak_bytes_ahead = counters_->peak_bytes_ahead.load(std::memory_order_relaxed);
     for (const Lane* lane : {push_lane_.get(), pull_lane_.get()}) {
       if (lane == nullptr) continue;
       const transport::LaneStats ls = lane->stats();
@@ -751,6 +757,7 @@ class WorkerImpl final : public Worker {
     uint64_t seq;
     std::shared_ptr<Op> op;
     uint32_t part;
+    bool counted = false;  // already in op->bytes_ahead (let back in by ReleaseHeldLocked)
     bool operator<(const Pending& o) const {  // max-heap: higher priority, then older first
       return priority != o.priority ? priority < o.priority : seq > o.seq;
     }
@@ -794,8 +801,20 @@ class WorkerImpl final : public Worker {
       const wire::PartitionPlan& plan = t.parts[top.part];
       const uint64_t size = DataTypeSize(t.dtype);
       const uint64_t bytes = plan.count * size;
+      if (!top.counted && opts_.max_bytes_ahead > 0) {
+        // Held back behind its own op's earlier partitions, or over the op's lead: it waits
+        // on the op (in order) for sums to come back, and the queue goes on with other ops.
+        if (!op.held.empty() ||
+            (op.bytes_ahead > 0 && op.bytes_ahead + bytes > opts_.max_bytes_ahead)) {
+          op.held.emplace_back(top.seq, top.part);
+          counters_->partitions_held.fetch_add(1, std::memory_order_relaxed);
+          pending_.pop();
+          continue;
+        }
+      }
       if (bytes_in_flight_ > 0 && bytes_in_flight_ + bytes > opts_.max_bytes_in_flight) break;
       bytes_in_flight_ += bytes;
+      if (!top.counted) AddAheadLocked(op, bytes);
       if (op.t_first_issue == Clock::time_point{}) op.t_first_issue = Clock::now();
       op.parts[top.part] = Op::Part::kSent;
       op.sending++;
@@ -847,10 +866,36 @@ class WorkerImpl final : public Worker {
     Issue(out);
   }
 
-  void AnsweredLocked(Op& op, uint32_t part) {
-    ReleaseCreditLocked(op, part);  // the pull may overtake its push's completion
-    op.parts[part] = Op::Part::kDone;
-    op.outstanding--;
+  void AnsweredLocked(const std::shared_ptr<Op>& op, uint32_t part) {
+    ReleaseCreditLocked(*op, part);  // the pull may overtake its push's completion
+    op->parts[part] = Op::Part::kDone;
+    op->outstanding--;
+    op->bytes_ahead -= PartBytes(*op, part);
+    ReleaseHeldLocked(op);
+  }
+
+  void AddAheadLocked(Op& op, uint64_t bytes) {
+    op.bytes_ahead += bytes;
+    if (op.bytes_ahead > counters_->peak_bytes_ahead.load(std::memory_order_relaxed)) {
+      counters_->peak_bytes_ahead.store(op.bytes_ahead, std::memory_order_relaxed);
+    }
+  }
+
+  uint64_t PartBytes(const Op& op, uint32_t part) const {
+    return op.tensor->parts[part].count * DataTypeSize(op.tensor->dtype);
+  }
+
+  // Lets the op's held partitions back into the queue, in order, as far as its lead allows;
+  // their bytes count from now on, so the next answer does not let the same bytes in twice.
+  void ReleaseHeldLocked(const std::shared_ptr<Op>& op) {
+    while (!op->held.empty()) {
+      const auto [seq, part] = op->held.front();
+      const uint64_t bytes = PartBytes(*op, part);
+      if (op->bytes_ahead > 0 && op->bytes_ahead + bytes > opts_.max_bytes_ahead) break;
+      AddAheadLocked(*op, bytes);
+      op->held.pop_front();
+      pending_.push(Pending{op->options.priority, seq, op, part, /*counted=*/true});
+    }
   }
 
   void ReleaseCreditLocked(Op& op, uint32_t part) {
@@ -1024,7 +1069,7 @@ class WorkerImpl final : public Worker {
         const std::string& server = server_names_[op->tensor->parts[h.partition].server];
         const Status refused(code, text + " (from " + server + ")");
         RecordFailureLocked(*op, refused);
-        AnsweredLocked(*op, h.partition);
+        AnsweredLocked(op, h.partition);
         // A server that lost another worker's push knows only the symptom: wait for the
         // scheduler's verdict, which names the lost member.
         if (code == Code::kPeerLost) {
@@ -1038,7 +1083,7 @@ class WorkerImpl final : public Worker {
                                           ": receiving the sum from " + server +
                                           " failed: " + why.message());
         RecordFailureLocked(*op, lost);
-        AnsweredLocked(*op, h.partition);
+        AnsweredLocked(op, h.partition);
         // A broken receive is a broken connection: like an endpoint failure, it waits for the
         // scheduler's verdict, which names the cause (the server may have exited because the
         // job failed elsewhere).
@@ -1047,7 +1092,7 @@ class WorkerImpl final : public Worker {
           op->abandoned = true;
         }
       } else {
-        AnsweredLocked(*op, h.partition);
+        AnsweredLocked(op, h.partition);
       }
       TryFinishLocked(*op);
       PumpLocked(&out);

@@ -28,6 +28,14 @@ def test_grouped_push_pull(run_job):
         assert "GROUPED OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
 
 
+def test_max_bytes_ahead_from_the_environment(run_job):
+    job = run_job(3, 2, "lead.py", env={"GRADLINK_PARTITION_BYTES": str(16 << 10),
+                                        "GRADLINK_MAX_BYTES_AHEAD": str(48 << 10)})
+    assert job.rc == 0, job.explain()
+    for r in range(3):
+        assert "LEAD OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
+
+
 # bucket_bytes: None fuses small gradients into buckets (the default), 0 pushes each alone.
 @pytest.mark.parametrize("kind,passes,buckets", [("sgd", 1, None), ("adam", 1, None),
                                                  ("sgd", 2, None), ("sgd", 1, 0),

@@ -238,6 +238,7 @@ struct JobConfig {
   uint32_t servers = 1;
   uint64_t partition_bytes = 64 << 10;
   uint64_t max_bytes_in_flight = 32 << 20;
+  uint64_t max_bytes_ahead = 0;
   std::string job = "job-test";
   std::vector<uint32_t> fake_worker_ranks;  // ranks joined by a bare control channel (no Worker)
 };
@@ -300,6 +301,7 @@ class Job {
         o.rank = static_cast<int32_t>(r);
         o.partition_bytes = config.partition_bytes;
         o.max_bytes_in_flight = config.max_bytes_in_flight;
+        o.max_bytes_ahead = config.max_bytes_ahead;
         o.transport = "inproc";
         o.fabric = fabric_;
         o.connect_timeout = kConnectTimeout;
@@ -849,6 +851,83 @@ TEST(JobTest, FewCreditsSamePriority) {
   std::vector<TensorSpec> specs;
   for (int i = 0; i < 20; ++i) specs.push_back({"c" + std::to_string(i), DataType::kFloat32, 3000});
   RunRounds(job, specs, 3, nullptr, 300us);
+  job.FinishCleanly();
+}
+
+// max_bytes_ahead: an op holds partitions back until its sums come back, never more than the
+// limit ahead (one partition when the limit is smaller), and the results stay exact.
+TEST(JobTest, LeadLimitHoldsPartitionsBackAndStaysExact) {
+  JobConfig config;
+  config.workers = 3;
+  config.servers = 2;
+  config.partition_bytes = 4096;
+  config.max_bytes_ahead = 3 * 4096;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  // 40 partitions of 4 KiB (the last one 1 KiB), and a tensor smaller than one partition.
+  RunRounds(job, {{"big", DataType::kFloat32, 39 * 1024 + 256}, {"small", DataType::kFloat16, 100}},
+            3);
+  for (uint32_t r = 0; r < config.workers; ++r) {
+    const WorkerStats s = job.worker(r).Stats();
+    EXPECT_GT(s.partitions_held, 0u) << "rank " << r;
+    EXPECT_GT(s.peak_bytes_ahead, 0u) << "rank " << r;
+    EXPECT_LE(s.peak_bytes_ahead, config.max_bytes_ahead) << "rank " << r;
+  }
+  job.FinishCleanly();
+}
+
+TEST(JobTest, NoLeadLimitHoldsNothing) {
+  JobConfig config;
+  config.partition_bytes = 4096;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  RunRounds(job, {{"big", DataType::kFloat32, 40 * 1024}}, 2);
+  for (uint32_t r = 0; r < config.workers; ++r) {
+    EXPECT_EQ(job.worker(r).Stats().partitions_held, 0u) << "rank " << r;
+  }
+  job.FinishCleanly();
+}
+
+// A limit below one partition still lets one partition of each op go at a time.
+TEST(JobTest, LeadLimitBelowOnePartitionSendsOneAtATime) {
+  JobConfig config;
+  config.partition_bytes = 4096;
+  config.max_bytes_ahead = 1;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  RunRounds(job, {{"big", DataType::kFloat32, 12 * 1024}}, 2);
+  for (uint32_t r = 0; r < config.workers; ++r) {
+    EXPECT_EQ(job.worker(r).Stats().peak_bytes_ahead, 4096u) << "rank " << r;
+  }
+  job.FinishCleanly();
+}
+
+// Each op's lead is its own: with the workers issuing the tensors in opposite orders, priorities
+// that let later calls jump the queue, a one-partition window and a two-partition lead, an op
+// waiting for its sums must never keep another op's partitions from leaving (a lead shared by
+// all ops, or a queue that stopped at a held partition, would hang here).
+TEST(JobTest, LeadLimitWithOppositeOrdersAndPrioritiesDoesNotDeadlock) {
+  JobConfig config;
+  config.workers = 3;
+  config.servers = 2;
+  config.partition_bytes = 1024;
+  config.max_bytes_in_flight = 1024;
+  config.max_bytes_ahead = 2 * 1024;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 24; ++i) {
+    TensorSpec s{"lead" + std::to_string(i), DataType::kFloat32, 256u * (1 + i % 5)};
+    s.priority = i % 3;
+    specs.push_back(s);
+  }
+  auto order = [&](uint32_t rank) {
+    std::vector<size_t> idx(specs.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = rank % 2 ? idx.size() - 1 - i : i;
+    return idx;
+  };
+  RunRounds(job, specs, 3, order);
+  RunRounds(job, specs, 2, order, 300us);
   job.FinishCleanly();
 }
 

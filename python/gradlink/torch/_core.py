@@ -87,7 +87,7 @@ def _scheduler_from_env():
 
 def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=None,
          partition_bytes=None, max_bytes_in_flight=None, single_lane=None, fail_fast=None,
-         fusion_buffer_bytes=None, fusion_threshold_bytes=None):
+         fusion_buffer_bytes=None, fusion_threshold_bytes=None, max_bytes_ahead=None):
     """Joins the gradlink job; returns once every worker and server has joined.
 
     Arguments default to the environment:
@@ -103,7 +103,8 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
 
     ``timeout`` (``GRADLINK_TIMEOUT``, default 300 s) is the default deadline of synchronize();
     ``partition_bytes`` (``GRADLINK_PARTITION_BYTES``), ``max_bytes_in_flight``
-    (``GRADLINK_MAX_BYTES_IN_FLIGHT``), ``connect_timeout`` (``GRADLINK_CONNECT_TIMEOUT``,
+    (``GRADLINK_MAX_BYTES_IN_FLIGHT``), ``max_bytes_ahead`` (``GRADLINK_MAX_BYTES_AHEAD``,
+    default 0: no limit; docs/operations.md), ``connect_timeout`` (``GRADLINK_CONNECT_TIMEOUT``,
     default 60 s) and ``single_lane`` (``GRADLINK_SINGLE_LANE=1``) tune the worker;
     ``fusion_buffer_bytes`` (``GRADLINK_FUSION_BUFFER_BYTES``, default 4 MiB, 0: no fusion) and
     ``fusion_threshold_bytes`` (``GRADLINK_FUSION_THRESHOLD_BYTES``, default 256 KiB) tune
@@ -140,6 +141,9 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
         mb = max_bytes_in_flight or _env_int("GRADLINK_MAX_BYTES_IN_FLIGHT")
         if mb:
             kwargs["max_bytes_in_flight"] = mb
+        ma = max_bytes_ahead or _env_int("GRADLINK_MAX_BYTES_AHEAD")
+        if ma:
+            kwargs["max_bytes_ahead"] = ma
         fb = fusion_buffer_bytes
         if fb is None:
             fb = _env_int("GRADLINK_FUSION_BUFFER_BYTES")
@@ -439,7 +443,8 @@ def grouped_push_pull(tensors, average=True, name=None, priority=0, names=None):
 
 def stats():
     """The C++ worker's counters: push_pulls, bytes_reduced, groups, fused_ops, bytes_packed,
-    bytes_unpacked, bytes_copied_eager, bytes_copied_bounce, protocol_errors."""
+    bytes_unpacked, bytes_copied_eager, bytes_copied_bounce, protocol_errors, partitions_held,
+    peak_bytes_ahead."""
     return _require().worker.stats()
 
 
