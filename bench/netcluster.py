@@ -523,6 +523,13 @@ else:
 # ---- the systems ------------------------------------------------------------------------------
 
 
+# UCX settings of every gradlink process here, unless --gradlink-env sets them: a receive buffer
+# of 64 KiB (the kernel doubles it) bounds what each of the n x k TCP connections keeps queued in
+# the shaped links, so a partition's pushes from the n workers arrive together and the pulls
+# start early (bench/RESULTS.md, "lead limit and receive buffers"; docs/operations.md).
+GRADLINK_UCX_DEFAULTS = {"UCX_TCP_RCVBUF": "64k"}
+
+
 def gradlink_env(secret):
     return {"GRADLINK_SECRET": secret, "UCX_TLS": "tcp", "UCX_NET_DEVICES": IFACE,
             "GRADLINK_LOG_LEVEL": os.environ.get("GRADLINK_LOG_LEVEL", "warn")}
@@ -964,14 +971,15 @@ def main(argv=None):
     ap.add_argument("--max-in-flight", default="1M",
                     help="gradlink bytes in flight per worker, comma-separated: a sweep "
                          "(default 1M; 0 = gradlink's own default)")
-    ap.add_argument("--max-ahead", default="0",
+    ap.add_argument("--max-ahead", default="2M",
                     help="gradlink bytes an operation may have pushed whose sums are not back "
-                         "(gradlink-bench --max-ahead), comma-separated: a sweep (default 0: no "
-                         "limit)")
+                         "(gradlink-bench --max-ahead), comma-separated: a sweep (default 2M; "
+                         "0: no limit)")
     ap.add_argument("--single-lane", action="store_true", help="gradlink on one lane (ps, mixed)")
     ap.add_argument("--gradlink-env", action="append", default=[], metavar="VAR=VALUE",
                     help="extra environment of the gradlink processes (repeatable), e.g. "
-                         "UCX_RNDV_THRESH=1m")
+                         "UCX_RNDV_THRESH=1m; default UCX_TCP_RCVBUF=64k (UCX_TCP_RCVBUF=auto "
+                         "for the kernel's autotuning)")
     ap.add_argument("--baselines", default="gloo,mpi", help="gloo, mpi, or none (default gloo,mpi)")
     ap.add_argument("--bin", default=os.path.join(REPO, "build", "bin"))
     ap.add_argument("--results", default=os.path.join(BENCH, "RESULTS.md"),
@@ -1021,7 +1029,7 @@ def main(argv=None):
     bad = [x for x in a.gradlink_env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", x)]
     if bad:
         ap.error("--gradlink-env wants VAR=VALUE, got %s" % ", ".join(bad))
-    a.gradlink_env = dict(x.split("=", 1) for x in a.gradlink_env)
+    a.gradlink_env = dict(GRADLINK_UCX_DEFAULTS, **dict(x.split("=", 1) for x in a.gradlink_env))
     a.baselines = [] if a.baselines.strip() in ("", "none") else [x.strip() for x in a.baselines.split(",")]
     bad = [x for x in a.baselines if x not in ("gloo", "mpi")]
     if bad:
