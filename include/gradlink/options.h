@@ -59,8 +59,9 @@ struct WorkerOptions {
   // 0: no limit. A sum needs every worker's push, so this keeps the workers (and a worker's
   // flows to its servers) within this many bytes of each other, and bounds what gradlink
   // queues in the network: on links where a partition waits for the slowest of n flows, the
-  // pulls then keep pace with the pushes (bench/RESULTS.md, "lead limit"). Each operation
-  // has its own: one waiting for its sums never holds back another.
+  // pulls then keep pace with the pushes (bench/RESULTS.md, "lead limit and receive buffers";
+  // docs/operations.md, "TCP fabrics"). Each operation has its own: one waiting for its sums
+  // never holds back another.
   uint64_t max_bytes_ahead = 0;
   bool single_lane = false;  // push and pull on one lane (comparison mode)
   // Tensor fusion (Worker::PushPullGroup): a group's members of one dtype are packed (copied)
