@@ -54,6 +54,7 @@ reported as FAILED and not run again; the others go on; the exit status is then 
 """
 
 import argparse
+import contextlib
 import ctypes
 import datetime
 import json
@@ -490,6 +491,53 @@ class Cluster:
         st = json.loads(out)[0]["stats64"]
         return st["tx"]["bytes"], st["rx"]["bytes"]
 
+    @contextlib.contextmanager
+    def timeline(self, period_s=0.002):
+        """Samples every host link's byte counters (at its bridge port) every `period_s` while
+        the block runs. Yields a list that afterwards holds rows (t_s, [up_0, down_0, up_1, ...]):
+        the bytes each host sent (up) and received (down) since the previous row."""
+        code = r"""
+import signal, sys, time
+ports, period, out = sys.argv[1].split(","), float(sys.argv[2]), sys.argv[3]
+files = [open("/sys/class/net/%s/statistics/%s" % (p, c)) for p in ports
+         for c in ("rx_bytes", "tx_bytes")]  # the port receives what its host sends (up)
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+rows = []
+print("sampling", flush=True)
+while not stop:
+    row = [time.monotonic()]
+    for f in files:
+        f.seek(0)
+        row.append(int(f.read()))
+    rows.append(row)
+    time.sleep(period)
+with open(out, "w") as f:
+    f.write("\n".join(" ".join(str(x) for x in r) for r in rows))
+"""
+        out = os.path.join(self.tmp, "timeline-%d.txt" % time.monotonic_ns())
+        ports = ",".join("p%d" % h for h in range(self.hosts))
+        p = subprocess.Popen(["ip", "netns", "exec", self.bridge_ns, sys.executable, "-c", code,
+                              ports, repr(period_s), out], stdout=subprocess.PIPE, text=True,
+                             preexec_fn=_die_with_parent)
+        rows = []
+        try:
+            if p.stdout.readline().strip() != "sampling":
+                raise RunError("the link sampler did not start")
+            yield rows
+        finally:
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        with open(out) as f:
+            raw = [[float(x) for x in line.split()] for line in f if line.strip()]
+        os.unlink(out)
+        for prev, cur in zip(raw, raw[1:]):
+            rows.append((cur[0] - raw[0][0], [int(c - b) for c, b in zip(cur[1:], prev[1:])]))
+
     def tcp_check(self, src, dst, seconds=1.0, port=5201):
         """One TCP stream src -> dst for `seconds`; returns the receiver's goodput in bit/s."""
         code = r"""
@@ -810,10 +858,18 @@ def report(title, systems, results, sizes, rate_bps, out):
     out.append(text)
 
 
-def measure(cl, systems, repeats, unit, log):
+def write_timeline(path, hosts, rows):
+    with open(path, "w") as f:
+        f.write("t_ms," + ",".join("h%d_up,h%d_down" % (h, h) for h in range(hosts)) + "\n")
+        for t, v in rows:
+            f.write("%.3f,%s\n" % (t * 1e3, ",".join(str(x) for x in v)))
+
+
+def measure(cl, systems, repeats, unit, log, timeline_dir=None):
     """Runs every system `repeats` times, interleaved; returns {(name, size): [mean_us, ...]}
     and {(name, "traffic"): [busiest link's bytes each way / unit, ...]}, where unit is the
-    payload of one run (sum over sizes of size * (iters + warmup))."""
+    payload of one run (sum over sizes of size * (iters + warmup)). With `timeline_dir`, each
+    run's link timeline (Cluster.timeline) goes to a CSV file there."""
     results = {}
     for rep in range(repeats):
         for s in systems:
@@ -822,7 +878,14 @@ def measure(cl, systems, repeats, unit, log):
             t0 = time.monotonic()
             before = [cl.link_bytes(h) for h in range(cl.hosts)]
             try:
-                rows = s.run()
+                if timeline_dir:
+                    with cl.timeline() as tl:
+                        rows = s.run()
+                    path = os.path.join(timeline_dir, "%s-r%d.csv" % (
+                        re.sub(r"[^A-Za-z0-9=.]+", "_", s.name), rep + 1))
+                    write_timeline(path, cl.hosts, tl)
+                else:
+                    rows = s.run()
             except RunError as e:
                 # One system failing (a wrong value, a hang, a crash) fails the benchmark (exit
                 # status 1), but the others are still measured and reported.
@@ -986,6 +1049,9 @@ def main(argv=None):
                     help="append the tables here (default bench/RESULTS.md); '-' for none")
     ap.add_argument("--link-check", type=float, default=2.0,
                     help="seconds of one TCP stream host 0 -> host 1 before the runs (0: none)")
+    ap.add_argument("--timeline", metavar="DIR",
+                    help="write each run's link timeline here: CSV, one row per 2 ms, the bytes "
+                         "each host sent (up) and received (down) at its bridge port")
     ap.add_argument("--cleanup", action="store_true",
                     help="remove leftovers of killed runs (namespaces glnc<pid>-* whose harness is "
                          "gone, and their processes), then exit")
@@ -1026,6 +1092,8 @@ def main(argv=None):
         a.max_ahead = [parse_size(x) for x in a.max_ahead.split(",") if x.strip()] or [0]
     except argparse.ArgumentTypeError as e:
         ap.error(str(e))
+    if a.timeline:
+        os.makedirs(a.timeline, exist_ok=True)
     bad = [x for x in a.gradlink_env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", x)]
     if bad:
         ap.error("--gradlink-env wants VAR=VALUE, got %s" % ", ".join(bad))
@@ -1094,7 +1162,8 @@ def main(argv=None):
                 systems = build_systems(a, cl, sc, a.workers, ks, sizes, pm, log)
                 todo = [s for s in systems if s.kind == "gradlink" or (s.name, sizes[0]) not in cache]
                 log("netcluster: scenario %s: %d systems x %d repeats" % (sc, len(todo), a.repeats))
-                results = measure(cl, todo, a.repeats, sum(sizes) * (a.iters + a.warmup), log)
+                results = measure(cl, todo, a.repeats, sum(sizes) * (a.iters + a.warmup), log,
+                                  a.timeline)
                 for s in systems:
                     if s.kind != "gradlink":
                         for size in sizes + ["traffic"]:

@@ -69,8 +69,18 @@ def case_smoke(a):
                 expect(abs(r * 8 - rate) / rate < 0.01 or abs(r - rate) / rate < 0.01,
                        "tbf rate on %s/%s is %s, expected %g bit/s" % (ns, dev, r, rate))
         # The links are shaped: an unshaped veth carries several Gbit/s here.
-        bps = cl.tcp_check(0, 1, 1.0)
+        counters = [cl.link_bytes(h) for h in range(2)]
+        with cl.timeline() as tl:
+            bps = cl.tcp_check(0, 1, 1.0)
+            sent0 = cl.link_bytes(0)[0] - counters[0][0]
         print("TCP stream host 0 -> host 1: %.3f Gbit/s" % (bps / 1e9))
+        # The timeline tells a host's sending from its receiving: host 0 sent the stream, host 1
+        # only its acks.
+        up0, down0 = sum(v[0] for _, v in tl), sum(v[1] for _, v in tl)
+        print("timeline of the stream: host 0 sent %d bytes, received %d" % (up0, down0))
+        expect(up0 >= sent0 and up0 > 10 * down0,
+               "timeline: host 0 sent %d bytes and received %d during a stream it sent" % (
+                   up0, down0))
         expect(bps <= rate * 1.02, "a TCP stream ran at %.3f Gbit/s over a %.1f Gbit/s link: "
                "the link is not shaped" % (bps / 1e9, rate / 1e9))
         expect(bps >= rate * 0.2, "a TCP stream reached only %.3f Gbit/s of %.1f" % (
@@ -79,8 +89,19 @@ def case_smoke(a):
         before = [cl.link_bytes(h)[0] for h in range(2)]
         t0 = time.monotonic()
         servers = [(0, None), (1, None)]
-        rows = nc.run_gradlink(cl, a.bin_dir, [0, 1], servers, sizes, iters, warmup,
-                               partition=64 << 10, timeout=60)
+        with cl.timeline() as tl:
+            rows = nc.run_gradlink(cl, a.bin_dir, [0, 1], servers, sizes, iters, warmup,
+                                   partition=64 << 10, timeout=60)
+            inside = [cl.link_bytes(h)[0] for h in range(2)]
+        # The timeline (bridge-port counters) saw every byte each host sent while it ran.
+        expect(len(tl) >= 10, "the link timeline has only %d samples" % len(tl))
+        for h in range(2):
+            up = sum(v[2 * h] for _, v in tl)
+            print("timeline: host %d sent %d bytes in %d samples (its own counter: %d)" % (
+                h, up, len(tl), inside[h] - before[h]))
+            expect(inside[h] - before[h] <= up <= inside[h] - before[h] + (1 << 20),
+                   "host %d: the timeline counted %d bytes sent, its interface %d" % (
+                       h, up, inside[h] - before[h]))
         print("gradlink, 2 hosts x (worker + server), separate lanes: %s (%.1f s)" % (
             " ".join("%s:%.1fms" % (nc.human(s), rows[s][0] / 1e3) for s in sizes),
             time.monotonic() - t0))
