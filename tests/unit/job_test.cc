@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -15,9 +14,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
-#include <list>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -27,22 +24,21 @@
 #include "gradlink/scheduler.h"
 #include "gradlink/server.h"
 #include "gradlink/worker.h"
-#include "transport/join.h"
 #include "transport/transport.h"
+#include "unit/support/job_harness.h"
 #include "wire/frame.h"
 
 namespace gradlink {
 namespace {
 
 using namespace std::chrono_literals;
-
-constexpr auto kConnectTimeout = 10s;
-constexpr auto kOpTimeout = 20s;
-
-Clock::time_point In(Clock::duration d) { return Clock::now() + d; }
-
-constexpr DataType kAllTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
-                                  DataType::kBFloat16, DataType::kInt32,  DataType::kInt64};
+using test::In;
+using test::Job;
+using test::JobConfig;
+using test::kAllTypes;
+using test::kConnectTimeout;
+using test::kOpTimeout;
+using test::OnEveryWorker;
 
 // ---- Independent references --------------------------------------------------------------------
 
@@ -231,164 +227,7 @@ void ExpectedValue(DataType dtype, uint64_t tensor, uint32_t workers, uint64_t r
                                        << round << ": " << bad << " wrong elements" << detail;
 }
 
-// ---- A job in this process -------------------------------------------------------------------
-
-struct JobConfig {
-  uint32_t workers = 2;
-  uint32_t servers = 1;
-  uint64_t partition_bytes = 64 << 10;
-  uint64_t max_bytes_in_flight = 32 << 20;
-  uint64_t max_bytes_ahead = 0;
-  std::string job = "job-test";
-  std::vector<uint32_t> fake_worker_ranks;  // ranks joined by a bare control channel (no Worker)
-};
-
-class Job {
- public:
-  // Starts everything on threads; fails the test (and leaves the job partial) on error.
-  void Start(const JobConfig& config) {
-    config_ = config;
-    fabric_ = transport::CreateInprocFabric();
-    SchedulerOptions so;
-    so.port = 0;
-    so.num_workers = config.workers;
-    so.num_servers = config.servers;
-    so.job = config.job;
-    so.join_timeout = kConnectTimeout;
-    Result<std::unique_ptr<Scheduler>> sched = Scheduler::Start(so);
-    ASSERT_TRUE(sched.ok()) << sched.status().ToString();
-    scheduler_ = std::move(sched).value();
-    const std::string address = "127.0.0.1:" + std::to_string(scheduler_->port());
-
-    servers_.resize(config.servers);
-    workers_.resize(config.workers);
-    fakes_.resize(config.workers);
-    std::vector<Status> errors(config.servers + config.workers);
-    std::vector<std::thread> threads;
-    for (uint32_t i = 0; i < config.servers; ++i) {
-      threads.emplace_back([&, i] {
-        ServerOptions o;
-        o.scheduler = address;
-        o.job = config.job;
-        o.transport = "inproc";
-        o.fabric = fabric_;
-        o.connect_timeout = kConnectTimeout;
-        o.host_name = "server-host-" + std::to_string(i);
-        Result<std::unique_ptr<Server>> s = Server::Start(o);
-        if (s.ok()) servers_[i] = std::move(s).value();
-        else errors[i] = s.status();
-      });
-    }
-    for (uint32_t r = 0; r < config.workers; ++r) {
-      const bool fake = std::find(config.fake_worker_ranks.begin(), config.fake_worker_ranks.end(),
-                                  r) != config.fake_worker_ranks.end();
-      threads.emplace_back([&, r, fake] {
-        if (fake) {
-          wire::RegisterMsg reg;
-          reg.role = wire::Role::kWorker;
-          reg.requested_rank = static_cast<int32_t>(r);
-          reg.host = "fake-worker-" + std::to_string(r);
-          reg.push_address.assign(8, std::byte{0xEE});  // no lane: nothing will reach it
-          reg.pull_address.assign(8, std::byte{0xEE});
-          Result<Joined> j = JoinJob(address, wire::JobHash(config.job), reg, In(kConnectTimeout));
-          if (j.ok()) fakes_[r] = std::move(j->channel);
-          else errors[config.servers + r] = j.status();
-          return;
-        }
-        WorkerOptions o;
-        o.scheduler = address;
-        o.job = config.job;
-        o.rank = static_cast<int32_t>(r);
-        o.partition_bytes = config.partition_bytes;
-        o.max_bytes_in_flight = config.max_bytes_in_flight;
-        o.max_bytes_ahead = config.max_bytes_ahead;
-        o.transport = "inproc";
-        o.fabric = fabric_;
-        o.connect_timeout = kConnectTimeout;
-        o.host_name = "worker-host-" + std::to_string(r);
-        Result<std::unique_ptr<Worker>> w = Worker::Connect(o);
-        if (w.ok()) workers_[r] = std::move(w).value();
-        else errors[config.servers + r] = w.status();
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (const Status& s : errors) ASSERT_TRUE(s.ok()) << s.ToString();
-    for (uint32_t r = 0; r < config.workers; ++r) {
-      if (!workers_[r]) continue;
-      EXPECT_EQ(workers_[r]->rank(), r);
-      EXPECT_EQ(workers_[r]->size(), config.workers);
-      EXPECT_EQ(workers_[r]->num_servers(), config.servers);
-    }
-  }
-
-  // Every worker says goodbye; the job must then end cleanly everywhere.
-  void FinishCleanly() {
-    for (auto& w : workers_) {
-      if (w) {
-        EXPECT_TRUE(w->Shutdown(In(5s)).ok());
-      }
-    }
-    for (auto& s : servers_) {
-      if (s) {
-        Status st = s->Wait(In(5s));
-        EXPECT_TRUE(st.ok()) << "server " << s->id() << ": " << st.ToString();
-      }
-    }
-    Status st = scheduler_->Wait(In(5s));
-    EXPECT_TRUE(st.ok()) << "scheduler: " << st.ToString();
-    EXPECT_EQ(scheduler_->protocol_errors(), 0u);
-    for (auto& s : servers_) {
-      if (s) {
-        EXPECT_EQ(s->stats().protocol_errors, 0u);
-        EXPECT_EQ(s->stats().mismatches, 0u);
-      }
-    }
-  }
-
-  ~Job() {
-    for (auto& w : workers_) {
-      if (w) w->Shutdown(In(5s)).IgnoreError();
-    }
-    workers_.clear();
-    fakes_.clear();
-    for (auto& s : servers_) {
-      if (s) s->Stop();
-    }
-    servers_.clear();
-    if (scheduler_) scheduler_->Stop();
-  }
-
-  // A zeroed buffer for PushPull that lives until the workers have shut down: an operation that
-  // a failing test leaves pending (or one the library still reads after failing it) never
-  // touches freed memory.
-  std::vector<std::byte>& Buffer(size_t bytes) {
-    std::lock_guard<std::mutex> lock(buffers_mu_);
-    return buffers_.emplace_back(bytes);
-  }
-
-  Worker& worker(uint32_t r) { return *workers_[r]; }
-  Server& server(uint32_t i) { return *servers_[i]; }
-  Scheduler& scheduler() { return *scheduler_; }
-  void DropFake(uint32_t r) { fakes_[r].reset(); }  // closes without a goodbye
-  const JobConfig& config() const { return config_; }
-
- private:
-  JobConfig config_;
-  std::mutex buffers_mu_;
-  std::list<std::vector<std::byte>> buffers_;  // destroyed after the members below
-  std::shared_ptr<transport::Fabric> fabric_;
-  std::unique_ptr<Scheduler> scheduler_;
-  std::vector<std::unique_ptr<Server>> servers_;
-  std::vector<std::unique_ptr<Worker>> workers_;
-  std::vector<std::unique_ptr<transport::ControlChannel>> fakes_;
-};
-
-// Runs fn(rank) on one thread per worker and joins them.
-void OnEveryWorker(uint32_t workers, const std::function<void(uint32_t)>& fn) {
-  std::vector<std::thread> threads;
-  for (uint32_t r = 0; r < workers; ++r) threads.emplace_back([&fn, r] { fn(r); });
-  for (auto& t : threads) t.join();
-}
+// ---- Rounds on a job (unit/support/job_harness.h) -----------------------------------------------
 
 struct TensorSpec {
   std::string name;

@@ -19,96 +19,21 @@
 #include "gradlink/worker.h"
 #include "transport/join.h"
 #include "transport/transport.h"
+#include "unit/support/job_harness.h"
 
 namespace gradlink {
 namespace {
 
 using namespace std::chrono_literals;
+using test::In;
+using test::Job;
+using test::JobConfig;
+using test::kConnectTimeout;
+using test::OnEveryWorker;
 
-constexpr auto kTimeout = 10s;
-
-Clock::time_point In(Clock::duration d) { return Clock::now() + d; }
-
-struct WeightedJob {
-  std::shared_ptr<transport::Fabric> fabric = transport::CreateInprocFabric();
-  std::unique_ptr<Scheduler> scheduler;
-  std::vector<std::unique_ptr<Server>> servers;  // in the order of `weights`, not by id
-  std::vector<std::unique_ptr<Worker>> workers;  // by rank
-
-  // Servers connect in the order `connect_order` gives (indices into `weights`), 150 ms apart.
-  void Start(uint32_t num_workers, const std::vector<double>& weights,
-             const std::vector<size_t>& connect_order, uint64_t partition_bytes) {
-    SchedulerOptions so;
-    so.num_workers = num_workers;
-    so.num_servers = static_cast<uint32_t>(weights.size());
-    so.job = "weighted";
-    so.join_timeout = kTimeout;
-    auto sched = Scheduler::Start(so);
-    ASSERT_TRUE(sched.ok()) << sched.status().ToString();
-    scheduler = std::move(sched).value();
-    const std::string address = "127.0.0.1:" + std::to_string(scheduler->port());
-    servers.resize(weights.size());
-    workers.resize(num_workers);
-    std::vector<Status> errors(weights.size() + num_workers);
-    std::vector<std::thread> threads;
-    for (size_t i : connect_order) {
-      threads.emplace_back([&, i] {
-        ServerOptions o;
-        o.scheduler = address;
-        o.job = so.job;
-        o.transport = "inproc";
-        o.fabric = fabric;
-        o.connect_timeout = kTimeout;
-        o.host_name = "server-" + std::to_string(i);
-        o.weight = weights[i];
-        auto s = Server::Start(o);
-        if (s.ok()) servers[i] = std::move(s).value();
-        else errors[i] = s.status();
-      });
-      std::this_thread::sleep_for(150ms);
-    }
-    for (uint32_t r = 0; r < num_workers; ++r) {
-      threads.emplace_back([&, r] {
-        WorkerOptions o;
-        o.scheduler = address;
-        o.job = so.job;
-        o.rank = static_cast<int32_t>(r);
-        o.partition_bytes = partition_bytes;
-        o.transport = "inproc";
-        o.fabric = fabric;
-        o.connect_timeout = kTimeout;
-        o.host_name = "worker-" + std::to_string(r);
-        auto w = Worker::Connect(o);
-        if (w.ok()) workers[r] = std::move(w).value();
-        else errors[weights.size() + r] = w.status();
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (const Status& s : errors) ASSERT_TRUE(s.ok()) << s.ToString();
-  }
-
-  void FinishCleanly() {
-    for (auto& w : workers) EXPECT_TRUE(w->Shutdown(In(5s)).ok());
-    for (auto& s : servers) {
-      Status st = s->Wait(In(5s));
-      EXPECT_TRUE(st.ok()) << "server " << s->id() << ": " << st.ToString();
-      EXPECT_EQ(s->stats().protocol_errors, 0u);
-    }
-    Status st = scheduler->Wait(In(5s));
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    EXPECT_EQ(scheduler->protocol_errors(), 0u);
-  }
-
-  ~WeightedJob() {
-    for (auto& w : workers) {
-      if (w) w->Shutdown(In(5s)).IgnoreError();
-    }
-    for (auto& s : servers) {
-      if (s) s->Stop();
-    }
-    if (scheduler) scheduler->Stop();
-  }
-};
+// An operation's deadline in this suite: its rounds are small, and it has always allowed 10 s
+// (the shared kOpTimeout, 20 s, would loosen that).
+constexpr auto kRoundTimeout = 10s;
 
 // What rank r pushes for element i of tensor t in round k: an integer small enough that fp32
 // sums of a few ranks are exact, so the reference is an exact scalar loop.
@@ -124,71 +49,75 @@ struct Spec {
 
 // Every worker declares `specs`, then runs `rounds` rounds of PushPull over all of them and
 // checks every element against the scalar sum over ranks.
-void RunRounds(WeightedJob& job, const std::vector<Spec>& specs, uint32_t rounds) {
-  const uint32_t n = static_cast<uint32_t>(job.workers.size());
-  std::vector<std::thread> threads;
-  for (uint32_t r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      Worker& w = *job.workers[r];
-      std::vector<TensorHandle> handles;
-      std::vector<std::vector<std::byte>> bufs;
-      for (const Spec& s : specs) {
-        auto h = w.Declare(s.name, s.dtype, s.count);
-        ASSERT_TRUE(h.ok()) << h.status().ToString();
-        handles.push_back(*h);
-        bufs.emplace_back(s.count * DataTypeSize(s.dtype));
-      }
-      for (uint32_t k = 0; k < rounds; ++k) {
-        std::vector<PushPullHandle> ops;
-        for (uint32_t t = 0; t < specs.size(); ++t) {
-          for (uint64_t i = 0; i < specs[t].count; ++i) {
-            const int64_t v = Value(t, r, k, i);
-            if (specs[t].dtype == DataType::kFloat32) {
-              const float f = static_cast<float>(v);
-              std::memcpy(bufs[t].data() + 4 * i, &f, 4);
-            } else {
-              std::memcpy(bufs[t].data() + 8 * i, &v, 8);
-            }
+void RunRounds(Job& job, const std::vector<Spec>& specs, uint32_t rounds) {
+  const uint32_t n = job.config().workers;
+  OnEveryWorker(n, [&](uint32_t r) {
+    Worker& w = job.worker(r);
+    std::vector<TensorHandle> handles;
+    std::vector<std::vector<std::byte>*> bufs;  // outlive an op a failing check leaves pending
+    for (const Spec& s : specs) {
+      auto h = w.Declare(s.name, s.dtype, s.count);
+      ASSERT_TRUE(h.ok()) << h.status().ToString();
+      handles.push_back(*h);
+      bufs.push_back(&job.Buffer(s.count * DataTypeSize(s.dtype)));
+    }
+    for (uint32_t k = 0; k < rounds; ++k) {
+      std::vector<PushPullHandle> ops;
+      for (uint32_t t = 0; t < specs.size(); ++t) {
+        for (uint64_t i = 0; i < specs[t].count; ++i) {
+          const int64_t v = Value(t, r, k, i);
+          if (specs[t].dtype == DataType::kFloat32) {
+            const float f = static_cast<float>(v);
+            std::memcpy(bufs[t]->data() + 4 * i, &f, 4);
+          } else {
+            std::memcpy(bufs[t]->data() + 8 * i, &v, 8);
           }
-          ops.push_back(w.PushPull(handles[t], bufs[t]));
         }
-        for (uint32_t t = 0; t < specs.size(); ++t) {
-          Status s = ops[t].Wait(In(kTimeout));
-          ASSERT_TRUE(s.ok()) << "rank " << r << " " << specs[t].name << ": " << s.ToString();
-          uint64_t bad = 0;
-          for (uint64_t i = 0; i < specs[t].count; ++i) {
-            int64_t want = 0;
-            for (uint32_t q = 0; q < n; ++q) want += Value(t, q, k, i);
-            if (specs[t].dtype == DataType::kFloat32) {
-              float got;
-              std::memcpy(&got, bufs[t].data() + 4 * i, 4);
-              bad += got != static_cast<float>(want);
-            } else {
-              int64_t got;
-              std::memcpy(&got, bufs[t].data() + 8 * i, 8);
-              bad += got != want;
-            }
-          }
-          EXPECT_EQ(bad, 0u) << "rank " << r << " " << specs[t].name << " round " << k;
-        }
+        ops.push_back(w.PushPull(handles[t], *bufs[t]));
       }
-    });
-  }
-  for (auto& t : threads) t.join();
+      for (uint32_t t = 0; t < specs.size(); ++t) {
+        Status s = ops[t].Wait(In(kRoundTimeout));
+        ASSERT_TRUE(s.ok()) << "rank " << r << " " << specs[t].name << ": " << s.ToString();
+        uint64_t bad = 0;
+        for (uint64_t i = 0; i < specs[t].count; ++i) {
+          int64_t want = 0;
+          for (uint32_t q = 0; q < n; ++q) want += Value(t, q, k, i);
+          if (specs[t].dtype == DataType::kFloat32) {
+            float got;
+            std::memcpy(&got, bufs[t]->data() + 4 * i, 4);
+            bad += got != static_cast<float>(want);
+          } else {
+            int64_t got;
+            std::memcpy(&got, bufs[t]->data() + 8 * i, 8);
+            bad += got != want;
+          }
+        }
+        EXPECT_EQ(bad, 0u) << "rank " << r << " " << specs[t].name << " round " << k;
+      }
+    }
+  });
 }
 
 // Runs a job on `weights` and checks sums, ids and each server's share of the bytes.
 void CheckWeightedJob(const std::vector<double>& weights, const std::vector<size_t>& order) {
   constexpr uint32_t kWorkers = 3, kRounds = 3;
   constexpr uint64_t kPartition = 4096;
-  WeightedJob job;
-  ASSERT_NO_FATAL_FAILURE(job.Start(kWorkers, weights, order, kPartition));
+  JobConfig config;
+  config.workers = kWorkers;
+  config.servers = static_cast<uint32_t>(weights.size());
+  config.job = "weighted";
+  config.partition_bytes = kPartition;
+  config.server_weights = weights;
+  config.server_start_order = order;
+  config.server_start_gap = 150ms;  // far enough apart to register in that order
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
 
   // Ids: heaviest first, equal weights in connection order.
   std::vector<size_t> by_id(weights.size());
   for (size_t i = 0; i < weights.size(); ++i) {
-    ASSERT_LT(job.servers[i]->id(), weights.size());
-    by_id[job.servers[i]->id()] = i;
+    ASSERT_LT(job.server(i).id(), weights.size());
+    by_id[job.server(i).id()] = i;
   }
   for (size_t id = 1; id < by_id.size(); ++id) {
     EXPECT_GE(weights[by_id[id - 1]], weights[by_id[id]]) << "server id " << id;
@@ -208,7 +137,7 @@ void CheckWeightedJob(const std::vector<double>& weights, const std::vector<size
   for (double w : weights) sum_w += w;
   uint64_t reduced = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
-    const uint64_t b = job.servers[i]->stats().bytes_reduced;
+    const uint64_t b = job.server(i).stats().bytes_reduced;
     reduced += b;
     ASSERT_EQ(b % (kWorkers * kRounds), 0u);
     const double load = double(b / (kWorkers * kRounds));  // bytes of the model it holds
@@ -256,7 +185,7 @@ TEST(WeightedJobTest, SchedulerRefusesARegistrationWithABadWeight) {
   SchedulerOptions so;
   so.num_workers = 1;
   so.num_servers = 1;
-  so.join_timeout = kTimeout;
+  so.join_timeout = kConnectTimeout;
   auto sched = Scheduler::Start(so);
   ASSERT_TRUE(sched.ok()) << sched.status().ToString();
   const std::string address = "127.0.0.1:" + std::to_string((*sched)->port());

@@ -9,32 +9,26 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <list>
-#include <memory>
-#include <mutex>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "gradlink/scheduler.h"
 #include "gradlink/server.h"
 #include "gradlink/worker.h"
-#include "transport/transport.h"
+#include "unit/support/job_harness.h"
 
 namespace gradlink {
 namespace {
 
 using namespace std::chrono_literals;
-
-constexpr auto kConnectTimeout = 10s;
-constexpr auto kOpTimeout = 20s;
-
-Clock::time_point In(Clock::duration d) { return Clock::now() + d; }
-
-constexpr DataType kAllTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
-                                  DataType::kBFloat16, DataType::kInt32,  DataType::kInt64};
+using test::In;
+using test::Job;
+using test::JobConfig;
+using test::kAllTypes;
+using test::kOpTimeout;
+using test::OnEveryWorker;
 
 // ---- Reference: small integers, exact in every dtype, and so are their sums and averages over
 // 1, 2 or 4 workers (multiples of 1/4 below 64 in magnitude). ------------------------------------
@@ -113,105 +107,15 @@ void Fill(DataType t, uint64_t tensor, uint32_t rank, uint64_t round, std::span<
   return ::testing::AssertionSuccess();
 }
 
-// ---- A job in this process ---------------------------------------------------------------------
+// ---- A fusion job -------------------------------------------------------------------------------
 
-struct Config {
-  uint32_t workers = 2;
-  uint32_t servers = 2;
-  uint64_t partition_bytes = 64 << 10;
-  uint64_t fusion_buffer_bytes = 4u << 20;
-  uint64_t fusion_threshold_bytes = 256u << 10;
-};
-
-class Job {
- public:
-  void Start(const Config& c) {
-    config_ = c;
-    fabric_ = transport::CreateInprocFabric();
-    SchedulerOptions so;
-    so.num_workers = c.workers;
-    so.num_servers = c.servers;
-    so.job = "fusion-test";
-    so.join_timeout = kConnectTimeout;
-    auto sched = Scheduler::Start(so);
-    ASSERT_TRUE(sched.ok()) << sched.status().ToString();
-    scheduler_ = std::move(sched).value();
-    const std::string address = "127.0.0.1:" + std::to_string(scheduler_->port());
-    servers_.resize(c.servers);
-    workers_.resize(c.workers);
-    std::vector<Status> errors(c.servers + c.workers);
-    std::vector<std::thread> threads;
-    for (uint32_t i = 0; i < c.servers; ++i) {
-      threads.emplace_back([&, i] {
-        ServerOptions o;
-        o.scheduler = address;
-        o.job = so.job;
-        o.transport = "inproc";
-        o.fabric = fabric_;
-        o.connect_timeout = kConnectTimeout;
-        auto s = Server::Start(o);
-        if (s.ok()) servers_[i] = std::move(s).value();
-        else errors[i] = s.status();
-      });
-    }
-    for (uint32_t r = 0; r < c.workers; ++r) {
-      threads.emplace_back([&, r] {
-        WorkerOptions o;
-        o.scheduler = address;
-        o.job = so.job;
-        o.rank = static_cast<int32_t>(r);
-        o.partition_bytes = c.partition_bytes;
-        o.fusion_buffer_bytes = c.fusion_buffer_bytes;
-        o.fusion_threshold_bytes = c.fusion_threshold_bytes;
-        o.transport = "inproc";
-        o.fabric = fabric_;
-        o.connect_timeout = kConnectTimeout;
-        auto w = Worker::Connect(o);
-        if (w.ok()) workers_[r] = std::move(w).value();
-        else errors[c.servers + r] = w.status();
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (const Status& s : errors) ASSERT_TRUE(s.ok()) << s.ToString();
-  }
-
-  ~Job() {
-    for (auto& w : workers_) {
-      if (w) w->Shutdown(In(5s)).IgnoreError();
-    }
-    workers_.clear();
-    for (auto& s : servers_) {
-      if (s) s->Stop();
-    }
-    if (scheduler_) scheduler_->Stop();
-  }
-
-  // Memory that outlives the workers (an operation a failing test leaves pending may still
-  // write into it).
-  std::span<std::byte> Buffer(size_t bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return buffers_.emplace_back(bytes);
-  }
-
-  Worker& worker(uint32_t r) { return *workers_[r]; }
-  Server& server(uint32_t i) { return *servers_[i]; }
-  const Config& config() const { return config_; }
-
-  void RunOnEveryWorker(const std::function<void(uint32_t)>& fn) {
-    std::vector<std::thread> threads;
-    for (uint32_t r = 0; r < config_.workers; ++r) threads.emplace_back([&fn, r] { fn(r); });
-    for (auto& t : threads) t.join();
-  }
-
- private:
-  Config config_;
-  std::mutex mu_;
-  std::list<std::vector<std::byte>> buffers_;  // destroyed after the members below
-  std::shared_ptr<transport::Fabric> fabric_;
-  std::unique_ptr<Scheduler> scheduler_;
-  std::vector<std::unique_ptr<Server>> servers_;
-  std::vector<std::unique_ptr<Worker>> workers_;
-};
+// JobConfig with this suite's defaults: two servers, so that a group's fused tensors spread.
+JobConfig FusionConfig() {
+  JobConfig c;
+  c.servers = 2;
+  c.job = "fusion-test";
+  return c;
+}
 
 struct Spec {
   std::string name;
@@ -225,7 +129,7 @@ struct Spec {
 void RunGroupRounds(Job& job, const std::vector<Spec>& specs, uint64_t rounds,
                     bool average = false) {
   const uint32_t workers = job.config().workers;
-  job.RunOnEveryWorker([&](uint32_t rank) {
+  OnEveryWorker(workers, [&](uint32_t rank) {
     Worker& w = job.worker(rank);
     std::vector<TensorHandle> handles;
     std::vector<std::span<std::byte>> bufs;
@@ -258,7 +162,7 @@ std::vector<Spec> Uniform(const std::string& prefix, int n, DataType t, uint64_t
 // ---- Exact sums --------------------------------------------------------------------------------
 
 TEST(FusionTest, ManySmallTensorsOfSeveralDtypesAndSizes) {
-  Config c;
+  JobConfig c = FusionConfig();
   c.workers = 2;
   c.servers = 2;
   c.fusion_buffer_bytes = 32 << 10;  // many buffers per group
@@ -290,7 +194,7 @@ TEST(FusionTest, ManySmallTensorsOfSeveralDtypesAndSizes) {
 }
 
 TEST(FusionTest, GroupSplitAcrossBuffersInMemberOrder) {
-  Config c;
+  JobConfig c = FusionConfig();
   c.servers = 1;
   c.fusion_buffer_bytes = 4096;
   Job job;
@@ -309,7 +213,7 @@ TEST(FusionTest, GroupSplitAcrossBuffersInMemberOrder) {
 }
 
 TEST(FusionTest, LargeMemberGoesUnfusedWithoutACopy) {
-  Config c;
+  JobConfig c = FusionConfig();
   c.fusion_threshold_bytes = 64 << 10;
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(c));
@@ -327,7 +231,7 @@ TEST(FusionTest, LargeMemberGoesUnfusedWithoutACopy) {
 }
 
 TEST(FusionTest, OneFusedTensorPerDtype) {
-  Config c;
+  JobConfig c = FusionConfig();
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(c));
   std::vector<Spec> specs;
@@ -339,7 +243,7 @@ TEST(FusionTest, OneFusedTensorPerDtype) {
 }
 
 TEST(FusionTest, AverageOverFourWorkers) {
-  Config c;
+  JobConfig c = FusionConfig();
   c.workers = 4;
   c.servers = 2;
   Job job;
@@ -352,7 +256,7 @@ TEST(FusionTest, AverageOverFourWorkers) {
 }
 
 TEST(FusionTest, DisabledFusionPushesEveryMemberOnItsOwn) {
-  Config c;
+  JobConfig c = FusionConfig();
   c.fusion_buffer_bytes = 0;
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(c));
@@ -367,11 +271,11 @@ TEST(FusionTest, DisabledFusionPushesEveryMemberOnItsOwn) {
 }
 
 TEST(FusionTest, TwoRoundsInFlightOnOneLayoutRunInCallOrder) {
-  Config c;
+  JobConfig c = FusionConfig();
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(c));
   const auto specs = Uniform("q", 16, DataType::kFloat32, 64);
-  job.RunOnEveryWorker([&](uint32_t rank) {
+  OnEveryWorker(c.workers, [&](uint32_t rank) {
     Worker& w = job.worker(rank);
     std::vector<TensorHandle> handles;
     std::vector<std::span<std::byte>> bufs[3];
@@ -394,11 +298,11 @@ TEST(FusionTest, TwoRoundsInFlightOnOneLayoutRunInCallOrder) {
 }
 
 TEST(FusionTest, TimingStagesAddUp) {
-  Config c;
+  JobConfig c = FusionConfig();
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(c));
   const auto specs = Uniform("t", 50, DataType::kFloat32, 512);
-  job.RunOnEveryWorker([&](uint32_t rank) {
+  OnEveryWorker(c.workers, [&](uint32_t rank) {
     Worker& w = job.worker(rank);
     std::vector<TensorHandle> handles;
     std::vector<std::span<std::byte>> bufs;
@@ -430,7 +334,7 @@ TEST(FusionTest, TimingStagesAddUp) {
 // ---- Errors ------------------------------------------------------------------------------------
 
 TEST(FusionTest, BadArgumentsFailAtOnce) {
-  Config c;
+  JobConfig c = FusionConfig();
   c.workers = 1;
   c.servers = 1;
   Job job;
@@ -465,12 +369,12 @@ TEST(FusionTest, BadArgumentsFailAtOnce) {
 }
 
 TEST(FusionTest, WorkersThatGroupDifferentlyGetATimeoutNotAWrongSum) {
-  Config c;
+  JobConfig c = FusionConfig();
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(c));
   const auto specs = Uniform("g", 6, DataType::kFloat32, 100);
   std::vector<PushPullHandle> pending[2];
-  job.RunOnEveryWorker([&](uint32_t rank) {
+  OnEveryWorker(c.workers, [&](uint32_t rank) {
     Worker& w = job.worker(rank);
     std::vector<TensorHandle> handles;
     std::vector<std::span<std::byte>> bufs;
@@ -503,11 +407,11 @@ TEST(FusionTest, WorkersThatGroupDifferentlyGetATimeoutNotAWrongSum) {
 }
 
 TEST(FusionTest, MemberShapeMismatchFailsTheGroupOnEveryRank) {
-  Config c;
+  JobConfig c = FusionConfig();
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(c));
   const auto start = Clock::now();
-  job.RunOnEveryWorker([&](uint32_t rank) {
+  OnEveryWorker(c.workers, [&](uint32_t rank) {
     Worker& w = job.worker(rank);
     std::vector<TensorHandle> handles = {*w.Declare("ok1", DataType::kFloat32, 10),
                                          *w.Declare("bad", DataType::kFloat32, rank ? 12 : 10),
@@ -530,11 +434,11 @@ TEST(FusionTest, MemberShapeMismatchFailsTheGroupOnEveryRank) {
 }
 
 TEST(FusionTest, DroppedHandleLeavesTheJobWorking) {
-  Config c;
+  JobConfig c = FusionConfig();
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(c));
   const auto specs = Uniform("h", 10, DataType::kFloat64, 50);
-  job.RunOnEveryWorker([&](uint32_t rank) {
+  OnEveryWorker(c.workers, [&](uint32_t rank) {
     Worker& w = job.worker(rank);
     std::vector<TensorHandle> handles;
     std::vector<std::span<std::byte>> bufs;

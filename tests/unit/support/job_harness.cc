@@ -1,0 +1,154 @@
+#include "unit/support/job_harness.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <thread>
+
+#include "transport/join.h"
+#include "wire/frame.h"
+
+namespace gradlink::test {
+
+using namespace std::chrono_literals;
+
+Job::~Job() {
+  for (auto& w : workers_) {
+    if (w) w->Shutdown(In(5s)).IgnoreError();
+  }
+  workers_.clear();
+  fakes_.clear();
+  for (auto& s : servers_) {
+    if (s) s->Stop();
+  }
+  servers_.clear();
+  if (scheduler_) scheduler_->Stop();
+}
+
+void Job::Start(const JobConfig& config) {
+  ASSERT_TRUE(config.server_weights.empty() || config.server_weights.size() == config.servers)
+      << config.server_weights.size() << " server weights for " << config.servers << " servers";
+  std::vector<size_t> start_order(config.servers);  // each server's index, once
+  std::iota(start_order.begin(), start_order.end(), size_t{0});
+  if (!config.server_start_order.empty()) {
+    ASSERT_TRUE(std::is_permutation(config.server_start_order.begin(),
+                                    config.server_start_order.end(), start_order.begin(),
+                                    start_order.end()))
+        << "server_start_order is not an order of the " << config.servers << " servers";
+    start_order = config.server_start_order;
+  }
+
+  config_ = config;
+  fabric_ = transport::CreateInprocFabric();
+  SchedulerOptions so;
+  so.port = 0;
+  so.num_workers = config.workers;
+  so.num_servers = config.servers;
+  so.job = config.job;
+  so.join_timeout = kConnectTimeout;
+  Result<std::unique_ptr<Scheduler>> sched = Scheduler::Start(so);
+  ASSERT_TRUE(sched.ok()) << sched.status().ToString();
+  scheduler_ = std::move(sched).value();
+  const std::string address = "127.0.0.1:" + std::to_string(scheduler_->port());
+
+  servers_.resize(config.servers);
+  workers_.resize(config.workers);
+  fakes_.resize(config.workers);
+  std::vector<Status> errors(config.servers + config.workers);
+  std::vector<std::thread> threads;
+  for (size_t i : start_order) {
+    threads.emplace_back([&, i] {
+      ServerOptions o;
+      o.scheduler = address;
+      o.job = config.job;
+      o.transport = "inproc";
+      o.fabric = fabric_;
+      o.connect_timeout = kConnectTimeout;
+      o.host_name = "server-host-" + std::to_string(i);
+      if (!config.server_weights.empty()) o.weight = config.server_weights[i];
+      Result<std::unique_ptr<Server>> s = Server::Start(o);
+      if (s.ok()) servers_[i] = std::move(s).value();
+      else errors[i] = s.status();
+    });
+    if (config.server_start_gap.count() > 0) std::this_thread::sleep_for(config.server_start_gap);
+  }
+  for (uint32_t r = 0; r < config.workers; ++r) {
+    const bool fake = std::find(config.fake_worker_ranks.begin(), config.fake_worker_ranks.end(),
+                                r) != config.fake_worker_ranks.end();
+    threads.emplace_back([&, r, fake] {
+      if (fake) {
+        wire::RegisterMsg reg;
+        reg.role = wire::Role::kWorker;
+        reg.requested_rank = static_cast<int32_t>(r);
+        reg.host = "fake-worker-" + std::to_string(r);
+        reg.push_address.assign(8, std::byte{0xEE});  // no lane: nothing will reach it
+        reg.pull_address.assign(8, std::byte{0xEE});
+        Result<Joined> j = JoinJob(address, wire::JobHash(config.job), reg, In(kConnectTimeout));
+        if (j.ok()) fakes_[r] = std::move(j->channel);
+        else errors[config.servers + r] = j.status();
+        return;
+      }
+      WorkerOptions o;
+      o.scheduler = address;
+      o.job = config.job;
+      o.rank = static_cast<int32_t>(r);
+      o.partition_bytes = config.partition_bytes;
+      o.max_bytes_in_flight = config.max_bytes_in_flight;
+      o.max_bytes_ahead = config.max_bytes_ahead;
+      o.fusion_buffer_bytes = config.fusion_buffer_bytes;
+      o.fusion_threshold_bytes = config.fusion_threshold_bytes;
+      o.transport = "inproc";
+      o.fabric = fabric_;
+      o.connect_timeout = kConnectTimeout;
+      o.host_name = "worker-host-" + std::to_string(r);
+      Result<std::unique_ptr<Worker>> w = Worker::Connect(o);
+      if (w.ok()) workers_[r] = std::move(w).value();
+      else errors[config.servers + r] = w.status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Status& s : errors) ASSERT_TRUE(s.ok()) << s.ToString();
+  for (uint32_t r = 0; r < config.workers; ++r) {
+    if (!workers_[r]) continue;
+    EXPECT_EQ(workers_[r]->rank(), r);
+    EXPECT_EQ(workers_[r]->size(), config.workers);
+    EXPECT_EQ(workers_[r]->num_servers(), config.servers);
+  }
+}
+
+void Job::FinishCleanly() {
+  for (auto& w : workers_) {
+    if (w) {
+      EXPECT_TRUE(w->Shutdown(In(5s)).ok());
+    }
+  }
+  for (auto& s : servers_) {
+    if (s) {
+      Status st = s->Wait(In(5s));
+      EXPECT_TRUE(st.ok()) << "server " << s->id() << ": " << st.ToString();
+    }
+  }
+  Status st = scheduler_->Wait(In(5s));
+  EXPECT_TRUE(st.ok()) << "scheduler: " << st.ToString();
+  EXPECT_EQ(scheduler_->protocol_errors(), 0u);
+  for (auto& s : servers_) {
+    if (s) {
+      EXPECT_EQ(s->stats().protocol_errors, 0u);
+      EXPECT_EQ(s->stats().mismatches, 0u);
+    }
+  }
+}
+
+std::vector<std::byte>& Job::Buffer(size_t bytes) {
+  std::lock_guard<std::mutex> lock(buffers_mu_);
+  return buffers_.emplace_back(bytes);
+}
+
+void OnEveryWorker(uint32_t workers, const std::function<void(uint32_t)>& fn) {
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < workers; ++r) threads.emplace_back([&fn, r] { fn(r); });
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace gradlink::test

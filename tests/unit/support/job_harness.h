@@ -1,0 +1,98 @@
+// A whole job in this process, for the unit tests that need one: a Scheduler (TCP on 127.0.0.1,
+// port 0), servers and workers started on threads, talking over the inproc fabric. One harness
+// for every suite that runs a job (job_test, fusion_test, weighted_job_test), so that a change
+// to how members start or end is made once. Every wait has a deadline: a test fails, it never
+// hangs. Failures are gtest failures of the calling test; nothing here throws.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "gradlink/scheduler.h"
+#include "gradlink/server.h"
+#include "gradlink/worker.h"
+#include "transport/control_channel.h"
+#include "transport/transport.h"
+
+// Not gradlink::testing: inside namespace gradlink that name would hide gtest's ::testing.
+namespace gradlink::test {
+
+// To join the job (members), and for every member to register (scheduler).
+inline constexpr std::chrono::seconds kConnectTimeout{10};
+// For one operation: generous, since the tests share a loaded machine.
+inline constexpr std::chrono::seconds kOpTimeout{20};
+
+inline Clock::time_point In(Clock::duration d) { return Clock::now() + d; }
+
+inline constexpr DataType kAllTypes[] = {DataType::kFloat32, DataType::kFloat64,
+                                         DataType::kFloat16, DataType::kBFloat16,
+                                         DataType::kInt32,   DataType::kInt64};
+
+struct JobConfig {
+  uint32_t workers = 2;
+  uint32_t servers = 1;
+  std::string job = "job-test";
+  // Worker options. All but partition_bytes default to WorkerOptions' values; small partitions
+  // let a test span many partitions and servers with little data.
+  uint64_t partition_bytes = 64 << 10;
+  uint64_t max_bytes_in_flight = 32 << 20;
+  uint64_t max_bytes_ahead = 0;
+  uint64_t fusion_buffer_bytes = 4u << 20;
+  uint64_t fusion_threshold_bytes = 256u << 10;
+  // Placement weight of each server (by index); empty: every server has the default weight.
+  std::vector<double> server_weights;
+  // The order the servers start in (indices), each `server_start_gap` after the one before, so
+  // that they register in that order; empty: all at once. Workers start after the servers.
+  std::vector<size_t> server_start_order;
+  std::chrono::milliseconds server_start_gap{0};
+  std::vector<uint32_t> fake_worker_ranks;  // ranks joined by a bare control channel (no Worker)
+};
+
+class Job {
+ public:
+  Job() = default;
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+  // Stops what is left, without checks: a test that ends early still tears everything down.
+  ~Job();
+
+  // Starts everything on threads; fails the test (and leaves the job partial) on error. Call
+  // with ASSERT_NO_FATAL_FAILURE.
+  void Start(const JobConfig& config);
+
+  // Every worker says goodbye; the job must then end cleanly everywhere.
+  void FinishCleanly();
+
+  // A zeroed buffer for PushPull that lives until the workers have shut down: an operation that
+  // a failing test leaves pending (or one the library still reads after failing it) never
+  // touches freed memory. Thread-safe.
+  std::vector<std::byte>& Buffer(size_t bytes);
+
+  Worker& worker(uint32_t r) { return *workers_[r]; }
+  Server& server(uint32_t i) { return *servers_[i]; }  // by start index, not by server id
+  Scheduler& scheduler() { return *scheduler_; }
+  void DropFake(uint32_t r) { fakes_[r].reset(); }  // closes without a goodbye
+  const JobConfig& config() const { return config_; }
+
+ private:
+  JobConfig config_;
+  std::mutex buffers_mu_;
+  std::list<std::vector<std::byte>> buffers_;  // destroyed after the members below
+  std::shared_ptr<transport::Fabric> fabric_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::vector<std::unique_ptr<Server>> servers_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<std::unique_ptr<transport::ControlChannel>> fakes_;
+};
+
+// Runs fn(rank) on one thread per worker and joins them.
+void OnEveryWorker(uint32_t workers, const std::function<void(uint32_t)>& fn);
+
+}  // namespace gradlink::test
