@@ -126,6 +126,18 @@ struct Spec {
 
 // Every worker declares `specs`, then for each round fills every member, pushes them all as one
 // group, waits, and checks every element. Returns nothing; failures are test failures.
+// Declares `specs` on `w` and gives each a zeroed buffer owned by `job`; a refused declaration
+// fails the test (call with ASSERT_NO_FATAL_FAILURE).
+void DeclareAll(Job& job, Worker& w, const std::vector<Spec>& specs,
+                std::vector<TensorHandle>* handles, std::vector<std::span<std::byte>>* bufs) {
+  for (const Spec& s : specs) {
+    Result<TensorHandle> t = w.Declare(s.name, s.dtype, s.count);
+    ASSERT_TRUE(t.ok()) << "'" << s.name << "': " << t.status().ToString();
+    handles->push_back(*t);
+    bufs->push_back(job.Buffer(s.bytes()));
+  }
+}
+
 void RunGroupRounds(Job& job, const std::vector<Spec>& specs, uint64_t rounds,
                     bool average = false) {
   const uint32_t workers = job.config().workers;
@@ -133,12 +145,7 @@ void RunGroupRounds(Job& job, const std::vector<Spec>& specs, uint64_t rounds,
     Worker& w = job.worker(rank);
     std::vector<TensorHandle> handles;
     std::vector<std::span<std::byte>> bufs;
-    for (const Spec& s : specs) {
-      auto t = w.Declare(s.name, s.dtype, s.count);
-      ASSERT_TRUE(t.ok()) << t.status().ToString();
-      handles.push_back(*t);
-      bufs.push_back(job.Buffer(s.bytes()));
-    }
+    ASSERT_NO_FATAL_FAILURE(DeclareAll(job, w, specs, &handles, &bufs));
     for (uint64_t round = 0; round < rounds; ++round) {
       for (size_t i = 0; i < specs.size(); ++i) Fill(specs[i].dtype, i, rank, round, bufs[i]);
       PushPullHandle h = w.PushPullGroup(handles, bufs, {.average = average});
@@ -306,10 +313,7 @@ TEST(FusionTest, TimingStagesAddUp) {
     Worker& w = job.worker(rank);
     std::vector<TensorHandle> handles;
     std::vector<std::span<std::byte>> bufs;
-    for (const Spec& s : specs) {
-      handles.push_back(*w.Declare(s.name, s.dtype, s.count));
-      bufs.push_back(job.Buffer(s.bytes()));
-    }
+    ASSERT_NO_FATAL_FAILURE(DeclareAll(job, w, specs, &handles, &bufs));
     const auto t0 = Clock::now();
     PushPullHandle h = w.PushPullGroup(handles, bufs);
     EXPECT_EQ(h.Timing().total, Clock::duration::zero());  // not known before the end
@@ -378,11 +382,8 @@ TEST(FusionTest, WorkersThatGroupDifferentlyGetATimeoutNotAWrongSum) {
     Worker& w = job.worker(rank);
     std::vector<TensorHandle> handles;
     std::vector<std::span<std::byte>> bufs;
-    for (size_t i = 0; i < specs.size(); ++i) {
-      handles.push_back(*w.Declare(specs[i].name, specs[i].dtype, specs[i].count));
-      bufs.push_back(job.Buffer(specs[i].bytes()));
-      Fill(specs[i].dtype, i, rank, 0, bufs.back());
-    }
+    ASSERT_NO_FATAL_FAILURE(DeclareAll(job, w, specs, &handles, &bufs));
+    for (size_t i = 0; i < specs.size(); ++i) Fill(specs[i].dtype, i, rank, 0, bufs[i]);
     // Rank 0: one group of six. Rank 1: the same six in another order.
     if (rank == 1) {
       std::swap(handles[1], handles[2]);
@@ -442,10 +443,7 @@ TEST(FusionTest, DroppedHandleLeavesTheJobWorking) {
     Worker& w = job.worker(rank);
     std::vector<TensorHandle> handles;
     std::vector<std::span<std::byte>> bufs;
-    for (const Spec& s : specs) {
-      handles.push_back(*w.Declare(s.name, s.dtype, s.count));
-      bufs.push_back(job.Buffer(s.bytes()));
-    }
+    ASSERT_NO_FATAL_FAILURE(DeclareAll(job, w, specs, &handles, &bufs));
     // Rank 0 drops its first handle at once (its fusion buffer stays with the operation).
     w.PushPullGroup(handles, bufs);
     if (rank == 1) std::this_thread::sleep_for(50ms);
