@@ -252,15 +252,15 @@ def shutdown():
             ctx.completer.stop()
 
 
-class PushPullHandle:
-    """The pending result of push_pull_async(); pass it to synchronize() or poll()."""
+class _Pending:
+    """A started operation: waits for the C++ handle once, then runs the copy-backs `finish`
+    (staging buffers or non-contiguous members written back into the caller's tensors)."""
 
-    __slots__ = ("_h", "tensor", "_finish", "_done", "_timeout", "name")
+    __slots__ = ("_h", "_finish", "_done", "_timeout", "name")
 
-    def __init__(self, h, tensor, finish, timeout, name):
+    def __init__(self, h, finish, timeout, name):
         self._h = h
-        self.tensor = tensor
-        self._finish = finish  # copies a staging buffer back into `tensor`
+        self._finish = finish  # callables
         self._done = False
         self._timeout = timeout
         self.name = name
@@ -268,14 +268,32 @@ class PushPullHandle:
     def poll(self):
         return self._done or self._h.poll()
 
-    def wait(self, timeout=None):
+    def _complete(self, timeout):
         if not self._done:
             self._h.wait(self._timeout if timeout is None else timeout)
-            if self._finish is not None:
+            if self._finish:
                 with torch.no_grad():
-                    self._finish()
+                    for f in self._finish:
+                        f()
             self._done = True
             self._finish = None
+
+    def timing(self):
+        """Seconds by stage (pack, queue, push, reduce, pull, unpack, total) once done."""
+        return self._h.timing()
+
+
+class PushPullHandle(_Pending):
+    """The pending result of push_pull_async(); pass it to synchronize() or poll()."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, h, tensor, finish, timeout, name):
+        super().__init__(h, [finish] if finish is not None else [], timeout, name)
+        self.tensor = tensor
+
+    def wait(self, timeout=None):
+        self._complete(timeout)
         return self.tensor
 
 
@@ -343,37 +361,19 @@ def push_pull(tensor, average=True, name=None, priority=0):
     return synchronize(push_pull_async(tensor, average=average, name=name, priority=priority))
 
 
-class GroupedPushPullHandle:
+class GroupedPushPullHandle(_Pending):
     """The pending result of grouped_push_pull_async(); synchronize() returns the list of
     tensors."""
 
-    __slots__ = ("_h", "tensors", "_finish", "_done", "_timeout", "name")
+    __slots__ = ("tensors",)
 
     def __init__(self, h, tensors, finish, timeout, name):
-        self._h = h
+        super().__init__(h, finish, timeout, name)
         self.tensors = tensors
-        self._finish = finish  # copy-backs of non-contiguous members
-        self._done = False
-        self._timeout = timeout
-        self.name = name
-
-    def poll(self):
-        return self._done or self._h.poll()
 
     def wait(self, timeout=None):
-        if not self._done:
-            self._h.wait(self._timeout if timeout is None else timeout)
-            if self._finish:
-                with torch.no_grad():
-                    for f in self._finish:
-                        f()
-            self._done = True
-            self._finish = None
+        self._complete(timeout)
         return self.tensors
-
-    def timing(self):
-        """Seconds by stage (pack, queue, push, reduce, pull, unpack, total) once done."""
-        return self._h.timing()
 
 
 def start_group(tensors, bufs, names, average, priority, finish=()):
