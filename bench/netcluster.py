@@ -30,8 +30,9 @@ Scenarios (n = --workers worker hosts, k = each of --servers):
   hold       (for tests) set up the cluster, start an idle process on every host, print
              "ready PREFIX" and wait for a signal.
 
-gradlink runs with --partition-bytes 128K --max-in-flight 1M unless told otherwise: the best
-of a sweep (64K/128K/256K x 512K/1M/2M, n = 4, k = 4 and 2, 1 Gbit/s; bench/RESULTS.md).
+gradlink runs with --partition-bytes 128K --max-in-flight 1M --max-ahead 512K unless told
+otherwise: the best of sweeps (64K/128K/256K x 512K/1M/2M, n = 4, k = 4 and 2, 1 Gbit/s; the
+lead per server; bench/RESULTS.md).
 Small partitions let the pull stream start early (a server answers a partition only once all
 n workers pushed it); a small window keeps the n workers' push streams in step, so every
 server's partitions complete at the rate they arrive (with gradlink's default 32 MiB window a
@@ -574,8 +575,11 @@ else:
 # UCX settings of every gradlink process here, unless --gradlink-env sets them: a receive buffer
 # of 64 KiB (the kernel doubles it) bounds what each of the n x k TCP connections keeps queued in
 # the shaped links, so a partition's pushes from the n workers arrive together and the pulls
-# start early (bench/RESULTS.md, "lead limit and receive buffers"; docs/operations.md).
-GRADLINK_UCX_DEFAULTS = {"UCX_TCP_RCVBUF": "64k"}
+# start early (bench/RESULTS.md, "lead limit and receive buffers"; docs/operations.md); send
+# segments of 64 KiB instead of UCX's 8 KiB (the most its default 64 KiB receive segments
+# allow) cut the send calls per partition 8-fold, which the 2 cores running 8 hosts' TCP need
+# (bench/RESULTS.md, "lead per server and send segments").
+GRADLINK_UCX_DEFAULTS = {"UCX_TCP_RCVBUF": "64k", "UCX_TCP_TX_SEG_SIZE": "64k"}
 
 
 def gradlink_env(secret):
@@ -1034,15 +1038,15 @@ def main(argv=None):
     ap.add_argument("--max-in-flight", default="1M",
                     help="gradlink bytes in flight per worker, comma-separated: a sweep "
                          "(default 1M; 0 = gradlink's own default)")
-    ap.add_argument("--max-ahead", default="2M",
-                    help="gradlink bytes an operation may have pushed whose sums are not back "
-                         "(gradlink-bench --max-ahead), comma-separated: a sweep (default 2M; "
-                         "0: no limit)")
+    ap.add_argument("--max-ahead", default="512K",
+                    help="gradlink bytes an operation may have pushed to one server whose sums "
+                         "are not back (gradlink-bench --max-ahead), comma-separated: a sweep "
+                         "(default 512K; 0: no limit)")
     ap.add_argument("--single-lane", action="store_true", help="gradlink on one lane (ps, mixed)")
     ap.add_argument("--gradlink-env", action="append", default=[], metavar="VAR=VALUE",
                     help="extra environment of the gradlink processes (repeatable), e.g. "
-                         "UCX_RNDV_THRESH=1m; default UCX_TCP_RCVBUF=64k (UCX_TCP_RCVBUF=auto "
-                         "for the kernel's autotuning)")
+                         "UCX_RNDV_THRESH=1m; defaults UCX_TCP_RCVBUF=64k (UCX_TCP_RCVBUF=auto "
+                         "for the kernel's autotuning) and UCX_TCP_TX_SEG_SIZE=64k")
     ap.add_argument("--baselines", default="gloo,mpi", help="gloo, mpi, or none (default gloo,mpi)")
     ap.add_argument("--bin", default=os.path.join(REPO, "build", "bin"))
     ap.add_argument("--results", default=os.path.join(BENCH, "RESULTS.md"),

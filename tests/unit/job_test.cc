@@ -694,7 +694,7 @@ TEST(JobTest, FewCreditsSamePriority) {
 }
 
 // max_bytes_ahead: an op holds partitions back until its sums come back, never more than the
-// limit ahead (one partition when the limit is smaller), and the results stay exact.
+// limit ahead at a server (one partition when the limit is smaller), and the results stay exact.
 TEST(JobTest, LeadLimitHoldsPartitionsBackAndStaysExact) {
   JobConfig config;
   config.workers = 3;
@@ -711,6 +711,27 @@ TEST(JobTest, LeadLimitHoldsPartitionsBackAndStaysExact) {
     EXPECT_GT(s.partitions_held, 0u) << "rank " << r;
     EXPECT_GT(s.peak_bytes_ahead, 0u) << "rank " << r;
     EXPECT_LE(s.peak_bytes_ahead, config.max_bytes_ahead) << "rank " << r;
+  }
+  job.FinishCleanly();
+}
+
+// The lead is counted per server: with one partition's lead and 4 servers, each server's first
+// partition leaves at once, so an op of 16 partitions holds back at most 12 of them (a lead
+// counted over the whole op would hold 15: all but its first).
+TEST(JobTest, LeadLimitIsPerServer) {
+  JobConfig config;
+  config.servers = 4;
+  config.partition_bytes = 4096;
+  config.max_bytes_ahead = 4096;
+  constexpr uint32_t kRounds = 3, kParts = 16;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  RunRounds(job, {{"big", DataType::kFloat32, kParts * 1024}}, kRounds);
+  for (uint32_t r = 0; r < config.workers; ++r) {
+    const WorkerStats s = job.worker(r).Stats();
+    EXPECT_GT(s.partitions_held, 0u) << "rank " << r;
+    EXPECT_LE(s.partitions_held, kRounds * (kParts - config.servers)) << "rank " << r;
+    EXPECT_EQ(s.peak_bytes_ahead, 4096u) << "rank " << r;
   }
   job.FinishCleanly();
 }

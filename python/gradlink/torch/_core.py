@@ -103,8 +103,8 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
 
     ``timeout`` (``GRADLINK_TIMEOUT``, default 300 s) is the default deadline of synchronize();
     ``partition_bytes`` (``GRADLINK_PARTITION_BYTES``), ``max_bytes_in_flight``
-    (``GRADLINK_MAX_BYTES_IN_FLIGHT``), ``max_bytes_ahead`` (``GRADLINK_MAX_BYTES_AHEAD``,
-    default 0: no limit; docs/operations.md), ``connect_timeout`` (``GRADLINK_CONNECT_TIMEOUT``,
+    (``GRADLINK_MAX_BYTES_IN_FLIGHT``), ``max_bytes_ahead`` (``GRADLINK_MAX_BYTES_AHEAD``, per
+    server, default 0: no limit; docs/operations.md), ``connect_timeout`` (``GRADLINK_CONNECT_TIMEOUT``,
     default 60 s) and ``single_lane`` (``GRADLINK_SINGLE_LANE=1``) tune the worker;
     ``fusion_buffer_bytes`` (``GRADLINK_FUSION_BUFFER_BYTES``, default 4 MiB, 0: no fusion) and
     ``fusion_threshold_bytes`` (``GRADLINK_FUSION_THRESHOLD_BYTES``, default 256 KiB) tune

@@ -1,5 +1,6 @@
 """max_bytes_ahead through the environment (GRADLINK_MAX_BYTES_AHEAD): an operation holds its
-partitions back while its sums are out, never more than the limit ahead; sums stay exact."""
+partitions back while its sums are out, never more than the limit ahead at one server; sums stay
+exact."""
 
 import os
 
