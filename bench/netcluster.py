@@ -32,7 +32,7 @@ Scenarios (n = --workers worker hosts, k = each of --servers):
 
 gradlink runs with --partition-bytes 128K --max-in-flight 1M --max-ahead 512K unless told
 otherwise: the best of sweeps (64K/128K/256K x 512K/1M/2M, n = 4, k = 4 and 2, 1 Gbit/s; the
-lead per server; bench/RESULTS.md).
+lead is per server; bench/RESULTS.md).
 Small partitions let the pull stream start early (a server answers a partition only once all
 n workers pushed it); a small window keeps the n workers' push streams in step, so every
 server's partitions complete at the rate they arrive (with gradlink's default 32 MiB window a
@@ -1039,8 +1039,8 @@ def main(argv=None):
                     help="gradlink bytes in flight per worker, comma-separated: a sweep "
                          "(default 1M; 0 = gradlink's own default)")
     ap.add_argument("--max-ahead", default="512K",
-                    help="gradlink bytes an operation may have pushed to one server whose sums "
-                         "are not back (gradlink-bench --max-ahead), comma-separated: a sweep "
+                    help="gradlink bytes per server an operation may have pushed whose sums are "
+                         "not back (gradlink-bench --max-ahead), comma-separated: a sweep "
                          "(default 512K; 0: no limit)")
     ap.add_argument("--single-lane", action="store_true", help="gradlink on one lane (ps, mixed)")
     ap.add_argument("--gradlink-env", action="append", default=[], metavar="VAR=VALUE",

@@ -363,7 +363,7 @@ int main(int argc, char** argv) {
   app.add_option("--partition-bytes", c.partition_bytes, "partition size")->capture_default_str();
   app.add_option("--max-in-flight", c.max_in_flight, "bytes in flight per worker")->capture_default_str();
   app.add_option("--max-ahead", c.max_ahead,
-                 "bytes an operation may have pushed to one server whose sums are not back (0: no limit)")
+                 "bytes per server an operation may have pushed whose sums are not back (0: no limit)")
       ->capture_default_str();
   app.add_option("--tensors", c.tensors, "split each row into this many tensors, pushed as one group")
       ->capture_default_str()->check(CLI::PositiveNumber);

@@ -55,15 +55,17 @@ struct WorkerOptions {
   uint64_t partition_bytes = 4u << 20;       // tensors are cut into partitions of this size
   // Bytes of pushes handed to the transport and not yet sent; at least one partition.
   uint64_t max_bytes_in_flight = 32u << 20;
-  // Bytes one operation may have pushed to one server whose sums have not come back; at least
-  // one partition; 0: no limit. A sum needs every worker's push, so this keeps the n flows into
-  // each server within this many bytes of each other, and bounds what gradlink queues in the
-  // network: on links where a partition waits for the slowest of n flows, the pulls then keep
-  // pace with the pushes (bench/RESULTS.md, "lead limit and receive buffers";
-  // docs/operations.md, "TCP fabrics"). Per server, so one value suits any number of servers
-  // (an operation spread over k servers has up to k times this ahead). Each operation has its
-  // own: one waiting for its sums never holds back another, nor does a server that lags hold
-  // back the partitions of the others.
+  // Bytes per server an operation may have pushed whose sums have not come back: an operation
+  // whose partitions lie on k servers keeps at most k times this (and always one partition)
+  // ahead; 0: no limit. A sum needs every worker's push, so this keeps the workers, and a
+  // worker's flows to its servers, within that many bytes of each other, and bounds what
+  // gradlink queues in the network: on links where a partition waits for the slowest of n flows,
+  // the pulls then keep pace with the pushes (bench/RESULTS.md, "lead limit and receive
+  // buffers", "lead per server"; docs/operations.md, "TCP fabrics"). Counted over the whole
+  // operation, so the lead splits over the servers as their shares do (a server with twice the
+  // share, whose flows must carry twice the bytes per second, gets twice the lead); scaled by k,
+  // so one value suits any number of servers. Each operation has its own: one waiting for its
+  // sums never holds back another.
   uint64_t max_bytes_ahead = 0;
   bool single_lane = false;  // push and pull on one lane (comparison mode)
   // Tensor fusion (Worker::PushPullGroup): a group's members of one dtype are packed (copied)

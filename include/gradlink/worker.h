@@ -98,8 +98,7 @@ struct WorkerStats {
   uint64_t bytes_copied_bounce = 0;
   uint64_t protocol_errors = 0;  // bad frames received by this worker's lanes
   // WorkerOptions::max_bytes_ahead at work: partitions that waited for their operation's sums,
-  // and the most bytes one operation has had pushed (or queued to push) to one server and not
-  // had answered.
+  // and the most bytes one operation has had pushed (or queued to push) and not answered.
   uint64_t partitions_held = 0;
   uint64_t peak_bytes_ahead = 0;
 };

@@ -71,6 +71,7 @@ struct TensorState {
   bool planned = false;
   Status plan_status;                      // kMismatch when the workers disagree
   std::vector<wire::PartitionPlan> parts;  // once planned
+  uint32_t servers_spanned = 0;            // distinct servers among `parts`
   uint64_t next_round = 0;
   bool busy = false;                       // an op of this tensor is in flight
   std::deque<std::shared_ptr<Op>> queue;   // ops waiting for the plan or for the busy one
@@ -93,14 +94,12 @@ struct Op {
   enum class Part : uint8_t { kQueued, kSent, kPushed, kDone };
   std::vector<Part> parts;
   uint32_t outstanding = 0;  // partitions not yet answered (pulled, or refused by the server)
-  // WorkerOptions::max_bytes_ahead, one per server (allocated only when the limit is on): bytes
-  // sent to that server (or let back into the queue to be sent) and not yet answered, and the
+  // WorkerOptions::max_bytes_ahead: the op's limit (that, times the servers its partitions
+  // span), the bytes sent (or let back into the queue to be sent) and not yet answered, and the
   // partitions held back meanwhile, in order (seq, partition).
-  struct Lead {
-    uint64_t bytes = 0;
-    std::deque<std::pair<uint64_t, uint32_t>> held;
-  };
-  std::vector<Lead> leads;
+  uint64_t max_ahead = 0;
+  uint64_t bytes_ahead = 0;
+  std::deque<std::pair<uint64_t, uint32_t>> held;
   uint32_t sending = 0;      // pushes the transport may still be reading from `data`
   uint32_t receiving = 0;    // pulls being written into `data` right now
   // The first error. The op still pushes and collects every partition, so each server's round
@@ -156,6 +155,13 @@ using internal::Op;
 using internal::TensorState;
 
 namespace {
+
+uint32_t ServersSpanned(const std::vector<wire::PartitionPlan>& parts) {
+  std::vector<uint32_t> servers;
+  for (const wire::PartitionPlan& p : parts) servers.push_back(p.server);
+  std::sort(servers.begin(), servers.end());
+  return static_cast<uint32_t>(std::unique(servers.begin(), servers.end()) - servers.begin());
+}
 
 bool WaitDone(Op& op, Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(op.mu);
@@ -761,7 +767,7 @@ class WorkerImpl final : public Worker {
     uint64_t seq;
     std::shared_ptr<Op> op;
     uint32_t part;
-    bool counted = false;  // already in its op's lead (let back in by ReleaseHeldLocked)
+    bool counted = false;  // already in op->bytes_ahead (let back in by ReleaseHeldLocked)
     bool operator<(const Pending& o) const {  // max-heap: higher priority, then older first
       return priority != o.priority ? priority < o.priority : seq > o.seq;
     }
@@ -785,7 +791,7 @@ class WorkerImpl final : public Worker {
       }
       t.busy = true;
       op->started = true;
-      if (opts_.max_bytes_ahead > 0) op->leads.resize(num_servers_);
+      op->max_ahead = opts_.max_bytes_ahead * t.servers_spanned;
       ops_[op->id] = op;
       for (uint32_t p = 0; p < t.parts.size(); ++p) {
         pending_.push(Pending{op->options.priority, next_seq_++, op, p});
@@ -807,12 +813,10 @@ class WorkerImpl final : public Worker {
       const uint64_t size = DataTypeSize(t.dtype);
       const uint64_t bytes = plan.count * size;
       if (!top.counted && opts_.max_bytes_ahead > 0) {
-        // Held back behind the op's earlier partitions for the same server, or over the op's
-        // lead at that server: it waits on the op (in order) for that server's sums, and the
-        // queue goes on with other servers and other ops.
-        Op::Lead& lead = op.leads[plan.server];
-        if (!lead.held.empty() || OverLead(lead, bytes)) {
-          lead.held.emplace_back(top.seq, top.part);
+        // Held back behind its own op's earlier partitions, or over the op's lead: it waits
+        // on the op (in order) for sums to come back, and the queue goes on with other ops.
+        if (!op.held.empty() || OverLead(op, bytes)) {
+          op.held.emplace_back(top.seq, top.part);
           counters_->partitions_held.fetch_add(1, std::memory_order_relaxed);
           pending_.pop();
           continue;
@@ -820,7 +824,7 @@ class WorkerImpl final : public Worker {
       }
       if (bytes_in_flight_ > 0 && bytes_in_flight_ + bytes > opts_.max_bytes_in_flight) break;
       bytes_in_flight_ += bytes;
-      if (!top.counted && opts_.max_bytes_ahead > 0) AddAheadLocked(op.leads[plan.server], bytes);
+      if (!top.counted) AddAheadLocked(op, bytes);
       if (op.t_first_issue == Clock::time_point{}) op.t_first_issue = Clock::now();
       op.parts[top.part] = Op::Part::kSent;
       op.sending++;
@@ -876,23 +880,20 @@ class WorkerImpl final : public Worker {
     ReleaseCreditLocked(*op, part);  // the pull may overtake its push's completion
     op->parts[part] = Op::Part::kDone;
     op->outstanding--;
-    if (!op->leads.empty()) {
-      const uint32_t server = op->tensor->parts[part].server;
-      op->leads[server].bytes -= PartBytes(*op, part);
-      ReleaseHeldLocked(op, server);
-    }
+    op->bytes_ahead -= PartBytes(*op, part);
+    ReleaseHeldLocked(op);
   }
 
-  // A partition of `bytes` would take the lead past the limit. Never true of the first one: a
+  // A partition of `bytes` would take the op past its lead. Never true of the first one: a
   // partition bigger than the limit is sent on its own.
-  bool OverLead(const Op::Lead& lead, uint64_t bytes) const {
-    return lead.bytes > 0 && lead.bytes + bytes > opts_.max_bytes_ahead;
+  static bool OverLead(const Op& op, uint64_t bytes) {
+    return op.bytes_ahead > 0 && op.bytes_ahead + bytes > op.max_ahead;
   }
 
-  void AddAheadLocked(Op::Lead& lead, uint64_t bytes) {
-    lead.bytes += bytes;
-    if (lead.bytes > counters_->peak_bytes_ahead.load(std::memory_order_relaxed)) {
-      counters_->peak_bytes_ahead.store(lead.bytes, std::memory_order_relaxed);
+  void AddAheadLocked(Op& op, uint64_t bytes) {
+    op.bytes_ahead += bytes;
+    if (op.bytes_ahead > counters_->peak_bytes_ahead.load(std::memory_order_relaxed)) {
+      counters_->peak_bytes_ahead.store(op.bytes_ahead, std::memory_order_relaxed);
     }
   }
 
@@ -900,17 +901,15 @@ class WorkerImpl final : public Worker {
     return op.tensor->parts[part].count * DataTypeSize(op.tensor->dtype);
   }
 
-  // Lets the op's partitions held for `server` back into the queue, in order, as far as its lead
-  // there allows; their bytes count from now on, so the next answer does not let the same bytes
-  // in twice.
-  void ReleaseHeldLocked(const std::shared_ptr<Op>& op, uint32_t server) {
-    Op::Lead& lead = op->leads[server];
-    while (!lead.held.empty()) {
-      const auto [seq, part] = lead.held.front();
+  // Lets the op's held partitions back into the queue, in order, as far as its lead allows;
+  // their bytes count from now on, so the next answer does not let the same bytes in twice.
+  void ReleaseHeldLocked(const std::shared_ptr<Op>& op) {
+    while (!op->held.empty()) {
+      const auto [seq, part] = op->held.front();
       const uint64_t bytes = PartBytes(*op, part);
-      if (OverLead(lead, bytes)) break;
-      AddAheadLocked(lead, bytes);
-      lead.held.pop_front();
+      if (OverLead(*op, bytes)) break;
+      AddAheadLocked(*op, bytes);
+      op->held.pop_front();
       pending_.push(Pending{op->options.priority, seq, op, part, /*counted=*/true});
     }
   }
@@ -1224,6 +1223,7 @@ class WorkerImpl final : public Worker {
       t->planned = true;
       t->plan_status = plan_status;
       t->parts = std::move(parts);
+      t->servers_spanned = ServersSpanned(t->parts);
       if (!plan_status.ok()) {
         for (TensorState* f : t->fused_in) MemberFailedLocked(*f, *t);
       }
