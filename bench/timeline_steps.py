@@ -11,7 +11,8 @@ sent from the step's first sample up to the next step's. Per server the script p
 `first/last`: its first active sample after the step's first push, and its last after the
 step's last push (ms; a server whose first sums leave n x P / B after the first push and whose
 last leave that long after the last push is as early as the pipeline allows). A sample is
-counted at its end time, so every figure is good to one sampling period (2 ms).
+counted at its end time, so every figure is good to one sampling period (about 2 ms), and two
+steps less than two samples apart count as one.
 """
 import argparse
 import csv
@@ -21,11 +22,25 @@ import sys
 def read(path):
     """(times in ms, {column: [bytes per sample]}) of a timeline CSV."""
     with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if not header or header[0] != "t_ms":
+            raise ValueError("%s: not a netcluster timeline (the first column must be t_ms)" %
+                             path)
+        t, cols = [], {c: [] for c in header[1:]}
+        for line, row in enumerate(reader, start=2):
+            if len(row) != len(header):
+                raise ValueError("%s:%d: %d fields, the header has %d" %
+                                 (path, line, len(row), len(header)))
+            try:
+                t.append(float(row[0]))
+                for c, x in zip(header[1:], row[1:]):
+                    cols[c].append(int(x))
+            except ValueError as e:
+                raise ValueError("%s:%d: %s" % (path, line, e)) from None
+    if not t:
         raise ValueError("%s: no samples" % path)
-    cols = {c: [int(r[c]) for r in rows] for c in rows[0] if c != "t_ms"}
-    return [float(r["t_ms"]) for r in rows], cols
+    return t, cols
 
 
 def find_steps(active, gap=2):
@@ -48,8 +63,9 @@ def find_steps(active, gap=2):
 
 
 def analyse(t, cols, workers, servers, threshold=20000):
-    """One dict per step: start_ms, push_ms, and servers, a list with (first, last) in ms per
-    server host (None: it sent nothing above the threshold in that step)."""
+    """One dict per step: start_ms, push_ms, servers, a list with (first, last) in ms per server
+    host (None: it sent nothing above the threshold in that step), and cut, true for a step the
+    timeline's end cuts off (no two quiet samples after it; its figures may be short)."""
     for h in range(workers + servers):
         if "h%d_up" % h not in cols:
             raise ValueError("no column h%d_up: the timeline has fewer than %d hosts" %
@@ -64,7 +80,8 @@ def analyse(t, cols, workers, servers, threshold=20000):
             sent = cols["h%d_up" % (workers + s)]
             act = [i for i in range(a, end) if sent[i] > threshold]
             per_server.append((t[act[0]] - t[a], t[act[-1]] - t[b]) if act else None)
-        out.append({"start_ms": t[a], "push_ms": t[b] - t[a], "servers": per_server})
+        out.append({"start_ms": t[a], "push_ms": t[b] - t[a], "servers": per_server,
+                    "cut": b + 2 >= len(t)})
     return out
 
 
@@ -84,8 +101,9 @@ def main(argv=None):
     print("step start ms  pushes ms  per server: first sums after first push / last after last "
           "push (ms)")
     for s in steps:
-        print("%13.1f  %9.1f  %s" % (s["start_ms"], s["push_ms"], "  ".join(
-            "%5.1f/%5.1f" % x if x else "    -/-    " for x in s["servers"])))
+        print("%13.1f  %9.1f  %s%s" % (s["start_ms"], s["push_ms"], "  ".join(
+            "%5.1f/%5.1f" % x if x else "    -/-    " for x in s["servers"]),
+            "  (cut off by the timeline's end)" if s["cut"] else ""))
 
 
 if __name__ == "__main__":

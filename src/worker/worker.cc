@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -155,6 +156,15 @@ using internal::Op;
 using internal::TensorState;
 
 namespace {
+
+// WorkerOptions::max_bytes_ahead times the servers an op spans, saturating: a limit too big to
+// multiply is no limit in practice, never a wrapped-around small one.
+uint64_t LeadLimit(uint64_t per_server, uint32_t servers) {
+  if (servers != 0 && per_server > std::numeric_limits<uint64_t>::max() / servers) {
+    return std::numeric_limits<uint64_t>::max();
+  }
+  return per_server * servers;
+}
 
 uint32_t ServersSpanned(const std::vector<wire::PartitionPlan>& parts) {
   std::vector<uint32_t> servers;
@@ -791,7 +801,7 @@ class WorkerImpl final : public Worker {
       }
       t.busy = true;
       op->started = true;
-      op->max_ahead = opts_.max_bytes_ahead * t.servers_spanned;
+      op->max_ahead = LeadLimit(opts_.max_bytes_ahead, t.servers_spanned);
       ops_[op->id] = op;
       for (uint32_t p = 0; p < t.parts.size(); ++p) {
         pending_.push(Pending{op->options.priority, next_seq_++, op, p});

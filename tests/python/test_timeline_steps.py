@@ -58,6 +58,15 @@ def test_two_steps_two_workers_two_servers(tmp_path):
     assert steps[1]["push_ms"] == pytest.approx(2.0)
     assert steps[1]["servers"][0] == pytest.approx((2.0, 2.0))
     assert steps[1]["servers"][1] is None
+    assert not steps[0]["cut"] and not steps[1]["cut"]
+
+
+def test_a_step_at_the_end_is_marked_cut(tmp_path):
+    p = tmp_path / "tl.csv"
+    write(str(p), 2, [{}, {"h0_up": BIG}, {"h0_up": BIG}, {}])
+    t, cols = ts.read(str(p))
+    steps = ts.analyse(t, cols, workers=1, servers=1)
+    assert len(steps) == 1 and steps[0]["cut"]
 
 
 def test_too_few_hosts_is_a_clear_error(tmp_path):
@@ -66,6 +75,18 @@ def test_too_few_hosts_is_a_clear_error(tmp_path):
     t, cols = ts.read(str(p))
     with pytest.raises(ValueError, match="fewer than 4 hosts"):
         ts.analyse(t, cols, workers=2, servers=2)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("time,h0_up\n1,2\n", "first column must be t_ms"),
+    ("t_ms,h0_up,h0_down\n2.0,1\n", r"tl.csv:2: 2 fields, the header has 3"),
+    ("t_ms,h0_up,h0_down\n2.0,1,x\n", r"tl.csv:2: invalid literal"),
+])
+def test_malformed_timeline_names_the_line(tmp_path, text, match):
+    p = tmp_path / "tl.csv"
+    p.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        ts.read(str(p))
 
 
 def test_empty_timeline_is_a_clear_error(tmp_path):
