@@ -36,6 +36,41 @@ def test_max_bytes_ahead_from_the_environment(run_job):
         assert "LEAD OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
 
 
+# The worker that fails a job is named even when its process ends after the others: rank 1 cuts
+# its connection to the scheduler (which aborts the job, so the server exits at once) and only
+# exits a second later. gradlink-run must name worker 1, as the scheduler's verdict does, not
+# the server that ended first.
+def test_launcher_names_the_worker_the_scheduler_blames(run_job, tmp_path):
+    script = tmp_path / "cut.py"
+    script.write_text(
+        "import os, socket, time, torch, gradlink, gradlink.torch as gl\n"
+        "gl.init()\n"
+        "if gl.rank() == 1:\n"
+        "    port = int(os.environ['GRADLINK_SCHEDULER'].rsplit(':', 1)[1])\n"
+        "    for fd in os.listdir('/proc/self/fd'):\n"
+        "        try:\n"
+        "            s = socket.socket(fileno=os.dup(int(fd)))\n"
+        "        except OSError:\n"
+        "            continue\n"
+        "        try:\n"
+        "            if s.family == socket.AF_INET and s.getpeername()[1] == port:\n"
+        "                s.shutdown(socket.SHUT_RDWR)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "        s.close()\n"
+        "    time.sleep(1.0)\n"
+        "    os._exit(3)\n"
+        "try:\n"
+        "    gl.push_pull(torch.ones(4), name='x')\n"
+        "except gradlink.PeerLostError as e:\n"
+        "    print('RAISED: %s' % e)\n")
+    job = run_job(2, 1, [str(script)])
+    assert job.rc == 3, job.explain()
+    assert re.search(r"gradlink-run: job failed: worker 1 .* failed first: exit code 3", job.err), \
+        job.explain()
+    assert "[server 0]" in job.text and "job aborted" in job.text, job.explain()
+
+
 # bucket_bytes: None fuses small gradients into buckets (the default), 0 pushes each alone.
 @pytest.mark.parametrize("kind,passes,buckets", [("sgd", 1, None), ("adam", 1, None),
                                                  ("sgd", 2, None), ("sgd", 1, 0),
