@@ -13,12 +13,15 @@ def test_prefixes_and_environment(run_job, tmp_path):
               os.environ["GRADLINK_SERVERS"], gl.rank(), gl.size(), gl.local_rank())
         print("to stderr", file=sys.stderr)
         print("no newline at the end", end="")
-        # Every server has joined once a push_pull completes (a worker that leaves the job while
-        # a server is still connecting to it makes that server fail: a C++-side race).
+        # Every server has reached every worker once a push_pull that has partitions on all of
+        # them completes (4 partitions of 4 bytes over 2 servers). A worker that leaves the job
+        # while a server is still connecting to it makes that server abort inside UCX 1.13
+        # (an assertion upstream removed, openucx/ucx#8175); a push_pull whose one partition
+        # lay on one server left the other exposed to that race.
         import torch
-        gl.push_pull(torch.zeros(1), name="done")
+        gl.push_pull(torch.zeros(4), name="done")
     """))
-    job = run_job(3, 2, [str(script)], timeout=60)
+    job = run_job(3, 2, [str(script)], timeout=60, env={"GRADLINK_PARTITION_BYTES": "4"})
     assert job.rc == 0, job.explain()
     for r in range(3):
         assert "env %d 3 2 %d 3 %d" % (r, r, r) in job.lines("[worker %d]" % r), job.explain()
