@@ -201,6 +201,7 @@ class UcxLane final : public Lane {
   void ProgressLoop();
   bool RunQueued();
   unsigned ProgressOnce();
+  void FlushWorker(std::chrono::milliseconds timeout);
   bool RunAfterProgress();
   void Shutdown();
   Result<PeerId> ConnectNow(std::span<const std::byte> remote_address, std::string peer_name);
@@ -603,6 +604,21 @@ bool UcxLane::RunQueued() {
   return ran;
 }
 
+// Flushes the worker: every operation and wireup message in flight on it completes (or fails,
+// with its peer). Bounded: a hung peer costs `timeout`. Progress thread, or the owning thread.
+void UcxLane::FlushWorker(std::chrono::milliseconds timeout) {
+  if (worker_ == nullptr) return;
+  ucp_request_param_t fp{};
+  ucs_status_ptr_t r = ucp_worker_flush_nbx(worker_, &fp);
+  if (r == nullptr || UCS_PTR_IS_ERR(r)) return;
+  const auto deadline = Clock::now() + timeout;
+  while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) {
+    if (ProgressOnce() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(worker_, r);
+  ucp_request_free(r);
+}
+
 unsigned UcxLane::ProgressOnce() {
   unsigned n = ucp_worker_progress(worker_);
   if (RunAfterProgress()) ++n;
@@ -650,6 +666,13 @@ void UcxLane::Shutdown() {
     for (SendOp* op : ops) CompleteSend(op, aborted);
   }
   RunAfterProgress();
+  // Finish the wireup of our endpoints before closing them. A peer answers our wireup request
+  // with a reply on a connection of its own; if we close and exit before that reply arrives,
+  // its connection is refused, the peer's endpoint fails with the reply still queued, and UCX
+  // 1.13 aborts the peer in ucp_request_send_state_ff (ucp_request.c:684, "got REP message";
+  // the assertion is gone upstream, openucx/ucx#8175). Seen in CI: a server that left as soon as
+  // the job ended took down a worker still answering its pull lane's wireup.
+  FlushWorker(kFlushDeadline);
   // Note: UCX 1.13 keeps a rendezvous send that still waits for the peer's answer in its request
   // pool even after the force close below (ucp_request_cancel does not help either), and warns
   // "was not returned to mpool ucp_requests" at worker destroy. Our side is already complete.
@@ -674,20 +697,8 @@ void UcxLane::Shutdown() {
 
   // Let what is still in flight on the worker (wireup messages of endpoints peers opened to us
   // included) finish: UCX 1.13 asserts in ucp_worker_destroy when an endpoint still has a
-  // wireup reply queued (ucp_request.c:684, "got REP message"). Bounded: a hung peer costs
-  // kFlushDeadline.
-  if (worker_ != nullptr) {
-    ucp_request_param_t fp{};
-    ucs_status_ptr_t r = ucp_worker_flush_nbx(worker_, &fp);
-    if (r != nullptr && !UCS_PTR_IS_ERR(r)) {
-      const auto flush_deadline = Clock::now() + kFlushDeadline;
-      while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < flush_deadline) {
-        if (ProgressOnce() == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
-      if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(worker_, r);
-      ucp_request_free(r);
-    }
-  }
+  // wireup reply queued (ucp_request.c:684, "got REP message").
+  FlushWorker(kFlushDeadline);
 
   // A rendezvous receive from a peer that hangs (SIGSTOP) never completes, and UCX 1.13 asserts
   // in ucp_worker_destroy on an endpoint that still has one (ucp_ep.c:437, proto_reqs not empty).
