@@ -95,9 +95,9 @@ struct Op {
   enum class Part : uint8_t { kQueued, kSent, kPushed, kDone };
   std::vector<Part> parts;
   uint32_t outstanding = 0;  // partitions not yet answered (pulled, or refused by the server)
-  // WorkerOptions::max_bytes_ahead: the op's limit (that, times the servers its partitions
-  // span), the bytes sent (or let back into the queue to be sent) and not yet answered, and the
-  // partitions held back meanwhile, in order (seq, partition).
+  // WorkerOptions::max_bytes_ahead: the op's limit (the option times the servers its partitions
+  // lie on), the bytes sent (or let back into the queue to be sent) and not yet answered, and
+  // the partitions held back meanwhile, in order (seq, partition).
   uint64_t max_ahead = 0;
   uint64_t bytes_ahead = 0;
   std::deque<std::pair<uint64_t, uint32_t>> held;
