@@ -751,7 +751,6 @@ class WorkerImpl final : public Worker {
                                     std::to_string(want)));
       return op;
     }
-    std::vector<Outgoing> out;
     {
       std::lock_guard<std::mutex> lock(mu_);
       op->id = next_op_id_++;
@@ -765,10 +764,10 @@ class WorkerImpl final : public Worker {
       } else {
         t.queue.push_back(op);
         StartNextLocked(t);
-        PumpLocked(&out);
+        PumpLocked();
       }
     }
-    Issue(out);
+    Issue();
     return op;
   }
 
@@ -809,8 +808,8 @@ class WorkerImpl final : public Worker {
     }
   }
 
-  // Moves queued partitions to the wire while the bytes in flight allow.
-  void PumpLocked(std::vector<Outgoing>* out) {
+  // Moves queued partitions to to_issue_ (for Issue) while the bytes in flight allow.
+  void PumpLocked() {
     while (!pending_.empty()) {
       const Pending& top = pending_.top();
       Op& op = *top.op;
@@ -853,18 +852,40 @@ class WorkerImpl final : public Worker {
       o.header.cookie = op.id;
       o.payload = op.data.subspan(plan.offset * size, bytes);
       o.op = top.op;
-      out->push_back(std::move(o));
+      to_issue_.push_back(std::move(o));
       pending_.pop();
     }
   }
 
-  // Sends outside the lock: a lane may complete a send inline.
-  void Issue(std::vector<Outgoing>& out) {
-    for (Outgoing& o : out) {
-      push_lane_->Send(o.peer, o.header, o.payload,
-                       [this, op = o.op, part = o.header.partition](const Status& s) {
-                         PushDone(op, part, s);
-                       });
+  // Hands what PumpLocked queued to the push lane, in the order it was pumped. Outside the lock:
+  // a lane may complete a send inline. Three threads pump (the caller, and the two lanes' as
+  // credit comes back), so one issues at a time and takes over what the others queue meanwhile:
+  // otherwise a batch pumped later could reach the lane first, while the thread holding an
+  // earlier one waits for a core, and every server would wait for this worker's first
+  // partitions (seen on bench/netcluster: one worker's partitions 9 and 13 reached a server
+  // 9 ms before its partitions 1 and 5).
+  void Issue() {
+    std::vector<Outgoing> batch;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (issuing_ || to_issue_.empty()) return;
+      issuing_ = true;
+      batch.swap(to_issue_);
+    }
+    for (;;) {
+      for (Outgoing& o : batch) {
+        push_lane_->Send(o.peer, o.header, o.payload,
+                         [this, op = o.op, part = o.header.partition](const Status& s) {
+                           PushDone(op, part, s);
+                         });
+      }
+      batch.clear();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (to_issue_.empty()) {
+        issuing_ = false;
+        return;
+      }
+      batch.swap(to_issue_);
     }
   }
 
@@ -873,7 +894,6 @@ class WorkerImpl final : public Worker {
   // a worker pushes first depends on its own timing, so credit held until the pull can make two
   // workers each wait on partitions only the other can still send.
   void PushDone(const std::shared_ptr<Op>& op, uint32_t part, const Status& s) {
-    std::vector<Outgoing> out;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!op->finished) op->t_pushed = Clock::now();
@@ -881,9 +901,9 @@ class WorkerImpl final : public Worker {
       op->sending--;
       if (!s.ok()) AbandonLocked(*op, s);
       TryFinishLocked(*op);
-      PumpLocked(&out);
+      PumpLocked();
     }
-    Issue(out);
+    Issue();
   }
 
   void AnsweredLocked(const std::shared_ptr<Op>& op, uint32_t part) {
@@ -1075,7 +1095,6 @@ class WorkerImpl final : public Worker {
   }
 
   void OnPayload(const wire::Header& h, bool ok, const Status& why) {
-    std::vector<Outgoing> out;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = ops_.find(h.cookie);
@@ -1121,9 +1140,9 @@ class WorkerImpl final : public Worker {
         AnsweredLocked(op, h.partition);
       }
       TryFinishLocked(*op);
-      PumpLocked(&out);
+      PumpLocked();
     }
-    Issue(out);
+    Issue();
   }
 
   class Receiver final : public transport::Receiver {
@@ -1226,7 +1245,6 @@ class WorkerImpl final : public Worker {
       GL_ASSIGN_OR_RETURN(wire::AssignMsg a, wire::DecodeAssign(f.payload, t->count, num_servers_));
       parts = std::move(a.partitions);
     }
-    std::vector<Outgoing> out;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (t->planned) return ProtocolError("key assigned twice");
@@ -1238,9 +1256,9 @@ class WorkerImpl final : public Worker {
         for (TensorState* f : t->fused_in) MemberFailedLocked(*f, *t);
       }
       StartNextLocked(*t);
-      PumpLocked(&out);
+      PumpLocked();
     }
-    Issue(out);
+    Issue();
     return Status::Ok();
   }
 
@@ -1268,6 +1286,8 @@ class WorkerImpl final : public Worker {
   std::map<std::pair<uint64_t, uint32_t>, std::vector<std::byte>> error_text_;
   std::priority_queue<Pending> pending_;
   uint64_t next_op_id_ = 1, next_seq_ = 0, bytes_in_flight_ = 0;
+  std::vector<Outgoing> to_issue_;  // pumped, not yet handed to the push lane (Issue)
+  bool issuing_ = false;            // a thread is in Issue(), handing them over
   uint64_t barrier_sent_ = 0, barrier_released_ = 0;
 
   const std::shared_ptr<internal::Counters> counters_ = std::make_shared<internal::Counters>();
