@@ -30,7 +30,7 @@ Scenarios (n = --workers worker hosts, k = each of --servers):
   hold       (for tests) set up the cluster, start an idle process on every host, print
              "ready PREFIX" and wait for a signal.
 
-gradlink runs with --partition-bytes 128K --max-in-flight 1M --max-ahead 512K unless told
+gradlink runs with --partition-bytes 128K --max-in-flight 1M --max-ahead 256K unless told
 otherwise: the best of sweeps (64K/128K/256K x 512K/1M/2M, n = 4, k = 4 and 2, 1 Gbit/s; the
 lead is per server; bench/RESULTS.md).
 Small partitions let the pull stream start early (a server answers a partition only once all
@@ -1038,10 +1038,10 @@ def main(argv=None):
     ap.add_argument("--max-in-flight", default="1M",
                     help="gradlink bytes in flight per worker, comma-separated: a sweep "
                          "(default 1M; 0 = gradlink's own default)")
-    ap.add_argument("--max-ahead", default="512K",
+    ap.add_argument("--max-ahead", default="256K",
                     help="gradlink bytes per server an operation may have pushed whose sums are "
                          "not back (gradlink-bench --max-ahead), comma-separated: a sweep "
-                         "(default 512K; 0: no limit)")
+                         "(default 256K; 0: no limit)")
     ap.add_argument("--single-lane", action="store_true", help="gradlink on one lane (ps, mixed)")
     ap.add_argument("--gradlink-env", action="append", default=[], metavar="VAR=VALUE",
                     help="extra environment of the gradlink processes (repeatable), e.g. "
