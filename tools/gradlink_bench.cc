@@ -43,6 +43,7 @@ struct Config {
   uint64_t partition_bytes = 4u << 20;
   uint64_t max_in_flight = 32u << 20;
   uint64_t max_ahead = 0;
+  uint64_t local_arena = 0, local_chunk = gl::WorkerOptions().local_chunk_bytes;
   uint64_t tensors = 1;
   bool no_fusion = false, verbose = false;
   uint64_t fusion_buffer_bytes = gl::WorkerOptions().fusion_buffer_bytes;
@@ -132,9 +133,10 @@ void PrintCopies(const gl::WorkerStats& a, const gl::WorkerStats& b) {
   const double unpack = (b.bytes_unpacked - a.bytes_unpacked) / reduced;
   const double bounce = (b.bytes_copied_bounce - a.bytes_copied_bounce) / reduced;
   const double eager = (b.bytes_copied_eager - a.bytes_copied_eager) / reduced;
+  const double local = (b.bytes_copied_local - a.bytes_copied_local) / reduced;
   std::printf("# bytes copied per byte reduced: %.3f (pack %.3f, unpack %.3f, bounce %.3f, "
-              "eager %.3f)\n",
-              pack + unpack + bounce + eager, pack, unpack, bounce, eager);
+              "eager %.3f, same-host %.3f)\n",
+              pack + unpack + bounce + eager + local, pack, unpack, bounce, eager, local);
 }
 
 // Mean time of a round by stage on this worker (see gradlink::PushPullTiming); `wake` is the
@@ -163,6 +165,8 @@ int RunWorker(const Config& c) {
   o.partition_bytes = c.partition_bytes;
   o.max_bytes_in_flight = c.max_in_flight;
   o.max_bytes_ahead = c.max_ahead;
+  o.local_arena_bytes = c.local_arena;
+  o.local_chunk_bytes = c.local_chunk;
   o.fusion_buffer_bytes = c.no_fusion ? 0 : c.fusion_buffer_bytes;
   o.fusion_threshold_bytes = c.fusion_threshold_bytes;
   auto secret = gl::security::LoadSecret();
@@ -365,6 +369,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-ahead", c.max_ahead,
                  "bytes per server an operation may have pushed whose sums are not back (0: no limit)")
       ->capture_default_str();
+  app.add_option("--local-arena", c.local_arena,
+                 "same-host path: bytes of shared memory (0: off; every sum through the servers)")
+      ->capture_default_str();
+  app.add_option("--local-chunk", c.local_chunk, "same-host path: bytes per chunk")
+      ->capture_default_str();
   app.add_option("--tensors", c.tensors, "split each row into this many tensors, pushed as one group")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--no-fusion", c.no_fusion, "do not fuse a group's tensors (fusion_buffer_bytes 0)");
@@ -387,7 +396,9 @@ int main(int argc, char** argv) {
       "-b", c.begin, "-e", c.end, "-f", std::to_string(c.factor), "-d", c.dtype_name,
       "-n", std::to_string(c.iters), "--warmup", std::to_string(c.warmup), "--job", c.job,
       "--partition-bytes", std::to_string(c.partition_bytes), "--max-in-flight",
-      std::to_string(c.max_in_flight), "--max-ahead", std::to_string(c.max_ahead), "--tensors", std::to_string(c.tensors),
+      std::to_string(c.max_in_flight), "--max-ahead", std::to_string(c.max_ahead),
+      "--local-arena", std::to_string(c.local_arena), "--local-chunk", std::to_string(c.local_chunk),
+      "--tensors", std::to_string(c.tensors),
       "--fusion-buffer-bytes", std::to_string(c.fusion_buffer_bytes), "--fusion-threshold",
       std::to_string(c.fusion_threshold_bytes)};
   if (c.no_fusion) worker_args.push_back("--no-fusion");

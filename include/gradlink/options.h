@@ -82,6 +82,17 @@ struct WorkerOptions {
   // more and fusion pays up to ~1 MiB (bench/RESULTS.md, "Where fusion pays"): raise it
   // there. Values above fusion_buffer_bytes act as fusion_buffer_bytes.
   uint64_t fusion_threshold_bytes = 256u << 10;
+  // The same-host path (src/worker/local_reduce.h): when every worker of the job is on one host
+  // (their host names agree), they sum through a shared-memory segment of this many bytes,
+  // worker to worker, instead of through the servers; results are bit-identical. 0: off, every
+  // sum goes through the servers. Every worker must set it alike (worker 0's value sizes the
+  // segment). A tensor takes 2 x workers x min(its bytes, local_chunk_bytes), rounded up to
+  // 64 bytes; tensors that no longer fit go through the servers. The segment is reserved in
+  // /dev/shm when the job starts (kResourceExhausted if it does not fit there).
+  uint64_t local_arena_bytes = 0;
+  // The most bytes of a tensor that go through the segment at a time, per worker (worker 0's
+  // value counts). Small enough that a chunk stays in cache between its copy and its sums.
+  uint64_t local_chunk_bytes = 256u << 10;
   std::string transport = "ucx";
   std::shared_ptr<transport::Fabric> fabric;
   std::chrono::milliseconds connect_timeout{30000};

@@ -96,6 +96,9 @@ struct WorkerStats {
   // src/transport/transport.h). 0 for the inproc transport.
   uint64_t bytes_copied_eager = 0;
   uint64_t bytes_copied_bounce = 0;
+  // Same-host path: bytes copied into the shared segment (the sums are written straight into
+  // the caller's tensor).
+  uint64_t bytes_copied_local = 0;
   uint64_t protocol_errors = 0;  // bad frames received by this worker's lanes
   // WorkerOptions::max_bytes_ahead at work: partitions that waited for their operation's sums,
   // and the most bytes one operation has had pushed (or queued to push) and not answered.

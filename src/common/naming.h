@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <unistd.h>
 
 namespace gradlink {
@@ -14,10 +15,17 @@ inline std::string KeyHex(uint64_t key) {
   return buf;
 }
 
+// "machine/pid": how a process names itself in the address book (unless told otherwise).
 inline std::string LocalHostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
   return std::string(buf) + "/" + std::to_string(getpid());
+}
+
+// The machine part of an address-book host name ("machine/pid", or a name given by the user,
+// which is all machine).
+inline std::string_view MachineOf(std::string_view host) {
+  return host.substr(0, host.find('/'));
 }
 
 }  // namespace gradlink

@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/naming.h"
 #include "transport/join.h"
+#include "worker/local_reduce.h"
 
 namespace gradlink {
 
@@ -73,6 +74,10 @@ struct TensorState {
   Status plan_status;                      // kMismatch when the workers disagree
   std::vector<wire::PartitionPlan> parts;  // once planned
   uint32_t servers_spanned = 0;            // distinct servers among `parts`
+  // The same-host path (LocalReduce): bound on the first op after the plan; `local` empty when
+  // the tensor goes through the servers.
+  bool local_bound = false;
+  std::optional<LocalReduce::Channel> local;
   uint64_t next_round = 0;
   bool busy = false;                       // an op of this tensor is in flight
   std::deque<std::shared_ptr<Op>> queue;   // ops waiting for the plan or for the busy one
@@ -89,6 +94,9 @@ struct Op {
   std::span<std::byte> data;
   PushPullOptions options;
   uint64_t id = 0;
+  // The worker's same-host path, if it has one: waiting on the op drives it (LocalReduce::Wait),
+  // whichever way the op goes (the op's tensor may not be planned yet).
+  std::shared_ptr<LocalReduce> local;
   // Guarded by WorkerImpl::mu_.
   std::atomic<uint64_t> round{0};  // atomic: Wait() reads it (for its message) without mu_
   // kSent holds bytes-in-flight credit until the push has left; kPushed waits for its pull.
@@ -152,6 +160,7 @@ struct Group {
 }  // namespace internal
 
 using internal::Group;
+using internal::LocalReduce;
 using internal::Op;
 using internal::TensorState;
 
@@ -173,14 +182,21 @@ uint32_t ServersSpanned(const std::vector<wire::PartitionPlan>& parts) {
   return static_cast<uint32_t>(std::unique(servers.begin(), servers.end()) - servers.begin());
 }
 
+bool IsDone(Op& op) {
+  std::lock_guard<std::mutex> lock(op.mu);
+  return op.done;
+}
+
 bool WaitDone(Op& op, Clock::time_point deadline) {
+  if (op.local) return op.local->Wait([&op] { return IsDone(op); }, deadline);
   std::unique_lock<std::mutex> lock(op.mu);
   return op.cv.wait_until(lock, deadline, [&op] { return op.done; });
 }
 
-bool IsDone(Op& op) {
-  std::lock_guard<std::mutex> lock(op.mu);
-  return op.done;
+// IsDone(), after driving the same-host path once on this thread.
+bool PollDone(Op& op) {
+  if (op.local) op.local->Poll();
+  return IsDone(op);
 }
 
 // Records a done part and copies a fused part's result into its members. Group::mu held.
@@ -253,7 +269,7 @@ bool PollGroup(Group& g) {
     std::lock_guard<std::mutex> lock(g.mu);
     if (g.finished) return true;
     for (Group::Part& p : g.parts) {
-      if (!p.ended && !IsDone(*p.op)) return false;
+      if (!p.ended && !PollDone(*p.op)) return false;
     }
   }
   // Every part is done: this only unpacks.
@@ -294,18 +310,18 @@ uint64_t TensorHandle::count() const { return state_->count; }
 Status PushPullHandle::Wait(Clock::time_point deadline) const {
   if (group_) return WaitGroup(*group_, deadline);
   if (!op_) return InvalidArgument("Wait() on an empty PushPullHandle");
-  std::unique_lock<std::mutex> lock(op_->mu);
-  if (!op_->cv.wait_until(lock, deadline, [this] { return op_->done; })) {
+  if (!WaitDone(*op_, deadline)) {
     return Timeout("push_pull of '" + op_->tensor->name + "' (round " +
                    std::to_string(op_->round) + ") not complete at the deadline");
   }
+  std::lock_guard<std::mutex> lock(op_->mu);
   return op_->status;
 }
 
 bool PushPullHandle::Poll() const {
   if (group_) return PollGroup(*group_);
   if (!op_) return true;
-  return IsDone(*op_);
+  return PollDone(*op_);
 }
 
 PushPullTiming PushPullHandle::Timing() const {
@@ -388,6 +404,7 @@ class WorkerImpl final : public Worker {
       GL_ASSIGN_OR_RETURN(server_peers_[m.id], push_lane_->Connect(m.push_address, name));
       server_names_[m.id] = std::move(name);
     }
+    GL_RETURN_IF_ERROR(OpenLocalPath(joined.welcome, deadline));
     control_ = std::thread([this] { ControlLoop(); });
     return Status::Ok();
   }
@@ -537,6 +554,7 @@ class WorkerImpl final : public Worker {
     s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
     s.partitions_held = counters_->partitions_held.load(std::memory_order_relaxed);
     s.peak_bytes_ahead = counters_->peak_bytes_ahead.load(std::memory_order_relaxed);
+    if (local_) s.bytes_copied_local = local_->bytes_copied();
     for (const Lane* lane : {push_lane_.get(), pull_lane_.get()}) {
       if (lane == nullptr) continue;
       const transport::LaneStats ls = lane->stats();
@@ -585,6 +603,8 @@ class WorkerImpl final : public Worker {
     if (pull_lane_) pull_lane_->Stop();
     if (push_lane_) push_lane_->Stop();
     FailAll(Aborted("worker " + std::to_string(rank_) + " shut down"), /*force=*/true);
+    // Ends the same-host ops (the driving thread is the only one touching their buffers).
+    if (local_) local_->Stop();
     return Status::Ok();
   }
 
@@ -735,6 +755,7 @@ class WorkerImpl final : public Worker {
                               const PushPullOptions& options, std::shared_ptr<std::byte> owned) {
     auto op = std::make_shared<Op>();
     op->t_call = Clock::now();
+    op->local = local_;
     op->tensor = tensor.state_;
     op->data = data;
     op->options = options;
@@ -768,6 +789,7 @@ class WorkerImpl final : public Worker {
       }
     }
     Issue();
+    if (local_) local_->Kick();
     return op;
   }
 
@@ -791,7 +813,12 @@ class WorkerImpl final : public Worker {
         FinishLocked(*op, t.plan_status.ok() ? t.member_failure : t.plan_status);
         continue;
       }
+      if (!BindLocalLocked(t, *op)) continue;
       op->round = t.next_round++;
+      if (t.local) {
+        StartLocalLocked(t, op);
+        continue;
+      }
       op->parts.assign(t.parts.size(), Op::Part::kQueued);
       op->outstanding = static_cast<uint32_t>(t.parts.size());
       if (op->outstanding == 0) {
@@ -989,10 +1016,13 @@ class WorkerImpl final : public Worker {
   }
 
   static void Complete(Op& op, const Status& s) {
-    std::lock_guard<std::mutex> lock(op.mu);
-    op.done = true;
-    op.status = s;
-    op.cv.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(op.mu);
+      op.done = true;
+      op.status = s;
+      op.cv.notify_all();
+    }
+    if (op.local) op.local->Wake();  // a waiter may sleep on the segment (LocalReduce::Wait)
   }
 
   // A data endpoint to a server failed. That server may be the lost peer, or a healthy one that
@@ -1034,6 +1064,8 @@ class WorkerImpl final : public Worker {
     std::lock_guard<std::mutex> lock(mu_);
     if (failure_.ok()) failure_ = s;
     verdict_pending_ = false;
+    // Same-host ops end on their driving thread, which alone touches their buffers.
+    if (local_) local_->Fail(failure_);
     auto ops = ops_;
     for (auto& [id, op] : ops) {
       // An endpoint's loss is a symptom; the job's failure names the cause.
@@ -1259,7 +1291,96 @@ class WorkerImpl final : public Worker {
       PumpLocked();
     }
     Issue();
+    if (local_) local_->Kick();
     return Status::Ok();
+  }
+
+  // ---- Same-host path (src/worker/local_reduce.h) --------------------------------------------
+
+  // Opens the shared-memory segment when WorkerOptions::local_arena_bytes asks for it and every
+  // worker of the job is on this host (the address book's host names agree).
+  Status OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_point deadline) {
+    if (opts_.local_arena_bytes == 0 || size_ < 2) return Status::Ok();
+    const wire::Member* first = nullptr;  // worker 0
+    const std::string* host = nullptr;
+    bool one_host = true;
+    for (const wire::Member& m : welcome.members) {
+      if (m.role != wire::Role::kWorker) continue;
+      if (m.id == 0) first = &m;
+      if (host == nullptr) host = &m.host;
+      one_host = one_host && MachineOf(m.host) == MachineOf(*host);
+    }
+    if (!one_host || first == nullptr || size_ > LocalReduce::kMaxRanks) {
+      GL_LOG(kInfo) << "worker " << rank_ << ": same-host path off ("
+                    << (one_host ? "too many workers" : "workers on several hosts") << ")";
+      return Status::Ok();
+    }
+    // Named after this job's instance: worker 0's lane address differs from run to run.
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    auto mix = [&h](std::span<const std::byte> bytes) {
+      for (std::byte b : bytes) h = (h ^ static_cast<uint8_t>(b)) * 1099511628211ull;
+    };
+    const uint32_t job = job_hash_;
+    mix(std::as_bytes(std::span(&job, 1)));
+    mix(first->push_address);
+    char name[40];
+    std::snprintf(name, sizeof(name), "/gradlink-%016llx", static_cast<unsigned long long>(h));
+    LocalReduce::Options lo;
+    lo.name = name;
+    lo.rank = rank_;
+    lo.ranks = size_;
+    lo.arena_bytes = opts_.local_arena_bytes;
+    lo.chunk_bytes = opts_.local_chunk_bytes;
+    lo.deadline = deadline;
+    GL_ASSIGN_OR_RETURN(local_, LocalReduce::Open(lo));
+    return Status::Ok();
+  }
+
+  // Binds t to its same-host channel on its first op. False if `op` failed instead (finished).
+  bool BindLocalLocked(TensorState& t, Op& op) {
+    if (!local_ || t.local_bound) return true;
+    Result<std::optional<LocalReduce::Channel>> c = local_->Bind(t.key, t.dtype, t.count);
+    if (!c.ok()) {
+      FinishLocked(op, Status(c.status().code(), "key " + KeyHex(t.key) + " '" + t.name +
+                                                     "': " + c.status().message()));
+      return false;
+    }
+    t.local_bound = true;
+    t.local = *c;
+    if (!t.local) {
+      GL_LOG(kInfo) << "worker " << rank_ << ": '" << t.name
+                    << "' goes through the servers: the same-host segment is full";
+    }
+    return true;
+  }
+
+  void StartLocalLocked(TensorState& t, const std::shared_ptr<Op>& op) {
+    t.busy = true;
+    op->started = true;
+    LocalReduce::Job job;
+    job.channel = *t.local;
+    job.data = op->data;
+    job.dtype = t.dtype;
+    job.count = t.count;
+    job.round = op->round;
+    job.average = op->options.average;
+    job.done = [this, op](const Status& s, Clock::time_point first, Clock::time_point last,
+                          Clock::time_point arrived) { LocalDone(op, s, first, last, arrived); };
+    local_->Start(std::move(job));
+  }
+
+  // On the thread driving the same-host path.
+  void LocalDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,
+                 Clock::time_point last, Clock::time_point arrived) {
+    std::lock_guard<std::mutex> lock(mu_);
+    op->t_first_issue = first;
+    op->t_pushed = last;
+    op->t_arrived = arrived;
+    const TensorState& t = *op->tensor;
+    FinishLocked(*op, s.ok() || s.code() != Code::kMismatch
+                          ? s
+                          : Status(s.code(), "key " + KeyHex(t.key) + " '" + t.name + "' " +
+                                                 s.message()));
   }
 
   const WorkerOptions opts_;
@@ -1267,6 +1388,7 @@ class WorkerImpl final : public Worker {
   uint32_t rank_ = 0, size_ = 0, num_servers_ = 0;
   std::shared_ptr<transport::Fabric> fabric_;
   std::unique_ptr<Lane> push_lane_, pull_lane_;
+  std::shared_ptr<LocalReduce> local_;  // the same-host path; null when off
   Receiver receiver_{this};
   std::vector<PeerId> server_peers_;
   std::vector<std::string> server_names_;

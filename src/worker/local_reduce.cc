@@ -1,0 +1,536 @@
+#include "worker/local_reduce.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <new>
+
+#include "server/reduce.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace gradlink::internal {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x676c6c6f63616c31;  // "gllocal1"
+constexpr uint32_t kTableSize = 4096;           // channels (tensors) per segment
+constexpr uint64_t kNoRoom = ~uint64_t{0};
+constexpr uint64_t kLine = 64;
+// A waiting caller spins this long on the segment before it sleeps: a peer's post or
+// consumption arrives within a few microseconds when both workers are running, and a futex
+// wake-up costs more than that (bench/RESULTS.md, "the same-host path").
+constexpr auto kSpin = std::chrono::microseconds(50);
+// Sleepers recheck failure and deadlines this often even when nothing rings.
+constexpr auto kNap = std::chrono::milliseconds(20);
+
+uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
+
+void CpuRelax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+std::string Errno(const char* what) {
+  return std::string(what) + ": " + std::strerror(errno);
+}
+
+}  // namespace
+
+// Every field lies in the shared mapping. Atomics of these sizes are lock-free and
+// address-free, so they work between processes.
+struct alignas(kLine) Bell {
+  std::atomic<uint32_t> word{0};      // bumped on every post or consumption meant for this rank
+  std::atomic<uint32_t> sleepers{0};  // threads of this rank in futex_wait on `word`
+};
+
+struct TableEntry {
+  enum : uint32_t { kFree = 0, kClaiming = 1, kReady = 2 };
+  std::atomic<uint32_t> state{kFree};
+  uint32_t dtype = 0;
+  uint64_t key = 0;
+  uint64_t count = 0;
+  uint64_t offset = 0;  // into the arena; kNoRoom
+};
+
+struct LocalReduce::Segment {
+  std::atomic<uint64_t> magic{0};  // set last by rank 0
+  uint32_t ranks = 0;
+  uint32_t table_size = 0;
+  uint64_t arena_bytes = 0;
+  uint64_t chunk_bytes = 0;
+  std::atomic<uint32_t> opened{0};
+  std::atomic<uint64_t> arena_used{0};
+  Bell bells[kMaxRanks];
+  TableEntry table[kTableSize];
+
+  std::byte* arena() { return reinterpret_cast<std::byte*>(this) + RoundUp(sizeof(Segment), 4096); }
+};
+
+namespace {
+
+// Per rank, in a channel: what it posted and consumed (chunk sequence numbers, counted over the
+// channel's life), and whether the chunk in each slot is to be averaged.
+struct alignas(kLine) RankState {
+  std::atomic<uint64_t> posted{0};
+  std::atomic<uint64_t> consumed{0};
+  std::atomic<uint32_t> average[2];
+};
+
+uint64_t SlotBytes(const LocalReduce::Channel& c, DataType t) {
+  return RoundUp(c.chunk_elems * DataTypeSize(t), kLine);
+}
+
+uint64_t ChannelBytes(uint32_t ranks, uint64_t slot_bytes) {
+  return ranks * sizeof(RankState) + uint64_t{ranks} * 2 * slot_bytes;
+}
+
+long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+}  // namespace
+
+struct LocalReduce::Running {
+  Job job;
+  uint64_t next_post = 0, next_sum = 0;
+  Status failure;
+  Clock::time_point t_first_post, t_last_post, t_arrived;
+};
+
+Result<std::shared_ptr<LocalReduce>> LocalReduce::Open(const Options& o) {
+  if (o.ranks < 2 || o.ranks > kMaxRanks || o.rank >= o.ranks) {
+    return InvalidArgument("same-host path: " + std::to_string(o.ranks) + " workers (2.." +
+                           std::to_string(kMaxRanks) + " supported), rank " +
+                           std::to_string(o.rank));
+  }
+  if (o.chunk_bytes < kLine || o.arena_bytes == 0) {
+    return InvalidArgument("same-host path: chunk of " + std::to_string(o.chunk_bytes) +
+                           " bytes, arena of " + std::to_string(o.arena_bytes) +
+                           " (need >= 64 and > 0)");
+  }
+  const uint64_t header = RoundUp(sizeof(Segment), 4096);
+  int fd = -1;
+  uint64_t size = 0;
+  if (o.rank == 0) {
+    size = header + RoundUp(o.arena_bytes, 4096);
+    fd = shm_open(o.name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return Unavailable(Errno(("same-host path: shm_open " + o.name).c_str()));
+    // Reserve the pages now: a tmpfs that runs out later would kill us with SIGBUS.
+    if (int err = posix_fallocate(fd, 0, static_cast<off_t>(size)); err != 0) {
+      close(fd);
+      shm_unlink(o.name.c_str());
+      return ResourceExhausted("same-host path: reserving " + std::to_string(size) +
+                               " bytes of shared memory for " + o.name + ": " +
+                               std::strerror(err) +
+                               " (lower the arena, GRADLINK_LOCAL_ARENA, or enlarge /dev/shm)");
+    }
+  } else {
+    for (;;) {
+      fd = shm_open(o.name.c_str(), O_RDWR, 0);
+      if (fd >= 0) {
+        struct stat st {};
+        if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) > header) {
+          size = static_cast<uint64_t>(st.st_size);
+          break;
+        }
+        close(fd);
+        fd = -1;
+      } else if (errno != ENOENT) {
+        return Unavailable(Errno(("same-host path: shm_open " + o.name).c_str()));
+      }
+      if (Clock::now() >= o.deadline) {
+        return Timeout("same-host path: worker " + std::to_string(o.rank) +
+                       " found no shared-memory segment " + o.name +
+                       " from worker 0: are all workers on one host, in one /dev/shm?");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    if (o.rank == 0) shm_unlink(o.name.c_str());
+    return Unavailable(Errno("same-host path: mmap"));
+  }
+  auto* seg = static_cast<Segment*>(base);
+  if (o.rank == 0) {
+    new (seg) Segment();  // the file is fresh: zeros, which every field starts as anyway
+    seg->ranks = o.ranks;
+    seg->table_size = kTableSize;
+    seg->arena_bytes = size - header;
+    seg->chunk_bytes = o.chunk_bytes;
+    seg->magic.store(kMagic, std::memory_order_release);
+  } else {
+    while (seg->magic.load(std::memory_order_acquire) != kMagic) {
+      if (Clock::now() >= o.deadline) {
+        munmap(base, size);
+        return Timeout("same-host path: segment " + o.name + " was never initialised");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (seg->ranks != o.ranks || seg->table_size != kTableSize ||
+        header + seg->arena_bytes != size) {
+      munmap(base, size);
+      return Internal("same-host path: segment " + o.name + " is laid out for " +
+                      std::to_string(seg->ranks) + " workers, this worker expects " +
+                      std::to_string(o.ranks));
+    }
+  }
+  std::shared_ptr<LocalReduce> lr(new LocalReduce(o, base, size));
+  seg->opened.fetch_add(1, std::memory_order_acq_rel);
+  while (seg->opened.load(std::memory_order_acquire) < o.ranks) {
+    if (Clock::now() >= o.deadline) {
+      if (o.rank == 0) shm_unlink(o.name.c_str());
+      return Timeout("same-host path: " +
+                     std::to_string(o.ranks - seg->opened.load(std::memory_order_acquire)) +
+                     " of " + std::to_string(o.ranks) +
+                     " workers did not open the shared-memory segment " + o.name);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  // Everyone has it mapped: the name is no longer needed, and nothing is left behind in
+  // /dev/shm if a worker dies later.
+  if (o.rank == 0) shm_unlink(o.name.c_str());
+  return lr;
+}
+
+LocalReduce::LocalReduce(const Options& o, void* base, uint64_t mapped_bytes)
+    : opts_(o), seg_(static_cast<Segment*>(base)), mapped_bytes_(mapped_bytes) {
+  background_ = std::thread([this] { Background(); });
+}
+
+LocalReduce::~LocalReduce() {
+  Stop();
+  munmap(seg_, mapped_bytes_);
+}
+
+Result<std::optional<LocalReduce::Channel>> LocalReduce::Bind(uint64_t key, DataType dtype,
+                                                             uint64_t count) {
+  Channel c;
+  c.chunk_elems = std::max<uint64_t>(1, seg_->chunk_bytes / DataTypeSize(dtype));
+  c.chunk_elems = std::min(c.chunk_elems, std::max<uint64_t>(count, 1));
+  c.chunks = (count + c.chunk_elems - 1) / c.chunk_elems;
+  const uint64_t need = ChannelBytes(opts_.ranks, SlotBytes(c, dtype));
+  for (uint32_t probe = 0; probe < kTableSize; ++probe) {
+    TableEntry& e = seg_->table[(key + probe) % kTableSize];
+    uint32_t state = e.state.load(std::memory_order_acquire);
+    if (state == TableEntry::kFree) {
+      uint32_t expected = TableEntry::kFree;
+      if (e.state.compare_exchange_strong(expected, TableEntry::kClaiming,
+                                          std::memory_order_acq_rel)) {
+        e.key = key;
+        e.dtype = static_cast<uint32_t>(dtype);
+        e.count = count;
+        e.offset = kNoRoom;
+        uint64_t used = seg_->arena_used.load(std::memory_order_relaxed);
+        while (used <= seg_->arena_bytes && need <= seg_->arena_bytes - used) {
+          if (seg_->arena_used.compare_exchange_weak(used, used + RoundUp(need, kLine),
+                                                     std::memory_order_relaxed)) {
+            e.offset = used;
+            break;
+          }
+        }
+        e.state.store(TableEntry::kReady, std::memory_order_release);
+        state = TableEntry::kReady;
+      } else {
+        state = expected;
+      }
+    }
+    // Another worker is filling the entry in: a few stores away.
+    while (state == TableEntry::kClaiming) {
+      CpuRelax();
+      state = e.state.load(std::memory_order_acquire);
+    }
+    if (e.key != key) continue;
+    if (e.dtype != static_cast<uint32_t>(dtype) || e.count != count) {
+      return Internal("same-host path: key " + std::to_string(key) + " was bound as " +
+                      std::to_string(e.count) + " elements of dtype " +
+                      std::to_string(e.dtype) + " by another worker");
+    }
+    if (e.offset == kNoRoom) return std::optional<Channel>();
+    c.offset = e.offset;
+    return std::optional<Channel>(c);
+  }
+  return std::optional<Channel>();  // the table is full
+}
+
+void LocalReduce::Start(Job job) {
+  jobs_.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mu_);
+  incoming_.push_back(std::move(job));
+}
+
+void LocalReduce::Kick() {
+  bool posts_left = true;
+  if (drive_mu_.try_lock()) {
+    while (DriveOnce()) {
+    }
+    // Sums left are the waiting caller's; chunks not yet posted hold back the other workers.
+    posts_left = std::any_of(running_.begin(), running_.end(), [](const auto& r) {
+      return r->next_post < r->job.channel.chunks;
+    });
+    drive_mu_.unlock();
+  }
+  if (posts_left) {
+    std::lock_guard<std::mutex> lock(mu_);
+    background_wanted_ = true;
+    cv_.notify_one();
+  }
+}
+
+void LocalReduce::Poll() {
+  if (drive_mu_.try_lock()) {
+    while (DriveOnce()) {
+    }
+    drive_mu_.unlock();
+  }
+}
+
+bool LocalReduce::Wait(const std::function<bool()>& done, Clock::time_point deadline) {
+  std::atomic<uint32_t>& bell = seg_->bells[opts_.rank].word;
+  callers_waiting_.fetch_add(1, std::memory_order_acq_rel);
+  bool ok = false;
+  for (;;) {
+    if (done()) {
+      ok = true;
+      break;
+    }
+    const uint32_t seen = bell.load(std::memory_order_seq_cst);
+    bool moved = false;
+    if (drive_mu_.try_lock()) {
+      while (DriveOnce()) moved = true;
+      drive_mu_.unlock();
+    }
+    if (moved) continue;
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) break;
+    const Clock::time_point spin_end = std::min(deadline, now + kSpin);
+    while (bell.load(std::memory_order_relaxed) == seen && Clock::now() < spin_end) CpuRelax();
+    if (bell.load(std::memory_order_relaxed) == seen) {
+      SleepOnBell(seen, std::min(deadline, Clock::now() + kNap));
+    }
+  }
+  if (callers_waiting_.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
+      jobs_.load(std::memory_order_acquire) > 0) {
+    // Operations the caller did not wait for go on in the background.
+    std::lock_guard<std::mutex> lock(mu_);
+    background_wanted_ = true;
+    cv_.notify_one();
+  }
+  return ok;
+}
+
+void LocalReduce::Fail(const Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.ok()) failure_ = s;
+    failed_.store(true, std::memory_order_release);
+    background_wanted_ = true;
+    cv_.notify_one();
+  }
+  Ring(opts_.rank);
+}
+
+void LocalReduce::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    if (failure_.ok()) failure_ = Aborted("worker " + std::to_string(opts_.rank) + " shut down");
+    failed_.store(true, std::memory_order_release);
+    cv_.notify_one();
+  }
+  if (background_.joinable()) background_.join();
+  std::lock_guard<std::mutex> drive(drive_mu_);
+  while (DriveOnce()) {
+  }
+  Ring(opts_.rank);
+}
+
+void LocalReduce::Background() {
+  std::atomic<uint32_t>& bell = seg_->bells[opts_.rank].word;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] {
+        return stopping_ ||
+               (background_wanted_ && callers_waiting_.load(std::memory_order_acquire) == 0);
+      });
+      if (stopping_) return;
+      background_wanted_ = false;
+    }
+    // Drive until nothing is left, unless a caller takes over (it drives everything too).
+    for (;;) {
+      const uint32_t seen = bell.load(std::memory_order_seq_cst);
+      bool left;
+      {
+        std::lock_guard<std::mutex> drive(drive_mu_);
+        while (DriveOnce()) {
+        }
+        left = !running_.empty();
+      }
+      if (left) {
+        std::lock_guard<std::mutex> lock(mu_);
+        left = !stopping_;
+      }
+      if (!left || callers_waiting_.load(std::memory_order_acquire) > 0) break;
+      SleepOnBell(seen, Clock::now() + kNap);
+    }
+  }
+}
+
+bool LocalReduce::DriveOnce() {
+  std::vector<Job> fresh;
+  Status failure;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fresh.swap(incoming_);
+    if (failed_.load(std::memory_order_acquire)) failure = failure_;
+  }
+  bool moved = !fresh.empty();
+  for (Job& j : fresh) {
+    auto r = std::make_unique<Running>();
+    r->job = std::move(j);
+    running_.push_back(std::move(r));
+  }
+  bool finished_any = false;
+  for (size_t i = 0; i < running_.size();) {
+    Running& r = *running_[i];
+    if (failure.ok() && Advance(r)) moved = true;
+    if (failure.ok() && r.next_sum < r.job.channel.chunks) {
+      ++i;
+      continue;
+    }
+    std::unique_ptr<Running> over = std::move(running_[i]);
+    running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
+    over->job.done(failure.ok() ? over->failure : failure, over->t_first_post,
+                   over->t_last_post, over->t_arrived);
+    jobs_.fetch_sub(1, std::memory_order_acq_rel);
+    moved = finished_any = true;
+  }
+  // A caller asleep in Wait() on an operation this thread just finished.
+  if (finished_any) Ring(opts_.rank);
+  return moved;
+}
+
+bool LocalReduce::Advance(Running& r) {
+  const Job& job = r.job;
+  const Channel& ch = job.channel;
+  const uint32_t ranks = opts_.ranks, me = opts_.rank;
+  const uint64_t esize = DataTypeSize(job.dtype);
+  const uint64_t slot_bytes = SlotBytes(ch, job.dtype);
+  std::byte* base = seg_->arena() + ch.offset;
+  auto* state = reinterpret_cast<RankState*>(base);
+  std::byte* slots = base + ranks * sizeof(RankState);
+  auto slot = [&](uint32_t rank, uint64_t seq) { return slots + (rank * 2 + seq % 2) * slot_bytes; };
+  auto seq_of = [&](uint64_t chunk) { return job.round * ch.chunks + chunk + 1; };
+  auto elems_of = [&](uint64_t chunk) {
+    return std::min(ch.chunk_elems, job.count - chunk * ch.chunk_elems);
+  };
+  bool moved = false;
+
+  // Post: copy the next chunk in once every rank has consumed what its slot held.
+  while (r.next_post < ch.chunks && r.next_post < r.next_sum + 2) {
+    const uint64_t seq = seq_of(r.next_post);
+    bool free = true;
+    for (uint32_t j = 0; j < ranks && seq > 2; ++j) {
+      if (state[j].consumed.load(std::memory_order_acquire) < seq - 2) {
+        free = false;
+        break;
+      }
+    }
+    if (!free) break;
+    const uint64_t bytes = elems_of(r.next_post) * esize;
+    std::memcpy(slot(me, seq), job.data.data() + r.next_post * ch.chunk_elems * esize, bytes);
+    state[me].average[seq % 2].store(job.average ? 1 : 0, std::memory_order_relaxed);
+    state[me].posted.store(seq, std::memory_order_release);
+    RingPeers();
+    bytes_copied_.fetch_add(bytes, std::memory_order_relaxed);
+    const Clock::time_point now = Clock::now();
+    if (r.next_post == 0) r.t_first_post = now;
+    r.t_last_post = now;
+    ++r.next_post;
+    moved = true;
+  }
+
+  // Sum: once every rank has posted the chunk, all slots in rank order into our tensor.
+  while (r.next_sum < r.next_post) {
+    const uint64_t seq = seq_of(r.next_sum);
+    for (uint32_t j = 0; j < ranks; ++j) {
+      if (state[j].posted.load(std::memory_order_acquire) < seq) return moved;
+    }
+    if (r.next_sum + 1 == ch.chunks) r.t_arrived = Clock::now();
+    const uint32_t avg0 = state[0].average[seq % 2].load(std::memory_order_relaxed);
+    for (uint32_t j = 1; j < ranks && r.failure.ok(); ++j) {
+      const uint32_t avg = state[j].average[seq % 2].load(std::memory_order_relaxed);
+      if (avg != avg0) {
+        r.failure = Mismatch("round " + std::to_string(job.round) + ": rank 0 " +
+                             (avg0 ? "averages" : "sums") + " but rank " + std::to_string(j) +
+                             " " + (avg ? "averages" : "sums"));
+      }
+    }
+    if (r.failure.ok()) {
+      const uint64_t n = elems_of(r.next_sum);
+      std::byte* out = job.data.data() + r.next_sum * ch.chunk_elems * esize;
+      const DataType acc_type = server::AccumulatorType(job.dtype);
+      std::byte* acc = out;
+      if (DataTypeSize(acc_type) != esize) {
+        if (scratch_.size() < n * DataTypeSize(acc_type)) {
+          scratch_.resize(ch.chunk_elems * DataTypeSize(acc_type));
+        }
+        acc = scratch_.data();
+      }
+      // The servers' order and reducers (src/server/partition_state.cc): bit-identical sums.
+      server::SumTwo(job.dtype, acc, slot(0, seq), slot(1, seq), n);
+      for (uint32_t j = 2; j < ranks; ++j) server::Accumulate(job.dtype, acc, slot(j, seq), n);
+      const uint32_t divisor = avg0 ? ranks : 1;
+      if (acc != out || divisor != 1) server::Store(job.dtype, out, acc, n, divisor);
+    }
+    state[me].consumed.store(seq, std::memory_order_release);
+    RingPeers();
+    ++r.next_sum;
+    moved = true;
+  }
+  return moved;
+}
+
+void LocalReduce::Ring(uint32_t rank) {
+  Bell& b = seg_->bells[rank];
+  b.word.fetch_add(1, std::memory_order_seq_cst);
+  if (b.sleepers.load(std::memory_order_seq_cst) > 0) {
+    Futex(&b.word, FUTEX_WAKE, INT_MAX, nullptr);
+  }
+}
+
+void LocalReduce::RingPeers() {
+  for (uint32_t j = 0; j < opts_.ranks; ++j) {
+    if (j != opts_.rank) Ring(j);
+  }
+}
+
+void LocalReduce::SleepOnBell(uint32_t seen, Clock::time_point until) {
+  Bell& b = seg_->bells[opts_.rank];
+  const auto left = until - Clock::now();
+  if (left <= Clock::duration::zero()) return;
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+  const timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  b.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (b.word.load(std::memory_order_seq_cst) == seen) Futex(&b.word, FUTEX_WAIT, seen, &ts);
+  b.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+}  // namespace gradlink::internal

@@ -1,0 +1,149 @@
+// The same-host path: when every worker of a job runs on one host, they sum each other's
+// tensors through a shared-memory segment, worker to worker, and the servers are not used.
+//
+// Why: on one host a parameter server costs memory traffic and thread hand-offs that a
+// network hides but a host does not (bench/RESULTS.md, "the same-host path"). This is what
+// BytePS does within a machine (its local NCCL reduce) and what Horovod's hierarchical
+// all-reduce does, with the same promise as the servers: the sum is taken in rank order with
+// the servers' reducers, so the result is bit-identical to the one the servers would send
+// back, whatever order the workers arrive in.
+//
+// The segment (created by rank 0, opened by the others, unlinked once all have it) holds a table
+// of channels, one per tensor, claimed by the first worker that uses the tensor and found by
+// key by the others, so no worker depends on another's declaration order. A channel has, per
+// rank, two slots of up to `chunk_bytes` (double buffering) and two counters: the last chunk
+// it posted, the last it consumed. A tensor goes through in chunks: each worker copies its chunk
+// into its slot and posts it; once every rank has posted it, each worker sums all slots in rank
+// order straight into its own tensor and marks the chunk consumed; a slot is written again
+// only once every rank consumed what it held. Chunks of up to `chunk_bytes` stay in cache
+// between the copy and the sums.
+//
+// Who drives: the thread that waits on an operation (Wait/Poll), else a background thread.
+// A caller that starts a small operation copies it in itself, and a caller in Wait() spins
+// briefly on the segment before it sleeps on a futex there, so a small push_pull between idle
+// workers costs no thread hand-off at all.
+//
+// Errors: a worker that dies or hangs fails the job through the scheduler (its kAbort reaches
+// every worker, which calls Fail()); operations that disagree on averaging fail with kMismatch
+// on every worker. A segment too small for a tensor is not an error: every worker finds the
+// same answer in the table (no room) and the tensor goes through the servers.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradlink/options.h"
+#include "gradlink/status.h"
+#include "gradlink/tensor.h"
+
+namespace gradlink::internal {
+
+class LocalReduce {
+ public:
+  // Most workers on one host that the segment serves.
+  static constexpr uint32_t kMaxRanks = 64;
+
+  struct Options {
+    std::string name;       // shared-memory object name ("/gradlink-...")
+    uint32_t rank = 0;      // this worker's rank; rank 0 creates the segment
+    uint32_t ranks = 0;     // workers in the job, 2..kMaxRanks
+    uint64_t arena_bytes = 0;  // bytes for channels (reserved up front: no SIGBUS later)
+    uint64_t chunk_bytes = 0;  // most bytes a slot holds
+    Clock::time_point deadline;  // for every rank to open the segment
+  };
+
+  // Where a tensor's channel lies in the segment.
+  struct Channel {
+    uint64_t offset = 0;        // of its rank states; slots follow
+    uint64_t chunk_elems = 0;   // elements per chunk (the last may hold fewer)
+    uint64_t chunks = 0;        // per operation
+  };
+
+  // One operation on one tensor: the caller's buffer, summed in place.
+  struct Job {
+    Channel channel;
+    std::span<std::byte> data;
+    DataType dtype{};
+    uint64_t count = 0;
+    uint64_t round = 0;      // the tensor's operation number (the same on every worker)
+    bool average = false;
+    // Called once, by the driving thread, when the job is over (OK: the sum is in `data`).
+    // Times: first chunk posted, last chunk posted, last chunk posted by every rank.
+    std::function<void(const Status&, Clock::time_point, Clock::time_point, Clock::time_point)>
+        done;
+  };
+
+  // Creates (rank 0) or opens the segment and returns once every rank has opened it.
+  // kResourceExhausted when the arena cannot be reserved, kTimeout when a rank does not come.
+  static Result<std::shared_ptr<LocalReduce>> Open(const Options& options);
+  ~LocalReduce();
+  LocalReduce(const LocalReduce&) = delete;
+  LocalReduce& operator=(const LocalReduce&) = delete;
+
+  // The channel of tensor `key` (`count` elements of `dtype`), claimed by the first worker to
+  // ask and found by the others. nullopt: no room left in the table or the arena (every worker
+  // gets the same answer). kInternal if another worker claimed the key with another shape.
+  Result<std::optional<Channel>> Bind(uint64_t key, DataType dtype, uint64_t count);
+
+  // Queues a job. May be called with the caller's locks held; Kick() after releasing them.
+  void Start(Job job);
+  // Drives the queued jobs once on this thread if no other thread is driving, and leaves what
+  // is left to the background thread.
+  void Kick();
+  // Drives the jobs until `done()` or the deadline; true if `done()`.
+  bool Wait(const std::function<bool()>& done, Clock::time_point deadline);
+  // Drives the jobs once if no other thread is, without waiting.
+  void Poll();
+  // Wakes this worker's threads asleep in Wait() (an operation ended elsewhere).
+  void Wake() { Ring(opts_.rank); }
+  // The job failed: every job (queued or later) ends with `s`. Takes no lock a driver holds.
+  void Fail(const Status& s);
+  // Ends every job (with the failure given to Fail(), else kAborted) and joins the background
+  // thread. Idempotent.
+  void Stop();
+
+  uint64_t bytes_copied() const { return bytes_copied_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Segment;
+  struct Running;
+  LocalReduce(const Options& o, void* base, uint64_t mapped_bytes);
+
+  bool DriveOnce();  // drive_mu_ held; true if anything moved
+  bool Advance(Running& r);
+  void Ring(uint32_t rank);
+  void RingPeers();
+  void SleepOnBell(uint32_t seen, Clock::time_point until);
+  void Background();
+
+  const Options opts_;
+  Segment* const seg_;
+  const uint64_t mapped_bytes_;
+  std::vector<std::byte> scratch_;  // fp32 accumulator for fp16/bf16 chunks; drive_mu_
+
+  std::mutex drive_mu_;                 // held by the one thread driving
+  std::vector<std::unique_ptr<Running>> running_;  // drive_mu_
+
+  std::mutex mu_;  // never held while driving
+  std::condition_variable cv_;
+  std::vector<Job> incoming_;
+  Status failure_;
+  bool stopping_ = false;
+  bool background_wanted_ = false;  // work is left that no caller drives
+  std::atomic<bool> failed_{false};
+  std::atomic<uint32_t> callers_waiting_{0};
+  std::atomic<uint64_t> jobs_{0};  // started, not yet done
+  std::atomic<uint64_t> bytes_copied_{0};
+  std::thread background_;
+};
+
+}  // namespace gradlink::internal
