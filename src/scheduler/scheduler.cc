@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -440,6 +441,8 @@ class SchedulerImpl final : public Scheduler {
     started_ = true;
     for (auto& c : conns_) c->last_heard = transport::Clock::now();
     wire::WelcomeMsg w;
+    std::random_device entropy;
+    w.instance = uint64_t{entropy()} << 32 | entropy();
     w.num_workers = opts_.num_workers;
     w.num_servers = opts_.num_servers;
     for (Connection* c : workers) {

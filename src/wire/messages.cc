@@ -71,6 +71,7 @@ std::vector<std::byte> Encode(const WelcomeMsg& m) {
   w.U32(m.num_servers);
   w.U32(static_cast<uint32_t>(m.members.size()));
   for (const Member& x : m.members) PutMember(w, x.role, x.id, x.host, x.push_address, x.pull_address);
+  w.U64(m.instance);
   return w.Take();
 }
 
@@ -96,6 +97,7 @@ Result<WelcomeMsg> DecodeWelcome(std::span<const std::byte> b) {
     if (seen[x.id]) return Bad("welcome message (duplicate member id)");
     seen[x.id] = true;
   }
+  if (!r.U64(&m.instance)) return Bad("welcome message (no instance)");
   if (!r.Done()) return Bad("welcome message (trailing bytes)");
   return m;
 }

@@ -59,6 +59,9 @@ struct WelcomeMsg {
   uint32_t num_workers = 0;
   uint32_t num_servers = 0;
   std::vector<Member> members;
+  // Random, drawn once per job by the scheduler: names what belongs to this run of the job
+  // (the same-host path's shared-memory segment).
+  uint64_t instance = 0;
 };
 
 // kDeclare payload (key, dtype and count travel in the header).

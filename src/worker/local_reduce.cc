@@ -75,6 +75,7 @@ struct LocalReduce::Segment {
   std::atomic<uint32_t> opened{0};
   std::atomic<uint64_t> arena_used{0};
   Bell bells[kMaxRanks];
+  std::atomic<uint32_t> gone[kMaxRanks];  // set by a worker that stops (it will post no more)
   TableEntry table[kTableSize];
 
   std::byte* arena() { return reinterpret_cast<std::byte*>(this) + RoundUp(sizeof(Segment), 4096); }
@@ -108,6 +109,7 @@ struct LocalReduce::Running {
   Job job;
   uint64_t next_post = 0, next_sum = 0;
   Status failure;
+  bool abandoned = false;  // a rank it needs has left: it ends now, with `failure`
   Clock::time_point t_first_post, t_last_post, t_arrived;
 };
 
@@ -358,6 +360,9 @@ void LocalReduce::Stop() {
   std::lock_guard<std::mutex> drive(drive_mu_);
   while (DriveOnce()) {
   }
+  // The others stop waiting for this worker's chunks (LocalReduce::Advance).
+  seg_->gone[opts_.rank].store(1, std::memory_order_release);
+  RingPeers();
   Ring(opts_.rank);
 }
 
@@ -411,7 +416,7 @@ bool LocalReduce::DriveOnce() {
   for (size_t i = 0; i < running_.size();) {
     Running& r = *running_[i];
     if (failure.ok() && Advance(r)) moved = true;
-    if (failure.ok() && r.next_sum < r.job.channel.chunks) {
+    if (failure.ok() && !r.abandoned && r.next_sum < r.job.channel.chunks) {
       ++i;
       continue;
     }
@@ -442,6 +447,15 @@ bool LocalReduce::Advance(Running& r) {
     return std::min(ch.chunk_elems, job.count - chunk * ch.chunk_elems);
   };
   bool moved = false;
+  // Rank j, which this job waits for, has stopped: it will never post or consume again.
+  auto left = [&](uint32_t j) {
+    if (seg_->gone[j].load(std::memory_order_acquire) == 0) return false;
+    r.failure = Aborted("worker " + std::to_string(j) + " left the job; worker " +
+                        std::to_string(me) + " still waits for it (same-host path, round " +
+                        std::to_string(job.round) + ")");
+    r.abandoned = true;
+    return true;
+  };
 
   // Post: copy the next chunk in once every rank has consumed what its slot held.
   while (r.next_post < ch.chunks && r.next_post < r.next_sum + 2) {
@@ -450,6 +464,7 @@ bool LocalReduce::Advance(Running& r) {
     for (uint32_t j = 0; j < ranks && seq > 2; ++j) {
       if (state[j].consumed.load(std::memory_order_acquire) < seq - 2) {
         free = false;
+        if (left(j)) return true;
         break;
       }
     }
@@ -471,7 +486,7 @@ bool LocalReduce::Advance(Running& r) {
   while (r.next_sum < r.next_post) {
     const uint64_t seq = seq_of(r.next_sum);
     for (uint32_t j = 0; j < ranks; ++j) {
-      if (state[j].posted.load(std::memory_order_acquire) < seq) return moved;
+      if (state[j].posted.load(std::memory_order_acquire) < seq) return left(j) || moved;
     }
     if (r.next_sum + 1 == ch.chunks) r.t_arrived = Clock::now();
     const uint32_t avg0 = state[0].average[seq % 2].load(std::memory_order_relaxed);

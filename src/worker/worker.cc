@@ -1315,13 +1315,13 @@ class WorkerImpl final : public Worker {
                     << (one_host ? "too many workers" : "workers on several hosts") << ")";
       return Status::Ok();
     }
-    // Named after this job's instance: worker 0's lane address differs from run to run.
+    // Named after this run of the job (the scheduler's random instance, worker 0's address).
     uint64_t h = 1469598103934665603ull;  // FNV-1a
     auto mix = [&h](std::span<const std::byte> bytes) {
       for (std::byte b : bytes) h = (h ^ static_cast<uint8_t>(b)) * 1099511628211ull;
     };
-    const uint32_t job = job_hash_;
-    mix(std::as_bytes(std::span(&job, 1)));
+    const uint64_t run[2] = {job_hash_, welcome.instance};
+    mix(std::as_bytes(std::span(run)));
     mix(first->push_address);
     char name[40];
     std::snprintf(name, sizeof(name), "/gradlink-%016llx", static_cast<unsigned long long>(h));
@@ -1377,10 +1377,11 @@ class WorkerImpl final : public Worker {
     op->t_pushed = last;
     op->t_arrived = arrived;
     const TensorState& t = *op->tensor;
-    FinishLocked(*op, s.ok() || s.code() != Code::kMismatch
-                          ? s
-                          : Status(s.code(), "key " + KeyHex(t.key) + " '" + t.name + "' " +
-                                                 s.message()));
+    // The job's failure names its cause already; what the path found itself names the tensor.
+    const bool own = !s.ok() && s.message() != failure_.message();
+    FinishLocked(*op, own ? Status(s.code(), "key " + KeyHex(t.key) + " '" + t.name + "' " +
+                                                 s.message())
+                          : s);
   }
 
   const WorkerOptions opts_;

@@ -43,7 +43,7 @@ register_server = bytes([2]) + struct.pack("<i", -1) + s(b"srv") + s(addr) + s(a
 register_bad_weights = [bytes([2]) + struct.pack("<i", -1) + s(b"srv") + s(addr) + s(addr) + struct.pack("<d", w)
                         for w in (0.0, -1.0, float("nan"), float("inf"), 1e7)]
 welcome = struct.pack("<IIII", 0, 1, 1, 2) + bytes([1]) + struct.pack("<I", 0) + s(b"w") + s(addr) + s(addr) \
-    + bytes([2]) + struct.pack("<I", 0) + s(b"s") + s(addr) + s(addr)
+    + bytes([2]) + struct.pack("<I", 0) + s(b"s") + s(addr) + s(addr) + struct.pack("<Q", 0x1234)
 declare = s(b"fc1.weight") + struct.pack("<Q", 4 << 20)
 assign = s(b"t") + struct.pack("<I", 1) + struct.pack("<QQI", 0, 97, 0)
 text = s(b"kMismatch: key 0x1 't'")

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -1064,6 +1065,307 @@ TEST(JobTest, NoThreadOrFdLeaksAfterAFailedJob) {
   EXPECT_EQ(CountEntries("/proc/self/fd"), fds_before);
 }
 
+
+// ---- (h) the same-host path (src/worker/local_reduce.h) ------------------------------------------
+
+JobConfig LocalConfig(uint32_t workers, uint64_t chunk_bytes) {
+  JobConfig config;
+  config.workers = workers;
+  config.servers = 1;
+  config.local_arena_bytes = 16 << 20;
+  config.local_chunk_bytes = chunk_bytes;
+  return config;
+}
+
+uint64_t LocalBytes(Job& job) {
+  uint64_t n = 0;
+  for (uint32_t r = 0; r < job.config().workers; ++r) n += job.worker(r).Stats().bytes_copied_local;
+  return n;
+}
+
+class LocalPathTest : public ::testing::TestWithParam<uint32_t> {};
+
+// Every dtype, sizes of one element to many chunks (1 KiB chunks: 300000 elements are 300-1200
+// chunks), sums and averages: every element against the scalar reference, and no server
+// summed anything.
+TEST_P(LocalPathTest, AllDtypesAllSizesSumsAndAverages) {
+  const uint32_t workers = GetParam();
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(workers, 1024)));
+  std::vector<TensorSpec> specs;
+  for (DataType t : kAllTypes) {
+    for (uint64_t n : {1u, 1000u, 300000u}) {
+      for (bool average : {false, true}) {
+        specs.push_back({std::string(DataTypeName(t)) + "/" + std::to_string(n) +
+                             (average ? "/avg" : ""),
+                         t, n, average});
+      }
+    }
+  }
+  RunRounds(job, specs, 3);
+  EXPECT_EQ(ServerRounds(job), 0u);
+  uint64_t bytes = 0;
+  for (const TensorSpec& t : specs) bytes += t.count * DataTypeSize(t.dtype);
+  EXPECT_EQ(LocalBytes(job), bytes * 3 * workers);
+  job.FinishCleanly();
+}
+
+INSTANTIATE_TEST_SUITE_P(Workers, LocalPathTest, ::testing::Values(2u, 3u),
+                         [](const auto& info) { return "W" + std::to_string(info.param); });
+
+// The same values through the servers and through shared memory give the same bits, for the
+// dtypes whose sums depend on the order: fp16 and bf16 (summed in fp32) and fp32, with values
+// of wildly different magnitudes.
+TEST(LocalPathTest, BitIdenticalToTheServers) {
+  constexpr uint32_t kWorkers = 3;
+  constexpr uint64_t kCount = 70001;
+  auto run = [&](bool local, DataType dtype, bool average) {
+    JobConfig config = local ? LocalConfig(kWorkers, 4096) : JobConfig{};
+    config.workers = kWorkers;
+    config.partition_bytes = 8192;
+    Job job;
+    EXPECT_NO_FATAL_FAILURE(job.Start(config));
+    std::vector<std::vector<std::byte>> out(kWorkers);
+    OnEveryWorker(kWorkers, [&](uint32_t rank) {
+      auto t = job.worker(rank).Declare("w", dtype, kCount);
+      ASSERT_TRUE(t.ok());
+      std::vector<std::byte> buf(kCount * DataTypeSize(dtype));
+      std::mt19937 rng(rank * 7 + 1);
+      // Normal values of 2^-9 .. 2^8 in every dtype, either sign.
+      std::uniform_real_distribution<float> mant(0.5f, 1.0f);
+      std::uniform_int_distribution<int> exp(-8, 8);
+      for (uint64_t i = 0; i < kCount; ++i) {
+        const float x = std::ldexp(rng() % 2 ? mant(rng) : -mant(rng), exp(rng));
+        if (dtype == DataType::kFloat32) std::memcpy(&buf[i * 4], &x, 4);
+        if (dtype == DataType::kFloat16) {
+          const uint16_t h = RefFloatToHalf(x);
+          std::memcpy(&buf[i * 2], &h, 2);
+        }
+        if (dtype == DataType::kBFloat16) {
+          const uint16_t b = RefFloatToBf16(x);
+          std::memcpy(&buf[i * 2], &b, 2);
+        }
+      }
+      ASSERT_TRUE(job.worker(rank).PushPull(*t, buf, {.average = average}).Wait(In(kOpTimeout)).ok());
+      out[rank] = std::move(buf);
+    });
+    EXPECT_EQ(ServerRounds(job) == 0, local);
+    job.FinishCleanly();
+    return out;
+  };
+  for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
+    for (bool average : {false, true}) {
+      const auto servers = run(false, dtype, average);
+      const auto local = run(true, dtype, average);
+      for (uint32_t r = 0; r < kWorkers; ++r) {
+        EXPECT_TRUE(servers[r] == local[r]) << DataTypeName(dtype) << (average ? " avg" : "")
+                                            << " rank " << r;
+        EXPECT_TRUE(servers[r] == servers[0]);
+      }
+    }
+  }
+}
+
+// Channels are found by key: workers that start their operations in different orders (and
+// have several in flight at once, many chunks each) still meet.
+TEST(LocalPathTest, DifferentCallOrdersMeet) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(3, 512)));
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 12; ++i) {
+    specs.push_back({"layer" + std::to_string(i), kAllTypes[i % 6], uint64_t(100 + 300 * i)});
+  }
+  RunRounds(job, specs, 4, [&](uint32_t rank) {
+    std::vector<size_t> idx(specs.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    if (rank == 1) std::reverse(idx.begin(), idx.end());
+    if (rank == 2) std::shuffle(idx.begin(), idx.end(), std::mt19937(99));
+    return idx;
+  }, std::chrono::microseconds(300));
+  EXPECT_EQ(ServerRounds(job), 0u);
+  job.FinishCleanly();
+}
+
+TEST(LocalPathTest, ManyKeysManyRounds) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 256)));
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 200; ++i) {
+    specs.push_back({"k" + std::to_string(i), kAllTypes[i % 6], uint64_t(1 + (i * 37) % 150)});
+  }
+  RunRounds(job, specs, 20);
+  EXPECT_EQ(ServerRounds(job), 0u);
+  job.FinishCleanly();
+}
+
+TEST(LocalPathTest, AverageFlagDisagreementIsAMismatch) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 256)));
+  // 1000 fp32 are 16 chunks: the mismatch is found on the first and the rest still go through,
+  // so the next round on the tensor meets.
+  for (int i = 0; i < 3; ++i) AverageDisagreementThenAgreement(job, "avg" + std::to_string(i), 1000);
+  EXPECT_EQ(ServerRounds(job), 0u);
+  job.FinishCleanly();
+}
+
+TEST(LocalPathTest, ShapeMismatchFailsEveryRank) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 4096)));
+  ExpectMismatchOnBothRanks(job, "shape", DataType::kFloat32, 100, DataType::kFloat32, 101);
+  job.FinishCleanly();
+}
+
+// Tensors that no longer fit in the segment go through the servers; every worker agrees.
+TEST(LocalPathTest, FullSegmentFallsBackToTheServers) {
+  JobConfig config = LocalConfig(2, 4096);
+  config.local_arena_bytes = 40000;  // 2 workers x 2 slots x 4 KiB + states: 2 tensors
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 5; ++i) specs.push_back({"t" + std::to_string(i), DataType::kFloat32, 5000});
+  RunRounds(job, specs, 3);
+  EXPECT_GT(ServerRounds(job), 0u);
+  EXPECT_GT(LocalBytes(job), 0u);
+  EXPECT_LT(LocalBytes(job), 5u * 20000 * 3 * 2);
+  job.FinishCleanly();
+}
+
+TEST(LocalPathTest, WaitTimesOutThenCompletes) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
+  auto t0 = job.worker(0).Declare("t", DataType::kFloat32, 1000);
+  auto t1 = job.worker(1).Declare("t", DataType::kFloat32, 1000);
+  ASSERT_TRUE(t0.ok() && t1.ok());
+  std::vector<std::byte>& b0 = job.Buffer(4000);
+  std::vector<std::byte>& b1 = job.Buffer(4000);
+  FillTensor(DataType::kFloat32, 0, 0, 0, b0);
+  FillTensor(DataType::kFloat32, 0, 1, 0, b1);
+  PushPullHandle op0 = job.worker(0).PushPull(*t0, b0);
+  auto start = Clock::now();
+  Status s = op0.Wait(In(200ms));
+  EXPECT_EQ(s.code(), Code::kTimeout) << s.ToString();
+  EXPECT_GE(Clock::now() - start, 190ms);
+  EXPECT_FALSE(op0.Poll());
+  PushPullHandle op1 = job.worker(1).PushPull(*t1, b1);
+  ASSERT_TRUE(op1.Wait(In(kOpTimeout)).ok());
+  ASSERT_TRUE(op0.Wait(In(kOpTimeout)).ok());
+  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, b0));
+  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, b1));
+  job.FinishCleanly();
+}
+
+// Operations nobody waits on still complete (the background thread drives them), and Poll()
+// alone finishes one.
+TEST(LocalPathTest, OperationsCompleteWithoutAWaiter) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
+  OnEveryWorker(2, [&](uint32_t rank) {
+    auto t = job.worker(rank).Declare("big", DataType::kFloat32, 100000);  // 98 chunks
+    ASSERT_TRUE(t.ok());
+    std::vector<std::byte>& buf = job.Buffer(400000);
+    FillTensor(DataType::kFloat32, 0, rank, 0, buf);
+    PushPullHandle op = job.worker(rank).PushPull(*t, buf);
+    const auto deadline = In(kOpTimeout);
+    while (!op.Poll() && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    ASSERT_TRUE(op.Poll());
+    EXPECT_TRUE(op.Wait(In(1s)).ok());
+    EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, buf));
+  });
+  job.FinishCleanly();
+}
+
+TEST(LocalPathTest, GroupsAreFusedAndSummed) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 4096)));
+  OnEveryWorker(2, [&](uint32_t rank) {
+    std::vector<TensorHandle> ts;
+    std::vector<std::span<std::byte>> data;
+    for (int i = 0; i < 50; ++i) {
+      auto t = job.worker(rank).Declare("g" + std::to_string(i), DataType::kFloat32, 1000);
+      ASSERT_TRUE(t.ok());
+      ts.push_back(*t);
+      std::vector<std::byte>& b = job.Buffer(4000);
+      FillTensor(DataType::kFloat32, i, rank, 0, b);
+      data.emplace_back(b);
+    }
+    ASSERT_TRUE(job.worker(rank).PushPullGroup(ts, data).Wait(In(kOpTimeout)).ok());
+    for (int i = 0; i < 50; ++i) {
+      std::vector<std::byte> got(data[i].begin(), data[i].end());
+      EXPECT_TRUE(CheckTensor(DataType::kFloat32, i, 2, 0, false, got)) << i;
+    }
+    EXPECT_GT(job.worker(rank).Stats().fused_ops, 0u);
+  });
+  EXPECT_EQ(ServerRounds(job), 0u);
+  job.FinishCleanly();
+}
+
+TEST(LocalPathTest, ShutdownFailsTheWorkersOwnPendingOps) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
+  auto t = job.worker(0).Declare("t", DataType::kFloat32, 100000);
+  ASSERT_TRUE(t.ok());
+  std::vector<std::byte>& buf = job.Buffer(400000);
+  PushPullHandle op = job.worker(0).PushPull(*t, buf);
+  EXPECT_EQ(op.Wait(In(100ms)).code(), Code::kTimeout);
+  const auto start = Clock::now();
+  EXPECT_TRUE(job.worker(0).Shutdown(In(5s)).ok());
+  Status s = op.Wait(In(5s));
+  EXPECT_EQ(s.code(), Code::kAborted) << s.ToString();
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_EQ(job.worker(0).PushPull(*t, buf).Wait(In(1s)).code(), Code::kAborted);
+}
+
+// A worker that leaves cleanly while another waits for its chunks: the waiting one fails at
+// once, naming it (the servers, which would say so on the other path, see nothing here).
+TEST(LocalPathTest, CleanGoodbyeOfOneWorkerFailsTheOthersPendingOp) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
+  auto t0 = job.worker(0).Declare("t", DataType::kFloat32, 100);
+  auto t1 = job.worker(1).Declare("t", DataType::kFloat32, 100);
+  ASSERT_TRUE(t0.ok() && t1.ok());
+  std::vector<std::byte>& buf = job.Buffer(400);
+  PushPullHandle op = job.worker(0).PushPull(*t0, buf);
+  EXPECT_EQ(op.Wait(In(100ms)).code(), Code::kTimeout);
+  const auto start = Clock::now();
+  EXPECT_TRUE(job.worker(1).Shutdown(In(5s)).ok());
+  Status s = op.Wait(In(5s));
+  EXPECT_LT(Clock::now() - start, 5500ms);
+  EXPECT_TRUE(s.code() == Code::kAborted || s.code() == Code::kPeerLost) << s.ToString();
+  EXPECT_NE(s.message().find("worker 1"), std::string::npos) << s.message();
+}
+
+// A worker lost without a goodbye: the scheduler's verdict fails the waiting op, naming it.
+TEST(LocalPathTest, SchedulerStopAbortsPendingOps) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
+  auto t = job.worker(0).Declare("t", DataType::kFloat32, 100);
+  ASSERT_TRUE(t.ok());
+  std::vector<std::byte>& buf = job.Buffer(400);
+  PushPullHandle op = job.worker(0).PushPull(*t, buf);
+  EXPECT_EQ(op.Wait(In(100ms)).code(), Code::kTimeout);
+  const auto start = Clock::now();
+  job.scheduler().Stop();
+  Status s = op.Wait(In(5s));
+  EXPECT_LT(Clock::now() - start, 5s);
+  EXPECT_TRUE(s.code() == Code::kAborted || s.code() == Code::kPeerLost) << s.ToString();
+}
+
+// Once every worker has the segment mapped, its name is gone from /dev/shm: nothing is left
+// behind, whatever happens to the job later.
+TEST(LocalPathTest, SegmentIsUnlinkedOnceEveryoneHasIt) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  int mapped = 0;
+  while (std::getline(maps, line)) {
+    if (line.find("/gradlink-") == std::string::npos) continue;
+    ++mapped;
+    EXPECT_NE(line.find("(deleted)"), std::string::npos) << line;
+  }
+  EXPECT_EQ(mapped, 2);  // one mapping per worker
+  job.FinishCleanly();
+}
 
 }  // namespace
 }  // namespace gradlink

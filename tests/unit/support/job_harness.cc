@@ -102,6 +102,9 @@ void Job::Start(const JobConfig& config) {
       o.fabric = fabric_;
       o.connect_timeout = kConnectTimeout;
       o.host_name = "worker-host-" + std::to_string(r);
+      o.local_arena_bytes = config.local_arena_bytes;
+      o.local_chunk_bytes = config.local_chunk_bytes;
+      if (config.local_arena_bytes > 0) o.host_name = "one-host/" + std::to_string(r);
       Result<std::unique_ptr<Worker>> w = Worker::Connect(o);
       if (w.ok()) workers_[r] = std::move(w).value();
       else errors[config.servers + r] = w.status();

@@ -53,6 +53,10 @@ struct JobConfig {
   std::vector<size_t> server_start_order;
   std::chrono::milliseconds server_start_gap{0};
   std::vector<uint32_t> fake_worker_ranks;  // ranks joined by a bare control channel (no Worker)
+  // The same-host path (WorkerOptions::local_arena_bytes; 0: off). When on, the workers name
+  // themselves "one-host/<rank>": one machine.
+  uint64_t local_arena_bytes = 0;
+  uint64_t local_chunk_bytes = 256u << 10;
 };
 
 class Job {
