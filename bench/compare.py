@@ -12,6 +12,8 @@ Systems (--systems takes these names; all by default):
   gradlink-tcp-1s  gradlink-bench -w N -s 1 in its default mode (peer error handling; UCX 1.13
                    then has no shared memory transport, so it runs over TCP loopback)
   gradlink-tcp-2s  the same with 2 servers
+  gradlink-local   gradlink-bench -w N -s 1 --local-arena 64M: the same-host path (the workers sum
+                   through shared memory; the server is started but idle)
   mpi-shm          build/bin/mpi_allreduce under mpirun -np N, --mca pml ob1 --mca btl self,vader
   mpi-tcp          the same with --mca btl self,tcp --mca btl_tcp_if_include lo
   gloo             bench/baselines/gloo_allreduce.py --local N (torch.distributed, 127.0.0.1)
@@ -107,9 +109,9 @@ def factor_arg(text):
 
 
 class System:
-    def __init__(self, name, kind, label, servers=0, env=None, mca=()):
+    def __init__(self, name, kind, label, servers=0, env=None, mca=(), args=()):
         self.name, self.kind, self.label = name, kind, label
-        self.servers, self.env, self.mca = servers, dict(env or {}), list(mca)
+        self.servers, self.env, self.mca, self.args = servers, dict(env or {}), list(mca), list(args)
 
     @property
     def is_gradlink(self):
@@ -122,6 +124,8 @@ SYSTEMS = [
     System("gradlink-shm-2s", "gradlink", "gradlink, 2 servers, UCX shared memory (GRADLINK_UCX_ERROR_MODE=none)", 2, SHM),
     System("gradlink-tcp-1s", "gradlink", "gradlink, 1 server, default mode (UCX over TCP loopback)", 1),
     System("gradlink-tcp-2s", "gradlink", "gradlink, 2 servers, default mode (UCX over TCP loopback)", 2),
+    System("gradlink-local", "gradlink", "gradlink, the same-host path: workers sum through 64 MiB of "
+           "shared memory (--local-arena), 1 server started and idle", 1, args=["--local-arena", str(64 << 20)]),
     System("mpi-shm", "mpi", "Open MPI MPI_Allreduce, shared memory (--mca btl self,vader)",
            mca=["pml", "ob1", "btl", "self,vader"]),
     System("mpi-tcp", "mpi", "Open MPI MPI_Allreduce, TCP loopback (--mca btl self,tcp)",
@@ -164,7 +168,7 @@ def command(system, a, corrupt):
         if corrupt:
             raise Failure("--selftest-corrupt: gradlink-bench has no way to corrupt a result")
         argv = [os.path.join(a.bin, "gradlink-bench"), "-w", str(a.ranks), "-s", str(system.servers)]
-        return argv + size_args(a), env
+        return argv + system.args + size_args(a), env
     extra = ["--corrupt"] if corrupt else []
     if system.kind == "mpi":
         # Debian's Open MPI 4.1 refuses root without both the flag and these two variables.
@@ -365,7 +369,7 @@ def render_ratios(stats, ran, sz):
     """Ratios at a glance: best gradlink overall, and best gradlink over TCP (same transport as
     mpi-tcp and gloo), to each baseline."""
     base = [s.name for s in ran if not s.is_gradlink]
-    tcp = [s for s in ran if s.is_gradlink and "GRADLINK_UCX_ERROR_MODE" not in s.env]
+    tcp = [s for s in ran if s.name.startswith("gradlink-tcp")]
     head = "| size | best gradlink (busbw) |" + "".join(" ÷ %s |" % n for n in base)
     sep = "|---|---|" + "---|" * len(base)
     if tcp:

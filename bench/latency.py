@@ -2,8 +2,10 @@
 """Small-tensor push_pull latency from C++ and from Python, side by side.
 
     bench/latency.py [--bin build/bin] [--bytes 4096] [--repeats 5] [-n 500] [-s 1]
+                     [--paths servers,same-host]
 
-Each repeat runs, one after the other (interleaved, so load hits both alike):
+Each repeat runs, one after the other (interleaved, so load hits all alike), for each path
+(`servers`: through the servers; `same-host`: the same-host path, a 64 MiB arena):
   * C++:    gradlink-bench -w 2 -s S -b BYTES -e BYTES -n N   (its own local job),
   * Python: gradlink-run -n 2 -s S -- python bench/latency.py --worker ... : gradlink.torch
             push_pull(t, average=False) on a float32 torch tensor, N timed calls after warm-up.
@@ -44,9 +46,14 @@ def worker(a):
     gl.shutdown()
 
 
-def run_cpp(a):
+ARENA = 64 << 20  # the same-host path's shared memory
+
+
+def run_cpp(a, path):
     cmd = [os.path.join(a.bin, "gradlink-bench"), "-w", "2", "-s", str(a.servers), "-b",
            str(a.bytes), "-e", str(a.bytes), "-n", str(a.n), "--warmup", str(a.warmup)]
+    if path == "same-host":
+        cmd += ["--local-arena", str(ARENA)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         sys.exit("gradlink-bench failed:\n" + out.stdout + out.stderr)
@@ -65,7 +72,7 @@ def run_cpp(a):
     sys.exit("no result row in gradlink-bench output:\n" + out.stdout)
 
 
-def run_python(a):
+def run_python(a, path):
     py = os.path.join(ROOT, ".venv", "bin", "python")
     if not os.path.exists(py):
         py = "/usr/bin/python3"
@@ -73,6 +80,8 @@ def run_python(a):
            os.path.abspath(__file__), "--worker", "--bytes", str(a.bytes), "-n", str(a.n),
            "--warmup", str(a.warmup)]
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    if path == "same-host":
+        env["GRADLINK_LOCAL_ARENA_BYTES"] = str(ARENA)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     if out.returncode != 0:
         sys.exit("python run failed:\n" + out.stdout + out.stderr)
@@ -95,24 +104,35 @@ def main():
     ap.add_argument("-n", type=int, default=500)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("-s", "--servers", type=int, default=1)
+    ap.add_argument("--paths", default="servers,same-host",
+                    help="comma-separated: servers, same-host")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    paths = a.paths.split(",")
+    if not paths or any(p not in ("servers", "same-host") for p in paths):
+        sys.exit("--paths takes servers and/or same-host")
     if a.bytes <= 0 or a.bytes % 4:
         sys.exit("--bytes must be a positive multiple of 4 (float32 elements)")
     if a.worker:
         return worker(a)
-    cpp, py = [], []
+    cpp = {p: [] for p in paths}
+    py = {p: [] for p in paths}
     for _ in range(a.repeats):
-        cpp.append(run_cpp(a))
-        py.append(run_python(a))
+        for p in paths:
+            cpp[p].append(run_cpp(a, p))
+            py[p].append(run_python(a, p))
     print("push_pull of %d bytes (fp32), 2 workers, %d server(s), %d calls x %d repeats; "
           "min / median / max over repeats (us)" % (a.bytes, a.servers, a.n, a.repeats))
-    print("| from | mean per call | fastest call |")
-    print("|---|---|---|")
-    print("| C++ (gradlink-bench) | %s | %s |" % (mmm([c[0] for c in cpp]), mmm([c[1] for c in cpp])))
-    print("| Python (gradlink.torch.push_pull) | %s | %s |" % (mmm([p[0] for p in py]), mmm([p[1] for p in py])))
-    ratio = [p[0] / c[0] for p, c in zip(py, cpp)]
-    print("Python / C++ (mean, per repeat): %s" % mmm(ratio, "%.2f"))
+    print("| path | from | mean per call | fastest call |")
+    print("|---|---|---|---|")
+    for p in paths:
+        print("| %s | C++ (gradlink-bench) | %s | %s |"
+              % (p, mmm([c[0] for c in cpp[p]]), mmm([c[1] for c in cpp[p]])))
+        print("| %s | Python (gradlink.torch.push_pull) | %s | %s |"
+              % (p, mmm([x[0] for x in py[p]]), mmm([x[1] for x in py[p]])))
+    for p in paths:
+        ratio = [x[0] / c[0] for x, c in zip(py[p], cpp[p])]
+        print("%s: Python / C++ (mean, per repeat): %s" % (p, mmm(ratio, "%.2f")))
 
 
 if __name__ == "__main__":

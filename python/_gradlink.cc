@@ -136,9 +136,12 @@ class PyWorker {
            uint64_t partition_bytes, uint64_t max_bytes_in_flight, bool single_lane,
            const std::string& transport, double connect_timeout_s, const std::string& host_name,
            std::optional<uint64_t> fusion_buffer_bytes,
-           std::optional<uint64_t> fusion_threshold_bytes, uint64_t max_bytes_ahead) {
+           std::optional<uint64_t> fusion_threshold_bytes, uint64_t max_bytes_ahead,
+           uint64_t local_arena_bytes, std::optional<uint64_t> local_chunk_bytes) {
     gl::WorkerOptions o;
     o.max_bytes_ahead = max_bytes_ahead;
+    o.local_arena_bytes = local_arena_bytes;
+    if (local_chunk_bytes) o.local_chunk_bytes = *local_chunk_bytes;
     if (fusion_buffer_bytes) o.fusion_buffer_bytes = *fusion_buffer_bytes;
     if (fusion_threshold_bytes) o.fusion_threshold_bytes = *fusion_threshold_bytes;
     fusion_buffer_bytes_ = o.fusion_buffer_bytes;
@@ -194,6 +197,7 @@ class PyWorker {
     d["bytes_unpacked"] = s.bytes_unpacked;
     d["bytes_copied_eager"] = s.bytes_copied_eager;
     d["bytes_copied_bounce"] = s.bytes_copied_bounce;
+    d["bytes_copied_local"] = s.bytes_copied_local;
     d["protocol_errors"] = s.protocol_errors;
     d["partitions_held"] = s.partitions_held;
     d["peak_bytes_ahead"] = s.peak_bytes_ahead;
@@ -425,16 +429,18 @@ PYBIND11_MODULE(_gradlink, m) {
   py::class_<PyWorker>(m, "Worker", "One worker of a gradlink job (the C++ gradlink::Worker).")
       .def(py::init<const std::string&, const std::string&, int32_t, uint64_t, uint64_t, bool,
                     const std::string&, double, const std::string&, std::optional<uint64_t>,
-                    std::optional<uint64_t>, uint64_t>(),
+                    std::optional<uint64_t>, uint64_t, uint64_t, std::optional<uint64_t>>(),
            py::arg("scheduler"), py::arg("job") = "default", py::arg("rank") = -1,
            py::arg("partition_bytes") = uint64_t{4} << 20,
            py::arg("max_bytes_in_flight") = uint64_t{32} << 20, py::arg("single_lane") = false,
            py::arg("transport") = "ucx", py::arg("connect_timeout") = 30.0,
            py::arg("host_name") = "", py::arg("fusion_buffer_bytes") = py::none(),
            py::arg("fusion_threshold_bytes") = py::none(), py::arg("max_bytes_ahead") = 0,
+           py::arg("local_arena_bytes") = 0, py::arg("local_chunk_bytes") = py::none(),
            "Joins the job (blocks, GIL released, until every member has joined). "
-           "fusion_buffer_bytes / fusion_threshold_bytes: None keeps the C++ defaults; "
-           "max_bytes_ahead: WorkerOptions::max_bytes_ahead (0: no limit).")
+           "fusion_buffer_bytes / fusion_threshold_bytes / local_chunk_bytes: None keeps the "
+           "C++ defaults; max_bytes_ahead: WorkerOptions::max_bytes_ahead (0: no limit); "
+           "local_arena_bytes: the same-host path's shared memory (0: off).")
       .def_property_readonly("rank", &PyWorker::rank)
       .def_property_readonly("size", &PyWorker::size)
       .def_property_readonly("num_servers", &PyWorker::num_servers)

@@ -21,6 +21,42 @@ def test_push_pull_and_broadcast_basics(run_job):
         assert "BASICS OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
 
 
+# The same-host path (GRADLINK_LOCAL_ARENA_BYTES): the same semantics, through shared memory
+# (basics.py checks that the bytes went that way).
+def test_same_host_path_basics(run_job):
+    job = run_job(3, 2, "basics.py", env={"GRADLINK_LOCAL_ARENA_BYTES": str(64 << 20),
+                                          "GRADLINK_LOCAL_CHUNK_BYTES": str(64 << 10)})
+    assert job.rc == 0, job.explain()
+    for r in range(3):
+        assert "BASICS OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
+
+
+def test_same_host_path_training_matches_single_process(run_job, tmp_path):
+    steps = 6
+    job = run_job(2, 1, ["train_equiv.py", "--opt", "adam", "--steps", str(steps), "--passes", "1",
+                         "--out", str(tmp_path)], env={"GRADLINK_LOCAL_ARENA_BYTES": str(64 << 20)})
+    assert job.rc == 0, job.explain()
+    ref = common.reference("adam", steps, size=2, passes=1)
+    for r in range(2):
+        got = torch.load(tmp_path / ("rank%d.pt" % r))
+        for name, want in ref.items():
+            torch.testing.assert_close(got[name], want, rtol=1e-9, atol=1e-12,
+                                       msg=lambda m: "rank %d %s: %s" % (r, name, m))
+
+
+def test_same_host_path_killed_worker_fails_the_others(run_job):
+    job = run_job(3, 1, ["killed.py", "--victim", "1"], timeout=90,
+                  env={"GRADLINK_LOCAL_ARENA_BYTES": str(64 << 20)})
+    assert job.rc == 128 + 9, job.explain()
+    for r in (0, 2):
+        raised = [line for line in job.lines("[worker %d]" % r) if line.startswith("RAISED")]
+        assert raised, job.explain()
+        m = re.match(r"RAISED (\w+) after ([\d.]+) s", raised[0])
+        assert m.group(1) in ("PeerLostError", "AbortedError"), raised[0]
+        assert float(m.group(2)) < 20, raised[0]
+        assert "worker 1" in raised[0], raised[0]
+
+
 def test_grouped_push_pull(run_job):
     job = run_job(3, 2, "grouped.py")
     assert job.rc == 0, job.explain()

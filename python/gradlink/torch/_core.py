@@ -87,7 +87,8 @@ def _scheduler_from_env():
 
 def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=None,
          partition_bytes=None, max_bytes_in_flight=None, single_lane=None, fail_fast=None,
-         fusion_buffer_bytes=None, fusion_threshold_bytes=None, max_bytes_ahead=None):
+         fusion_buffer_bytes=None, fusion_threshold_bytes=None, max_bytes_ahead=None,
+         local_arena_bytes=None, local_chunk_bytes=None):
     """Joins the gradlink job; returns once every worker and server has joined.
 
     Arguments default to the environment:
@@ -109,6 +110,10 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
     ``fusion_buffer_bytes`` (``GRADLINK_FUSION_BUFFER_BYTES``, default 4 MiB, 0: no fusion) and
     ``fusion_threshold_bytes`` (``GRADLINK_FUSION_THRESHOLD_BYTES``, default 256 KiB) tune
     tensor fusion (grouped_push_pull, DistributedOptimizer).
+    ``local_arena_bytes`` (``GRADLINK_LOCAL_ARENA_BYTES``, default 0: off) turns on the same-host
+    path: when every worker is on this host they sum through that much shared memory instead of
+    through the servers, with bit-identical results (``local_chunk_bytes``,
+    ``GRADLINK_LOCAL_CHUNK_BYTES``, default 256 KiB; docs/operations.md, "One host").
     Calling init() again is a no-op. shutdown() runs at exit.
 
     ``fail_fast`` (``GRADLINK_FAIL_FAST``, default on): an uncaught exception in the main thread
@@ -144,6 +149,12 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
         ma = max_bytes_ahead or _env_int("GRADLINK_MAX_BYTES_AHEAD")
         if ma:
             kwargs["max_bytes_ahead"] = ma
+        la = local_arena_bytes or _env_int("GRADLINK_LOCAL_ARENA_BYTES")
+        if la:
+            kwargs["local_arena_bytes"] = la
+        lc = local_chunk_bytes or _env_int("GRADLINK_LOCAL_CHUNK_BYTES")
+        if lc:
+            kwargs["local_chunk_bytes"] = lc
         fb = fusion_buffer_bytes
         if fb is None:
             fb = _env_int("GRADLINK_FUSION_BUFFER_BYTES")

@@ -72,6 +72,14 @@ try:
 except gradlink.InvalidArgumentError as e:
     assert isinstance(e, ValueError)
 
+# Which path the sums took: through shared memory only when the same-host path is on.
+import os  # noqa: E402
+local = gl.stats()["bytes_copied_local"]
+if int(os.environ.get("GRADLINK_LOCAL_ARENA_BYTES", "0")) > 0:
+    assert local > 12 << 20, local
+else:
+    assert local == 0, local
+
 gl.barrier()
 gl.barrier(timeout=30)
 print("BASICS OK rank %d" % rank)
