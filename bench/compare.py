@@ -12,8 +12,9 @@ Systems (--systems takes these names; all by default):
   gradlink-tcp-1s  gradlink-bench -w N -s 1 in its default mode (peer error handling; UCX 1.13
                    then has no shared memory transport, so it runs over TCP loopback)
   gradlink-tcp-2s  the same with 2 servers
-  gradlink-local   gradlink-bench -w N -s 1 --local-arena 64M: the same-host path (the workers sum
-                   through shared memory; the server is started but idle)
+  gradlink-local   gradlink-bench -w N -s 1 --local-arena 64M --bind: the same-host path (the
+                   workers sum through shared memory; the server is started but idle), each
+                   worker pinned to one CPU as mpirun pins its ranks by default
   mpi-shm          build/bin/mpi_allreduce under mpirun -np N, --mca pml ob1 --mca btl self,vader
   mpi-tcp          the same with --mca btl self,tcp --mca btl_tcp_if_include lo
   gloo             bench/baselines/gloo_allreduce.py --local N (torch.distributed, 127.0.0.1)
@@ -125,7 +126,8 @@ SYSTEMS = [
     System("gradlink-tcp-1s", "gradlink", "gradlink, 1 server, default mode (UCX over TCP loopback)", 1),
     System("gradlink-tcp-2s", "gradlink", "gradlink, 2 servers, default mode (UCX over TCP loopback)", 2),
     System("gradlink-local", "gradlink", "gradlink, the same-host path: workers sum through 64 MiB of "
-           "shared memory (--local-arena), 1 server started and idle", 1, args=["--local-arena", str(64 << 20)]),
+           "shared memory (--local-arena), 1 server started and idle; workers pinned to a CPU each "
+           "(--bind, as mpirun's default binding)", 1, args=["--local-arena", str(64 << 20), "--bind"]),
     System("mpi-shm", "mpi", "Open MPI MPI_Allreduce, shared memory (--mca btl self,vader)",
            mca=["pml", "ob1", "btl", "self,vader"]),
     System("mpi-tcp", "mpi", "Open MPI MPI_Allreduce, TCP loopback (--mca btl self,tcp)",

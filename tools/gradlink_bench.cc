@@ -8,6 +8,16 @@
 // push_pulls). `-b 4000K -e 4000K --tensors 1000` is 1,000 tensors of 4 KiB. After each row a
 // '#' line gives the bytes copied on this worker's data path per byte reduced; `--verbose` adds
 // a '#' line with where the time of a round went, by stage (PushPullTiming), on rank 0.
+//
+// Each timed operation starts after a barrier and, unless --no-align, an untimed push_pull of
+// one float: the scheduler's barrier releases the workers tens of microseconds apart (its
+// messages and two thread wake-ups per worker), a skew that would be timed as part of the
+// operation; after a push_pull the workers start within its completion skew, as back-to-back
+// operations of a training step do (and as MPI_Barrier's shared-memory release does).
+//
+// `--bind` pins worker r to CPU r mod (CPUs this process may use), as mpirun binds ranks to
+// cores by default: two workers that spin on shared memory must not end up on one core.
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -45,7 +56,7 @@ struct Config {
   uint64_t max_ahead = 0;
   uint64_t local_arena = 0, local_chunk = gl::WorkerOptions().local_chunk_bytes;
   uint64_t tensors = 1;
-  bool no_fusion = false, verbose = false;
+  bool no_fusion = false, verbose = false, no_align = false, bind = false;
   uint64_t fusion_buffer_bytes = gl::WorkerOptions().fusion_buffer_bytes;
   uint64_t fusion_threshold_bytes = gl::WorkerOptions().fusion_threshold_bytes;
 };
@@ -181,10 +192,34 @@ int RunWorker(const Config& c) {
     return 1;
   }
   gl::Worker& worker = **w;
+  if (c.bind) {
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0 && CPU_COUNT(&allowed) > 0) {
+      int nth = static_cast<int>(worker.rank() % static_cast<uint32_t>(CPU_COUNT(&allowed)));
+      for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (!CPU_ISSET(cpu, &allowed) || nth-- > 0) continue;
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        if (sched_setaffinity(0, sizeof(one), &one) != 0) {
+          std::fprintf(stderr, "gradlink-bench: --bind: sched_setaffinity: %s\n", std::strerror(errno));
+          return 1;
+        }
+        break;
+      }
+    }
+  }
   const uint32_t n = worker.size();
   const size_t sz = gl::DataTypeSize(*dtype);
   const auto deadline = [] { return Clock::now() + std::chrono::seconds(120); };
   bool all_ok = true;
+  auto align_tensor = worker.Declare("bench.align", gl::DataType::kFloat32, 1);
+  if (!align_tensor.ok()) {
+    std::fprintf(stderr, "declare: %s\n", align_tensor.status().ToString().c_str());
+    return 1;
+  }
+  float align_value = 0;
   std::vector<std::byte> input_tile(kTileElements * sz), want_tile(kTileElements * sz);
   for (uint64_t i = 0; i < kTileElements; ++i) {
     Encode(*dtype, static_cast<double>(Value(i, worker.rank())), &input_tile[i * sz]);
@@ -241,6 +276,14 @@ int RunWorker(const Config& c) {
       if (!bs.ok()) {
         std::fprintf(stderr, "barrier: %s\n", bs.ToString().c_str());
         return 1;
+      }
+      if (!c.no_align) {
+        gl::Status as = worker.PushPull(*align_tensor, std::as_writable_bytes(std::span(&align_value, 1)))
+                            .Wait(deadline());
+        if (!as.ok()) {
+          std::fprintf(stderr, "aligning push_pull: %s\n", as.ToString().c_str());
+          return 1;
+        }
       }
       const auto t0 = Clock::now();
       gl::PushPullHandle h = c.tensors == 1 ? worker.PushPull(handles[0], buf, po)
@@ -380,6 +423,9 @@ int main(int argc, char** argv) {
   app.add_option("--fusion-buffer-bytes", c.fusion_buffer_bytes, "fusion buffer size")->capture_default_str();
   app.add_option("--fusion-threshold", c.fusion_threshold_bytes, "members of this size go unfused")->capture_default_str();
   app.add_flag("-v,--verbose", c.verbose, "print where the time of a round went, by stage");
+  app.add_flag("--bind", c.bind, "pin worker r to CPU r mod (usable CPUs), as mpirun binds to cores");
+  app.add_flag("--no-align", c.no_align,
+               "start each timed operation right after the barrier (no untimed push_pull first)");
   app.add_option("--scheduler", c.scheduler, "join this job as one worker instead of starting one");
   app.add_option("--job", c.job, "job name")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -403,6 +449,8 @@ int main(int argc, char** argv) {
       std::to_string(c.fusion_threshold_bytes)};
   if (c.no_fusion) worker_args.push_back("--no-fusion");
   if (c.verbose) worker_args.push_back("--verbose");
+  if (c.no_align) worker_args.push_back("--no-align");
+  if (c.bind) worker_args.push_back("--bind");
   if (c.average) worker_args.push_back("--average");
   if (c.single_lane) worker_args.push_back("--single-lane");
   return RunLocalJob(c, worker_args);

@@ -311,20 +311,36 @@ bool LocalReduce::Wait(const std::function<bool()>& done, Clock::time_point dead
       ok = true;
       break;
     }
-    const uint32_t seen = bell.load(std::memory_order_seq_cst);
-    bool moved = false;
-    if (drive_mu_.try_lock()) {
-      while (DriveOnce()) moved = true;
-      drive_mu_.unlock();
+    // Drive, and spin for the others' next move, holding the drive: the background thread
+    // steps aside for a waiting caller (it sees callers_waiting_ after its pass), so this
+    // blocks for one pass at most. Never held while asleep: another thread may drive then.
+    bool asleep_ok = false;
+    uint32_t seen;
+    {
+      std::lock_guard<std::mutex> drive(drive_mu_);
+      for (;;) {
+        seen = bell.load(std::memory_order_seq_cst);
+        bool moved = false;
+        while (DriveOnce()) moved = true;
+        if (done()) break;
+        if (moved) continue;
+        const Clock::time_point now = Clock::now();
+        if (now >= deadline) break;
+        const Clock::time_point spin_end = std::min(deadline, now + kSpin);
+        while (bell.load(std::memory_order_relaxed) == seen && Clock::now() < spin_end) {
+          CpuRelax();
+        }
+        if (bell.load(std::memory_order_relaxed) == seen) {
+          asleep_ok = true;
+          break;
+        }
+      }
     }
-    if (moved) continue;
-    const Clock::time_point now = Clock::now();
-    if (now >= deadline) break;
-    const Clock::time_point spin_end = std::min(deadline, now + kSpin);
-    while (bell.load(std::memory_order_relaxed) == seen && Clock::now() < spin_end) CpuRelax();
-    if (bell.load(std::memory_order_relaxed) == seen) {
-      SleepOnBell(seen, std::min(deadline, Clock::now() + kNap));
+    if (!asleep_ok) {
+      ok = done();
+      break;
     }
+    SleepOnBell(seen, std::min(deadline, Clock::now() + kNap));
   }
   if (callers_waiting_.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
       jobs_.load(std::memory_order_acquire) > 0) {
