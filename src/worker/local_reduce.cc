@@ -33,6 +33,10 @@ constexpr uint64_t kLine = 64;
 constexpr auto kSpin = std::chrono::microseconds(50);
 // Sleepers recheck failure and deadlines this often even when nothing rings.
 constexpr auto kNap = std::chrono::milliseconds(20);
+// Chunks one pass sums per job at most (then deadlines and waiting callers are looked at), and
+// what Poll() may sum on the caller's thread (Python calls it holding the GIL).
+constexpr uint64_t kPassSums = 16;
+constexpr uint64_t kPollSums = 2;
 
 uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
@@ -125,6 +129,15 @@ Result<std::shared_ptr<LocalReduce>> LocalReduce::Open(const Options& o) {
                            " (need >= 64 and > 0)");
   }
   const uint64_t header = RoundUp(sizeof(Segment), 4096);
+  // Polls until `ready()`: kTimeout at the deadline, the job's failure once it has failed.
+  auto wait = [&o](const std::function<bool()>& ready, const std::string& what) -> Status {
+    while (!ready()) {
+      if (o.cancelled) GL_RETURN_IF_ERROR(o.cancelled());
+      if (Clock::now() >= o.deadline) return Timeout("same-host path: " + what);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return Status::Ok();
+  };
   int fd = -1;
   uint64_t size = 0;
   if (o.rank == 0) {
@@ -132,34 +145,59 @@ Result<std::shared_ptr<LocalReduce>> LocalReduce::Open(const Options& o) {
     fd = shm_open(o.name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) return Unavailable(Errno(("same-host path: shm_open " + o.name).c_str()));
     // Reserve the pages now: a tmpfs that runs out later would kill us with SIGBUS.
-    if (int err = posix_fallocate(fd, 0, static_cast<off_t>(size)); err != 0) {
+    int err;
+    do {
+      err = posix_fallocate(fd, 0, static_cast<off_t>(size));
+    } while (err == EINTR);
+    if (err != 0) {
       close(fd);
       shm_unlink(o.name.c_str());
       return ResourceExhausted("same-host path: reserving " + std::to_string(size) +
                                " bytes of shared memory for " + o.name + ": " +
                                std::strerror(err) +
-                               " (lower the arena, GRADLINK_LOCAL_ARENA, or enlarge /dev/shm)");
+                               " (lower local_arena_bytes / GRADLINK_LOCAL_ARENA_BYTES, or "
+                               "enlarge /dev/shm)");
     }
   } else {
-    for (;;) {
-      fd = shm_open(o.name.c_str(), O_RDWR, 0);
-      if (fd >= 0) {
-        struct stat st {};
-        if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) > header) {
-          size = static_cast<uint64_t>(st.st_size);
-          break;
-        }
-        close(fd);
-        fd = -1;
-      } else if (errno != ENOENT) {
-        return Unavailable(Errno(("same-host path: shm_open " + o.name).c_str()));
-      }
-      if (Clock::now() >= o.deadline) {
-        return Timeout("same-host path: worker " + std::to_string(o.rank) +
-                       " found no shared-memory segment " + o.name +
-                       " from worker 0: are all workers on one host, in one /dev/shm?");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // Worker 0 creates the object, reserves it whole, then writes the header, magic last.
+    Status open_error;
+    GL_RETURN_IF_ERROR(wait(
+        [&] {
+          fd = shm_open(o.name.c_str(), O_RDWR, 0);
+          if (fd < 0) {
+            if (errno != ENOENT) open_error = Unavailable(Errno(("same-host path: shm_open " + o.name).c_str()));
+            return !open_error.ok();
+          }
+          struct stat st {};
+          if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) >= header) return true;
+          close(fd);
+          fd = -1;
+          return false;
+        },
+        "worker " + std::to_string(o.rank) + " found no shared-memory segment " + o.name +
+            " from worker 0: are all workers on one host, in one /dev/shm?"));
+    GL_RETURN_IF_ERROR(open_error);
+    void* head = mmap(nullptr, header, PROT_READ, MAP_SHARED, fd, 0);
+    if (head == MAP_FAILED) {
+      close(fd);
+      return Unavailable(Errno("same-host path: mmap"));
+    }
+    const auto* h = static_cast<const Segment*>(head);
+    Status ready = wait([h] { return h->magic.load(std::memory_order_acquire) == kMagic; },
+                        "segment " + o.name + " was never initialised by worker 0");
+    const uint32_t ranks = h->ranks, table = h->table_size;
+    size = header + h->arena_bytes;
+    munmap(head, header);
+    struct stat st {};
+    if (ready.ok() && (ranks != o.ranks || table != kTableSize || fstat(fd, &st) != 0 ||
+                       static_cast<uint64_t>(st.st_size) != size)) {
+      ready = Internal("same-host path: segment " + o.name + " is laid out for " +
+                       std::to_string(ranks) + " workers, this worker expects " +
+                       std::to_string(o.ranks));
+    }
+    if (!ready.ok()) {
+      close(fd);
+      return ready;
     }
   }
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -176,33 +214,15 @@ Result<std::shared_ptr<LocalReduce>> LocalReduce::Open(const Options& o) {
     seg->arena_bytes = size - header;
     seg->chunk_bytes = o.chunk_bytes;
     seg->magic.store(kMagic, std::memory_order_release);
-  } else {
-    while (seg->magic.load(std::memory_order_acquire) != kMagic) {
-      if (Clock::now() >= o.deadline) {
-        munmap(base, size);
-        return Timeout("same-host path: segment " + o.name + " was never initialised");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    if (seg->ranks != o.ranks || seg->table_size != kTableSize ||
-        header + seg->arena_bytes != size) {
-      munmap(base, size);
-      return Internal("same-host path: segment " + o.name + " is laid out for " +
-                      std::to_string(seg->ranks) + " workers, this worker expects " +
-                      std::to_string(o.ranks));
-    }
   }
   std::shared_ptr<LocalReduce> lr(new LocalReduce(o, base, size));
   seg->opened.fetch_add(1, std::memory_order_acq_rel);
-  while (seg->opened.load(std::memory_order_acquire) < o.ranks) {
-    if (Clock::now() >= o.deadline) {
-      if (o.rank == 0) shm_unlink(o.name.c_str());
-      return Timeout("same-host path: " +
-                     std::to_string(o.ranks - seg->opened.load(std::memory_order_acquire)) +
-                     " of " + std::to_string(o.ranks) +
-                     " workers did not open the shared-memory segment " + o.name);
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  Status all = wait([seg, &o] { return seg->opened.load(std::memory_order_acquire) >= o.ranks; },
+                    "not every one of the " + std::to_string(o.ranks) +
+                        " workers opened the shared-memory segment " + o.name);
+  if (!all.ok()) {
+    if (o.rank == 0) shm_unlink(o.name.c_str());
+    return all;
   }
   // Everyone has it mapped: the name is no longer needed, and nothing is left behind in
   // /dev/shm if a worker dies later.
@@ -252,8 +272,13 @@ Result<std::optional<LocalReduce::Channel>> LocalReduce::Bind(uint64_t key, Data
         state = expected;
       }
     }
-    // Another worker is filling the entry in: a few stores away.
+    // Another worker is filling the entry in: a few stores away, unless it died there.
+    const Clock::time_point give_up = Clock::now() + std::chrono::seconds(5);
     while (state == TableEntry::kClaiming) {
+      if (Clock::now() > give_up) {
+        return Internal("same-host path: the channel of key " + std::to_string(key) +
+                        " was never filled in by the worker that claimed it");
+      }
       CpuRelax();
       state = e.state.load(std::memory_order_acquire);
     }
@@ -276,30 +301,43 @@ void LocalReduce::Start(Job job) {
   incoming_.push_back(std::move(job));
 }
 
+void LocalReduce::WantBackground() {
+  std::lock_guard<std::mutex> lock(mu_);
+  background_wanted_ = true;
+  cv_.notify_one();
+}
+
+bool LocalReduce::PostsLeft() {
+  for (const auto& r : running_) {
+    if (r->next_post < r->job.channel.chunks) return true;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return !incoming_.empty();
+}
+
 void LocalReduce::Kick() {
-  bool posts_left = true;
-  if (drive_mu_.try_lock()) {
-    while (DriveOnce()) {
-    }
-    // Sums left are the waiting caller's; chunks not yet posted hold back the other workers.
-    posts_left = std::any_of(running_.begin(), running_.end(), [](const auto& r) {
-      return r->next_post < r->job.channel.chunks;
-    });
-    drive_mu_.unlock();
+  if (!drive_mu_.try_lock()) {
+    Nudge();  // whoever drives takes the new jobs on its next pass
+    return;
   }
-  if (posts_left) {
-    std::lock_guard<std::mutex> lock(mu_);
-    background_wanted_ = true;
-    cv_.notify_one();
-  }
+  DriveOnce(/*sums_per_job=*/0);
+  // Sums are the waiting caller's; chunks not yet posted hold back the other workers.
+  const bool left = PostsLeft();
+  drive_mu_.unlock();
+  if (left) WantBackground();
+}
+
+void LocalReduce::Nudge() {
+  Ring(opts_.rank);  // a waiter spinning or asleep on the bell looks again
+  WantBackground();
 }
 
 void LocalReduce::Poll() {
-  if (drive_mu_.try_lock()) {
-    while (DriveOnce()) {
-    }
-    drive_mu_.unlock();
-  }
+  if (!drive_mu_.try_lock()) return;  // another thread drives
+  DriveOnce(kPollSums);
+  const bool left = PostsLeft();
+  drive_mu_.unlock();
+  if (left) WantBackground();
 }
 
 bool LocalReduce::Wait(const std::function<bool()>& done, Clock::time_point deadline) {
@@ -312,31 +350,30 @@ bool LocalReduce::Wait(const std::function<bool()>& done, Clock::time_point dead
       break;
     }
     // Drive, and spin for the others' next move, holding the drive: the background thread
-    // steps aside for a waiting caller (it sees callers_waiting_ after its pass), so this
+    // steps aside for a waiting caller (it sees callers_waiting_ after each pass), so this
     // blocks for one pass at most. Never held while asleep: another thread may drive then.
-    bool asleep_ok = false;
+    bool sleep = false;
     uint32_t seen;
     {
       std::lock_guard<std::mutex> drive(drive_mu_);
       for (;;) {
         seen = bell.load(std::memory_order_seq_cst);
-        bool moved = false;
-        while (DriveOnce()) moved = true;
+        const bool moved = DriveOnce(kPassSums);
         if (done()) break;
-        if (moved) continue;
         const Clock::time_point now = Clock::now();
         if (now >= deadline) break;
+        if (moved) continue;
         const Clock::time_point spin_end = std::min(deadline, now + kSpin);
         while (bell.load(std::memory_order_relaxed) == seen && Clock::now() < spin_end) {
           CpuRelax();
         }
         if (bell.load(std::memory_order_relaxed) == seen) {
-          asleep_ok = true;
+          sleep = true;
           break;
         }
       }
     }
-    if (!asleep_ok) {
+    if (!sleep) {
       ok = done();
       break;
     }
@@ -344,10 +381,7 @@ bool LocalReduce::Wait(const std::function<bool()>& done, Clock::time_point dead
   }
   if (callers_waiting_.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
       jobs_.load(std::memory_order_acquire) > 0) {
-    // Operations the caller did not wait for go on in the background.
-    std::lock_guard<std::mutex> lock(mu_);
-    background_wanted_ = true;
-    cv_.notify_one();
+    WantBackground();  // operations the caller did not wait for go on in the background
   }
   return ok;
 }
@@ -372,10 +406,10 @@ void LocalReduce::Stop() {
     failed_.store(true, std::memory_order_release);
     cv_.notify_one();
   }
+  Ring(opts_.rank);  // the background thread may be asleep on the bell
   if (background_.joinable()) background_.join();
   std::lock_guard<std::mutex> drive(drive_mu_);
-  while (DriveOnce()) {
-  }
+  DriveOnce(kPassSums);  // failed: ends every job
   // The others stop waiting for this worker's chunks (LocalReduce::Advance).
   seg_->gone[opts_.rank].store(1, std::memory_order_release);
   RingPeers();
@@ -384,6 +418,10 @@ void LocalReduce::Stop() {
 
 void LocalReduce::Background() {
   std::atomic<uint32_t>& bell = seg_->bells[opts_.rank].word;
+  auto stopping = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stopping_;
+  };
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -400,21 +438,17 @@ void LocalReduce::Background() {
       bool left;
       {
         std::lock_guard<std::mutex> drive(drive_mu_);
-        while (DriveOnce()) {
+        while (DriveOnce(kPassSums) && callers_waiting_.load(std::memory_order_acquire) == 0) {
         }
-        left = !running_.empty();
+        left = !running_.empty() || PostsLeft();
       }
-      if (left) {
-        std::lock_guard<std::mutex> lock(mu_);
-        left = !stopping_;
-      }
-      if (!left || callers_waiting_.load(std::memory_order_acquire) > 0) break;
+      if (!left || callers_waiting_.load(std::memory_order_acquire) > 0 || stopping()) break;
       SleepOnBell(seen, Clock::now() + kNap);
     }
   }
 }
 
-bool LocalReduce::DriveOnce() {
+bool LocalReduce::DriveOnce(uint64_t sums_per_job) {
   std::vector<Job> fresh;
   Status failure;
   {
@@ -431,7 +465,7 @@ bool LocalReduce::DriveOnce() {
   bool finished_any = false;
   for (size_t i = 0; i < running_.size();) {
     Running& r = *running_[i];
-    if (failure.ok() && Advance(r)) moved = true;
+    if (failure.ok() && Advance(r, sums_per_job)) moved = true;
     if (failure.ok() && !r.abandoned && r.next_sum < r.job.channel.chunks) {
       ++i;
       continue;
@@ -448,7 +482,7 @@ bool LocalReduce::DriveOnce() {
   return moved;
 }
 
-bool LocalReduce::Advance(Running& r) {
+bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
   const Job& job = r.job;
   const Channel& ch = job.channel;
   const uint32_t ranks = opts_.ranks, me = opts_.rank;
@@ -499,7 +533,7 @@ bool LocalReduce::Advance(Running& r) {
   }
 
   // Sum: once every rank has posted the chunk, all slots in rank order into our tensor.
-  while (r.next_sum < r.next_post) {
+  for (uint64_t summed = 0; r.next_sum < r.next_post && summed < max_sums; ++summed) {
     const uint64_t seq = seq_of(r.next_sum);
     for (uint32_t j = 0; j < ranks; ++j) {
       if (state[j].posted.load(std::memory_order_acquire) < seq) return left(j) || moved;

@@ -59,6 +59,8 @@ class LocalReduce {
     uint64_t arena_bytes = 0;  // bytes for channels (reserved up front: no SIGBUS later)
     uint64_t chunk_bytes = 0;  // most bytes a slot holds
     Clock::time_point deadline;  // for every rank to open the segment
+    // Polled while waiting for the others: a failure (the job's) ends the wait with it.
+    std::function<Status()> cancelled;
   };
 
   // Where a tensor's channel lies in the segment.
@@ -94,14 +96,18 @@ class LocalReduce {
   // gets the same answer). kInternal if another worker claimed the key with another shape.
   Result<std::optional<Channel>> Bind(uint64_t key, DataType dtype, uint64_t count);
 
-  // Queues a job. May be called with the caller's locks held; Kick() after releasing them.
+  // Queues a job. May be called with the caller's locks held; Kick() or Nudge() after releasing
+  // them.
   void Start(Job job);
-  // Drives the queued jobs once on this thread if no other thread is driving, and leaves what
-  // is left to the background thread.
+  // Posts what the queued jobs can post now on this thread (the caller's PushPull: a small
+  // operation is copied in without a thread hand-off), if no other thread is driving; the
+  // background thread takes over chunks left to post. Sums wait for Wait() or the background.
   void Kick();
+  // Leaves the queued jobs to the background thread (or to a waiting caller).
+  void Nudge();
   // Drives the jobs until `done()` or the deadline; true if `done()`.
   bool Wait(const std::function<bool()>& done, Clock::time_point deadline);
-  // Drives the jobs once if no other thread is, without waiting.
+  // One short pass over the jobs if no other thread is driving, without waiting.
   void Poll();
   // Wakes this worker's threads asleep in Wait() (an operation ended elsewhere).
   void Wake() { Ring(opts_.rank); }
@@ -118,8 +124,12 @@ class LocalReduce {
   struct Running;
   LocalReduce(const Options& o, void* base, uint64_t mapped_bytes);
 
-  bool DriveOnce();  // drive_mu_ held; true if anything moved
-  bool Advance(Running& r);
+  // drive_mu_ held. One pass: takes new jobs, advances each (posting what it may, summing up to
+  // `sums_per_job` chunks), ends those done or failed. True if anything moved.
+  bool DriveOnce(uint64_t sums_per_job);
+  bool Advance(Running& r, uint64_t max_sums);
+  bool PostsLeft();  // drive_mu_ held: chunks not yet posted, or jobs not yet taken
+  void WantBackground();
   void Ring(uint32_t rank);
   void RingPeers();
   void SleepOnBell(uint32_t seen, Clock::time_point until);

@@ -404,9 +404,10 @@ class WorkerImpl final : public Worker {
       GL_ASSIGN_OR_RETURN(server_peers_[m.id], push_lane_->Connect(m.push_address, name));
       server_names_[m.id] = std::move(name);
     }
-    GL_RETURN_IF_ERROR(OpenLocalPath(joined.welcome, deadline));
     control_ = std::thread([this] { ControlLoop(); });
-    return Status::Ok();
+    // After the control thread: it keeps the heartbeats going (and hears a failed job) while
+    // the workers wait for each other's segment.
+    return OpenLocalPath(joined.welcome, deadline);
   }
 
   uint32_t rank() const override { return rank_; }
@@ -1291,7 +1292,7 @@ class WorkerImpl final : public Worker {
       PumpLocked();
     }
     Issue();
-    if (local_) local_->Kick();
+    if (local_) local_->Nudge();  // the control thread does not copy tensors
     return Status::Ok();
   }
 
@@ -1332,7 +1333,14 @@ class WorkerImpl final : public Worker {
     lo.arena_bytes = opts_.local_arena_bytes;
     lo.chunk_bytes = opts_.local_chunk_bytes;
     lo.deadline = deadline;
-    GL_ASSIGN_OR_RETURN(local_, LocalReduce::Open(lo));
+    lo.cancelled = [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return failure_;
+    };
+    GL_ASSIGN_OR_RETURN(std::shared_ptr<LocalReduce> local, LocalReduce::Open(lo));
+    std::lock_guard<std::mutex> lock(mu_);  // FailAll (the control thread) reads it
+    local_ = std::move(local);
+    if (!failure_.ok()) local_->Fail(failure_);
     return Status::Ok();
   }
 

@@ -1254,8 +1254,8 @@ TEST(LocalPathTest, WaitTimesOutThenCompletes) {
   job.FinishCleanly();
 }
 
-// Operations nobody waits on still complete (the background thread drives them), and Poll()
-// alone finishes one.
+// Operations nobody waits on or polls still complete: the background thread drives them (Stats()
+// does not drive).
 TEST(LocalPathTest, OperationsCompleteWithoutAWaiter) {
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
@@ -1266,10 +1266,43 @@ TEST(LocalPathTest, OperationsCompleteWithoutAWaiter) {
     FillTensor(DataType::kFloat32, 0, rank, 0, buf);
     PushPullHandle op = job.worker(rank).PushPull(*t, buf);
     const auto deadline = In(kOpTimeout);
-    while (!op.Poll() && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
-    ASSERT_TRUE(op.Poll());
+    while (job.worker(rank).Stats().push_pulls == 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    EXPECT_EQ(job.worker(rank).Stats().push_pulls, 1u);
     EXPECT_TRUE(op.Wait(In(1s)).ok());
     EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, buf));
+  });
+  job.FinishCleanly();
+}
+
+// Wait() times out on time while it drives other traffic: rank 0 waits on an operation rank 1
+// has not started while both sum a large tensor. (A pass sums at most kPassSums chunks per
+// operation before the deadline is looked at; this test does not hold a stream open long
+// enough to tell that bound from a whole-tensor pass.)
+TEST(LocalPathTest, WaitKeepsItsDeadlineWhileOtherTrafficFlows) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
+  constexpr uint64_t kBig = 4u << 20;  // floats: 16 MiB, 16384 chunks
+  OnEveryWorker(2, [&](uint32_t rank) {
+    auto big = job.worker(rank).Declare("big", DataType::kFloat32, kBig);
+    auto lone = job.worker(rank).Declare("lone", DataType::kFloat32, 10);
+    ASSERT_TRUE(big.ok() && lone.ok());
+    std::vector<std::byte>& b = job.Buffer(kBig * 4);
+    std::vector<std::byte>& l = job.Buffer(40);
+    FillTensor(DataType::kFloat32, 0, rank, 0, b);
+    PushPullHandle lone_op;
+    if (rank == 0) lone_op = job.worker(0).PushPull(*lone, l);
+    PushPullHandle big_op = job.worker(rank).PushPull(*big, b);
+    if (rank == 0) {
+      const auto start = Clock::now();
+      EXPECT_EQ(lone_op.Wait(In(50ms)).code(), Code::kTimeout);
+      EXPECT_LT(Clock::now() - start, 300ms);
+    }
+    ASSERT_TRUE(big_op.Wait(In(kOpTimeout)).ok());
+    EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, b));
+    if (rank == 1) lone_op = job.worker(1).PushPull(*lone, l);
+    EXPECT_TRUE(lone_op.Wait(In(kOpTimeout)).ok());
   });
   job.FinishCleanly();
 }
