@@ -197,6 +197,7 @@ Result<std::shared_ptr<LocalReduce>> LocalReduce::Open(const Options& o) {
     }
     if (!ready.ok()) {
       close(fd);
+      shm_unlink(o.name.c_str());  // the job is over for this run: leave nothing in /dev/shm
       return ready;
     }
   }
@@ -221,7 +222,8 @@ Result<std::shared_ptr<LocalReduce>> LocalReduce::Open(const Options& o) {
                     "not every one of the " + std::to_string(o.ranks) +
                         " workers opened the shared-memory segment " + o.name);
   if (!all.ok()) {
-    if (o.rank == 0) shm_unlink(o.name.c_str());
+    // Any worker that gets here removes the name: worker 0 may have died after creating it.
+    shm_unlink(o.name.c_str());
     return all;
   }
   // Everyone has it mapped: the name is no longer needed, and nothing is left behind in
