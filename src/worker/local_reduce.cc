@@ -144,11 +144,17 @@ Result<std::shared_ptr<LocalReduce>> LocalReduce::Open(const Options& o) {
     size = header + RoundUp(o.arena_bytes, 4096);
     fd = shm_open(o.name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) return Unavailable(Errno(("same-host path: shm_open " + o.name).c_str()));
-    // Reserve the pages now: a tmpfs that runs out later would kill us with SIGBUS.
-    int err;
-    do {
-      err = posix_fallocate(fd, 0, static_cast<off_t>(size));
-    } while (err == EINTR);
+    // Reserve the pages now: a tmpfs that runs out later would kill us with SIGBUS. In slices:
+    // an interrupted fallocate gives back what it had reserved, so a signal-heavy process
+    // (a profiler's timer) could retry a huge one forever.
+    int err = 0;
+    for (uint64_t off = 0; off < size && err == 0;) {
+      const uint64_t len = std::min<uint64_t>(size - off, 64u << 20);
+      err = posix_fallocate(fd, static_cast<off_t>(off), static_cast<off_t>(len));
+      if (err == 0) off += len;
+      if (err == EINTR) err = 0;
+      if (err == 0 && Clock::now() >= o.deadline) err = ETIMEDOUT;
+    }
     if (err != 0) {
       close(fd);
       shm_unlink(o.name.c_str());
@@ -161,7 +167,7 @@ Result<std::shared_ptr<LocalReduce>> LocalReduce::Open(const Options& o) {
   } else {
     // Worker 0 creates the object, reserves it whole, then writes the header, magic last.
     Status open_error;
-    GL_RETURN_IF_ERROR(wait(
+    const Status found = wait(
         [&] {
           fd = shm_open(o.name.c_str(), O_RDWR, 0);
           if (fd < 0) {
@@ -175,8 +181,12 @@ Result<std::shared_ptr<LocalReduce>> LocalReduce::Open(const Options& o) {
           return false;
         },
         "worker " + std::to_string(o.rank) + " found no shared-memory segment " + o.name +
-            " from worker 0: are all workers on one host, in one /dev/shm?"));
-    GL_RETURN_IF_ERROR(open_error);
+            " from worker 0: are all workers on one host, in one /dev/shm?");
+    if (!found.ok() || !open_error.ok()) {
+      if (fd >= 0) close(fd);
+      shm_unlink(o.name.c_str());  // worker 0 may have died after creating it
+      return open_error.ok() ? found : open_error;
+    }
     void* head = mmap(nullptr, header, PROT_READ, MAP_SHARED, fd, 0);
     if (head == MAP_FAILED) {
       close(fd);
@@ -191,9 +201,11 @@ Result<std::shared_ptr<LocalReduce>> LocalReduce::Open(const Options& o) {
     struct stat st {};
     if (ready.ok() && (ranks != o.ranks || table != kTableSize || fstat(fd, &st) != 0 ||
                        static_cast<uint64_t>(st.st_size) != size)) {
-      ready = Internal("same-host path: segment " + o.name + " is laid out for " +
-                       std::to_string(ranks) + " workers, this worker expects " +
-                       std::to_string(o.ranks));
+      ready = Internal("same-host path: segment " + o.name + " does not match this worker: " +
+                       std::to_string(ranks) + " workers (expected " + std::to_string(o.ranks) +
+                       "), " + std::to_string(table) + " channels (expected " +
+                       std::to_string(kTableSize) + "), " + std::to_string(st.st_size) +
+                       " bytes (expected " + std::to_string(size) + ")");
     }
     if (!ready.ok()) {
       close(fd);
@@ -204,8 +216,9 @@ Result<std::shared_ptr<LocalReduce>> LocalReduce::Open(const Options& o) {
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (base == MAP_FAILED) {
-    if (o.rank == 0) shm_unlink(o.name.c_str());
-    return Unavailable(Errno("same-host path: mmap"));
+    const Status failed = Unavailable(Errno("same-host path: mmap"));
+    shm_unlink(o.name.c_str());  // the job cannot start: leave nothing in /dev/shm
+    return failed;
   }
   auto* seg = static_cast<Segment*>(base);
   if (o.rank == 0) {
@@ -317,15 +330,23 @@ bool LocalReduce::PostsLeft() {
   return !incoming_.empty();
 }
 
+void LocalReduce::ReleaseDrive(std::unique_lock<std::mutex>& drive, uint32_t waiters_besides_me) {
+  drive.unlock();
+  // A waiter that found the drive taken sleeps on the bell until it is free.
+  if (callers_waiting_.load(std::memory_order_acquire) > waiters_besides_me) Ring(opts_.rank);
+}
+
 void LocalReduce::Kick() {
-  if (!drive_mu_.try_lock()) {
+  std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
+  if (!drive.owns_lock()) {
     Nudge();  // whoever drives takes the new jobs on its next pass
     return;
   }
   DriveOnce(/*sums_per_job=*/0);
-  // Sums are the waiting caller's; chunks not yet posted hold back the other workers.
+  // Sums are the waiting caller's (a background wake-up per operation would cost a small
+  // push_pull several microseconds); chunks not yet posted hold back the other workers.
   const bool left = PostsLeft();
-  drive_mu_.unlock();
+  ReleaseDrive(drive, 0);
   if (left) WantBackground();
 }
 
@@ -335,10 +356,11 @@ void LocalReduce::Nudge() {
 }
 
 void LocalReduce::Poll() {
-  if (!drive_mu_.try_lock()) return;  // another thread drives
+  std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
+  if (!drive.owns_lock()) return;  // another thread drives
   DriveOnce(kPollSums);
   const bool left = PostsLeft();
-  drive_mu_.unlock();
+  ReleaseDrive(drive, 0);
   if (left) WantBackground();
 }
 
@@ -351,13 +373,20 @@ bool LocalReduce::Wait(const std::function<bool()>& done, Clock::time_point dead
       ok = true;
       break;
     }
-    // Drive, and spin for the others' next move, holding the drive: the background thread
-    // steps aside for a waiting caller (it sees callers_waiting_ after each pass), so this
-    // blocks for one pass at most. Never held while asleep: another thread may drive then.
+    if (Clock::now() >= deadline) break;
+    // Drive, and spin for the others' next move, holding the drive. Another thread driving
+    // (the background thread, which steps aside for waiting callers after its pass, another
+    // waiter, a Kick) rings this bell when it lets go, so sleep until then: never wait for the
+    // drive itself, another waiter may hold it for a whole large tensor. Nobody sleeps holding it.
+    const uint32_t before = bell.load(std::memory_order_seq_cst);
+    std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
+    if (!drive.owns_lock()) {
+      SleepOnBell(before, std::min(deadline, Clock::now() + kNap));
+      continue;
+    }
     bool sleep = false;
     uint32_t seen;
     {
-      std::lock_guard<std::mutex> drive(drive_mu_);
       for (;;) {
         seen = bell.load(std::memory_order_seq_cst);
         const bool moved = DriveOnce(kPassSums);
@@ -375,6 +404,7 @@ bool LocalReduce::Wait(const std::function<bool()>& done, Clock::time_point dead
         }
       }
     }
+    ReleaseDrive(drive, /*waiters_besides_me=*/1);
     if (!sleep) {
       ok = done();
       break;
@@ -437,13 +467,11 @@ void LocalReduce::Background() {
     // Drive until nothing is left, unless a caller takes over (it drives everything too).
     for (;;) {
       const uint32_t seen = bell.load(std::memory_order_seq_cst);
-      bool left;
-      {
-        std::lock_guard<std::mutex> drive(drive_mu_);
-        while (DriveOnce(kPassSums) && callers_waiting_.load(std::memory_order_acquire) == 0) {
-        }
-        left = !running_.empty() || PostsLeft();
+      std::unique_lock<std::mutex> drive(drive_mu_);
+      while (DriveOnce(kPassSums) && callers_waiting_.load(std::memory_order_acquire) == 0) {
       }
+      bool left = !running_.empty() || PostsLeft();
+      ReleaseDrive(drive, 0);
       if (!left || callers_waiting_.load(std::memory_order_acquire) > 0 || stopping()) break;
       SleepOnBell(seen, Clock::now() + kNap);
     }

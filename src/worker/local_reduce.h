@@ -118,6 +118,7 @@ class LocalReduce {
   void Stop();
 
   uint64_t bytes_copied() const { return bytes_copied_.load(std::memory_order_relaxed); }
+  bool busy() const { return jobs_.load(std::memory_order_acquire) > 0; }  // jobs not yet done
 
  private:
   struct Segment;
@@ -129,6 +130,9 @@ class LocalReduce {
   bool DriveOnce(uint64_t sums_per_job);
   bool Advance(Running& r, uint64_t max_sums);
   bool PostsLeft();  // drive_mu_ held: chunks not yet posted, or jobs not yet taken
+  // Lets go of the drive; rings this worker's bell if more than `waiters_besides_me` callers
+  // wait (one of them may sleep until the drive is free).
+  void ReleaseDrive(std::unique_lock<std::mutex>& drive, uint32_t waiters_besides_me);
   void WantBackground();
   void Ring(uint32_t rank);
   void RingPeers();

@@ -567,6 +567,9 @@ class WorkerImpl final : public Worker {
   }
 
   Status Barrier(Clock::time_point deadline) override {
+    // Same-host ops nobody waits on go on while this caller blocks here (the others may need
+    // their sums to start the next op on a tensor).
+    if (local_ && local_->busy()) local_->Nudge();
     uint64_t seq;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -773,6 +776,7 @@ class WorkerImpl final : public Worker {
                                     std::to_string(want)));
       return op;
     }
+    bool queued_behind_local = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       op->id = next_op_id_++;
@@ -787,10 +791,17 @@ class WorkerImpl final : public Worker {
         t.queue.push_back(op);
         StartNextLocked(t);
         PumpLocked();
+        queued_behind_local = t.local && t.busy && !t.queue.empty();
       }
     }
     Issue();
-    if (local_) local_->Kick();
+    if (local_) {
+      local_->Kick();
+      // The op waits for the tensor's running one, whose sums nobody may drive until someone
+      // waits (Kick leaves sums to the waiter): the others need this op's chunks, so the
+      // background finishes that one now, as the servers' path would.
+      if (queued_behind_local) local_->Nudge();
+    }
     return op;
   }
 

@@ -1307,6 +1307,70 @@ TEST(LocalPathTest, WaitKeepsItsDeadlineWhileOtherTrafficFlows) {
   job.FinishCleanly();
 }
 
+// Regression (review of the same-host path): a caller's PushPull copies its chunk in and leaves
+// the sum to whoever waits. Rank 0 starts two rounds on one tensor and blocks in Barrier()
+// without waiting; its second round starts only once its first is summed, and rank 1, which
+// waits for that second round before it reaches the barrier, needs its chunk. Through the
+// servers the lanes finish the first round; here the background thread must.
+TEST(LocalPathTest, SecondRoundStartsWhileTheCallerBlocksElsewhere) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
+  OnEveryWorker(2, [&](uint32_t rank) {
+    Worker& w = job.worker(rank);
+    auto t = w.Declare("t", DataType::kFloat32, 10);
+    ASSERT_TRUE(t.ok());
+    // A first round, waited for, so that the tensor is planned (the plan's arrival would
+    // wake the background thread by itself).
+    std::vector<std::byte>& first = job.Buffer(40);
+    ASSERT_TRUE(w.PushPull(*t, first).Wait(In(kOpTimeout)).ok());
+    std::vector<std::byte>& b0 = job.Buffer(40);
+    std::vector<std::byte>& b1 = job.Buffer(40);
+    FillTensor(DataType::kFloat32, 0, rank, 0, b0);
+    FillTensor(DataType::kFloat32, 0, rank, 1, b1);
+    PushPullHandle r0 = w.PushPull(*t, b0);
+    PushPullHandle r1 = w.PushPull(*t, b1);
+    if (rank == 1) {
+      ASSERT_TRUE(r0.Wait(In(kOpTimeout)).ok());
+      ASSERT_TRUE(r1.Wait(In(kOpTimeout)).ok());
+    }
+    ASSERT_TRUE(w.Barrier(In(kOpTimeout)).ok()) << "rank " << rank;
+    ASSERT_TRUE(r0.Wait(In(kOpTimeout)).ok());
+    ASSERT_TRUE(r1.Wait(In(kOpTimeout)).ok());
+    EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, b0));
+    EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 1, false, b1));
+  });
+  job.FinishCleanly();
+}
+
+// Two threads of one worker wait at once, one on a large tensor (4,096 chunks), one on a small
+// one: whichever holds the drive moves both, the other sleeps until it is free, and both
+// complete.
+TEST(LocalPathTest, TwoWaitingThreadsOfOneWorker) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
+  constexpr uint64_t kBig = 1u << 20;  // floats: 4 MiB, 4096 chunks
+  OnEveryWorker(2, [&](uint32_t rank) {
+    Worker& w = job.worker(rank);
+    auto big = w.Declare("big", DataType::kFloat32, kBig);
+    auto small = w.Declare("small", DataType::kFloat32, 10);
+    ASSERT_TRUE(big.ok() && small.ok());
+    std::vector<std::byte>& bb = job.Buffer(kBig * 4);
+    std::vector<std::byte>& sb = job.Buffer(40);
+    FillTensor(DataType::kFloat32, 0, rank, 0, bb);
+    FillTensor(DataType::kFloat32, 1, rank, 0, sb);
+    PushPullHandle big_op = w.PushPull(*big, bb);
+    PushPullHandle small_op = w.PushPull(*small, sb);
+    Status big_status;
+    std::thread other([&] { big_status = big_op.Wait(In(kOpTimeout)); });
+    EXPECT_TRUE(small_op.Wait(In(kOpTimeout)).ok());
+    other.join();
+    EXPECT_TRUE(big_status.ok()) << big_status.ToString();
+    EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, bb));
+    EXPECT_TRUE(CheckTensor(DataType::kFloat32, 1, 2, 0, false, sb));
+  });
+  job.FinishCleanly();
+}
+
 TEST(LocalPathTest, GroupsAreFusedAndSummed) {
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 4096)));
