@@ -2,14 +2,15 @@
 """Small-tensor push_pull latency from C++ and from Python, side by side.
 
     bench/latency.py [--bin build/bin] [--bytes 4096] [--repeats 5] [-n 500] [-s 1]
-                     [--paths servers,same-host]
+                     [--paths servers,same-host] [--bind]
 
 Each repeat runs, one after the other (interleaved, so load hits all alike), for each path
 (`servers`: through the servers; `same-host`: the same-host path, a 64 MiB arena):
   * C++:    gradlink-bench -w 2 -s S -b BYTES -e BYTES -n N   (its own local job),
   * Python: gradlink-run -n 2 -s S -- python bench/latency.py --worker ... : gradlink.torch
             push_pull(t, average=False) on a float32 torch tensor, N timed calls after warm-up.
-Both check every element of every result. Prints min/median/max over the repeats of each run's
+--bind pins each worker to one CPU (gradlink-bench --bind, gradlink-run --bind). Both check
+every element of every result. Prints min/median/max over the repeats of each run's
 mean and fastest call (us), and the Python/C++ ratio.
 """
 import argparse
@@ -54,6 +55,8 @@ def run_cpp(a, path):
            str(a.bytes), "-e", str(a.bytes), "-n", str(a.n), "--warmup", str(a.warmup)]
     if path == "same-host":
         cmd += ["--local-arena", str(ARENA)]
+    if a.bind:
+        cmd.append("--bind")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         sys.exit("gradlink-bench failed:\n" + out.stdout + out.stderr)
@@ -76,7 +79,9 @@ def run_python(a, path):
     py = os.path.join(ROOT, ".venv", "bin", "python")
     if not os.path.exists(py):
         py = "/usr/bin/python3"
-    cmd = [os.path.join(a.bin, "gradlink-run"), "-n", "2", "-s", str(a.servers), "--", py,
+    cmd = [os.path.join(a.bin, "gradlink-run"), "-n", "2", "-s", str(a.servers)]
+    cmd += ["--bind"] if a.bind else []
+    cmd += ["--", py,
            os.path.abspath(__file__), "--worker", "--bytes", str(a.bytes), "-n", str(a.n),
            "--warmup", str(a.warmup)]
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
@@ -106,6 +111,7 @@ def main():
     ap.add_argument("-s", "--servers", type=int, default=1)
     ap.add_argument("--paths", default="servers,same-host",
                     help="comma-separated: servers, same-host")
+    ap.add_argument("--bind", action="store_true", help="pin each worker to one CPU")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     paths = a.paths.split(",")

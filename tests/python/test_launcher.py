@@ -30,6 +30,28 @@ def test_prefixes_and_environment(run_job, tmp_path):
     assert any("listening on" in line for line in job.lines("[scheduler]")), job.explain()
 
 
+# --bind pins worker r to the r-th CPU gradlink-run may use (mod their number).
+def test_bind_pins_each_worker_to_one_cpu(run_job, tmp_path):
+    import os
+    script = tmp_path / "affinity.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        import gradlink.torch as gl
+        gl.init()
+        print("cpus", ",".join(str(c) for c in sorted(os.sched_getaffinity(0))))
+        gl.barrier()
+    """))
+    job = run_job(3, 1, [str(script)], timeout=60, launcher_args=["--bind"])
+    assert job.rc == 0, job.explain()
+    usable = sorted(os.sched_getaffinity(0))
+    for r in range(3):
+        assert "cpus %d" % usable[r % len(usable)] in job.lines("[worker %d]" % r), job.explain()
+    unbound = run_job(1, 1, [str(script)], timeout=60)
+    assert unbound.rc == 0, unbound.explain()
+    assert "cpus " + ",".join(str(c) for c in usable) in unbound.lines("[worker 0]"), \
+        unbound.explain()
+
+
 def test_failed_worker_is_named_and_others_stopped(run_job, tmp_path):
     script = tmp_path / "fail.py"
     script.write_text(textwrap.dedent("""
