@@ -14,47 +14,18 @@ import common  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_push_pull_and_broadcast_basics(run_job):
-    job = run_job(3, 2, "basics.py")
-    assert job.rc == 0, job.explain()
-    for r in range(3):
-        assert "BASICS OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
-
-
 # The same-host path (GRADLINK_LOCAL_ARENA_BYTES): the same semantics, through shared memory
-# (basics.py checks that the bytes went that way).
-def test_same_host_path_basics(run_job):
-    job = run_job(3, 2, "basics.py", env={"GRADLINK_LOCAL_ARENA_BYTES": str(64 << 20),
-                                          "GRADLINK_LOCAL_CHUNK_BYTES": str(64 << 10)})
+# instead of the servers (basics.py checks which way the bytes went).
+SAME_HOST = {"GRADLINK_LOCAL_ARENA_BYTES": str(64 << 20), "GRADLINK_LOCAL_CHUNK_BYTES": str(64 << 10)}
+PATHS = pytest.mark.parametrize("env", [{}, SAME_HOST], ids=["servers", "same-host"])
+
+
+@PATHS
+def test_push_pull_and_broadcast_basics(run_job, env):
+    job = run_job(3, 2, "basics.py", env=env)
     assert job.rc == 0, job.explain()
     for r in range(3):
         assert "BASICS OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
-
-
-def test_same_host_path_training_matches_single_process(run_job, tmp_path):
-    steps = 6
-    job = run_job(2, 1, ["train_equiv.py", "--opt", "adam", "--steps", str(steps), "--passes", "1",
-                         "--out", str(tmp_path)], env={"GRADLINK_LOCAL_ARENA_BYTES": str(64 << 20)})
-    assert job.rc == 0, job.explain()
-    ref = common.reference("adam", steps, size=2, passes=1)
-    for r in range(2):
-        got = torch.load(tmp_path / ("rank%d.pt" % r))
-        for name, want in ref.items():
-            torch.testing.assert_close(got[name], want, rtol=1e-9, atol=1e-12,
-                                       msg=lambda m: "rank %d %s: %s" % (r, name, m))
-
-
-def test_same_host_path_killed_worker_fails_the_others(run_job):
-    job = run_job(3, 1, ["killed.py", "--victim", "1"], timeout=90,
-                  env={"GRADLINK_LOCAL_ARENA_BYTES": str(64 << 20)})
-    assert job.rc == 128 + 9, job.explain()
-    for r in (0, 2):
-        raised = [line for line in job.lines("[worker %d]" % r) if line.startswith("RAISED")]
-        assert raised, job.explain()
-        m = re.match(r"RAISED (\w+) after ([\d.]+) s", raised[0])
-        assert m.group(1) in ("PeerLostError", "AbortedError"), raised[0]
-        assert float(m.group(2)) < 20, raised[0]
-        assert "worker 1" in raised[0], raised[0]
 
 
 def test_grouped_push_pull(run_job):
@@ -108,14 +79,21 @@ def test_launcher_names_the_worker_the_scheduler_blames(run_job, tmp_path):
 
 
 # bucket_bytes: None fuses small gradients into buckets (the default), 0 pushes each alone.
-@pytest.mark.parametrize("kind,passes,buckets", [("sgd", 1, None), ("adam", 1, None),
-                                                 ("sgd", 2, None), ("sgd", 1, 0),
-                                                 ("adam", 2, 1000)])
-def test_distributed_optimizer_matches_single_process(run_job, tmp_path, kind, passes, buckets):
+# same_host: through the same-host path (GRADLINK_LOCAL_ARENA_BYTES) instead of the servers.
+@pytest.mark.parametrize("kind,passes,buckets,same_host", [("sgd", 1, None, False),
+                                                           ("adam", 1, None, False),
+                                                           ("sgd", 2, None, False),
+                                                           ("sgd", 1, 0, False),
+                                                           ("adam", 2, 1000, False),
+                                                           ("adam", 1, None, True),
+                                                           ("sgd", 1, 0, True)])
+def test_distributed_optimizer_matches_single_process(run_job, tmp_path, kind, passes, buckets,
+                                                      same_host):
     steps = 6
     extra = [] if buckets is None else ["--bucket-bytes", str(buckets)]
+    env = SAME_HOST if same_host else {}
     job = run_job(2, 2, ["train_equiv.py", "--opt", kind, "--steps", str(steps),
-                         "--passes", str(passes), "--out", str(tmp_path)] + extra)
+                         "--passes", str(passes), "--out", str(tmp_path)] + extra, env=env)
     assert job.rc == 0, job.explain()
     ref = common.reference(kind, steps, size=2, passes=passes)
     start = common.make_model().state_dict()
@@ -178,8 +156,9 @@ def test_shape_mismatch_raises_on_every_rank(run_job):
         assert "after mismatch rank %d: [1.0, 1.0, 1.0, 1.0]" % r in lines
 
 
-def test_killed_worker_fails_the_others_and_the_launcher(run_job):
-    job = run_job(3, 2, ["killed.py", "--victim", "1"], timeout=90)
+@PATHS
+def test_killed_worker_fails_the_others_and_the_launcher(run_job, env):
+    job = run_job(3, 2, ["killed.py", "--victim", "1"], timeout=90, env=env)
     assert job.rc == 128 + 9, job.explain()
     assert re.search(r"gradlink-run: worker 1 \(pid \d+\) failed: killed by SIGKILL", job.err), \
         job.explain()

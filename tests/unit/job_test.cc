@@ -414,6 +414,33 @@ TEST(JobTest, SingleLaneMode) {
 
 // ---- (b) declaration order differs between workers -------------------------------------------
 
+// 12 tensors of every dtype, and the order each of 3 ranks uses them in: 0 in order, 1 reversed,
+// 2 shuffled.
+std::vector<TensorSpec> LayerSpecs() {
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 12; ++i) {
+    specs.push_back({"layer" + std::to_string(i), kAllTypes[i % 6], uint64_t(100 + 300 * i)});
+  }
+  return specs;
+}
+
+std::vector<size_t> OrderOfRank(size_t n, uint32_t rank) {
+  std::vector<size_t> idx(n);
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+  if (rank == 1) std::reverse(idx.begin(), idx.end());
+  if (rank == 2) std::shuffle(idx.begin(), idx.end(), std::mt19937(99));
+  return idx;
+}
+
+// 200 small tensors of every dtype.
+std::vector<TensorSpec> ManyKeySpecs() {
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 200; ++i) {
+    specs.push_back({"k" + std::to_string(i), kAllTypes[i % 6], uint64_t(1 + (i * 37) % 150)});
+  }
+  return specs;
+}
+
 TEST(JobTest, WorkersDeclareInDifferentOrders) {
   JobConfig config;
   config.workers = 3;
@@ -421,17 +448,8 @@ TEST(JobTest, WorkersDeclareInDifferentOrders) {
   config.partition_bytes = 2048;
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(config));
-  std::vector<TensorSpec> specs;
-  for (int i = 0; i < 12; ++i) {
-    specs.push_back({"layer" + std::to_string(i), kAllTypes[i % 6], uint64_t(100 + 300 * i)});
-  }
-  RunRounds(job, specs, 3, [&](uint32_t rank) {
-    std::vector<size_t> idx(specs.size());
-    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-    if (rank == 1) std::reverse(idx.begin(), idx.end());
-    if (rank == 2) std::shuffle(idx.begin(), idx.end(), std::mt19937(99));
-    return idx;
-  });
+  const std::vector<TensorSpec> specs = LayerSpecs();
+  RunRounds(job, specs, 3, [&](uint32_t rank) { return OrderOfRank(specs.size(), rank); });
   job.FinishCleanly();
 }
 
@@ -551,8 +569,8 @@ TEST(JobTest, LocalDeclarationErrors) {
 
 // ---- (d) deadlines -----------------------------------------------------------------------------
 
-TEST(JobTest, WaitTimesOutWhenAnotherWorkerHasNotPushed) {
-  JobConfig config;
+// Rank 0's op times out while rank 1 has not pushed, and completes once it has.
+void ExpectWaitTimesOutThenCompletes(const JobConfig& config) {
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(config));
   auto t0 = job.worker(0).Declare("t", DataType::kFloat32, 1000);
@@ -586,6 +604,8 @@ TEST(JobTest, WaitTimesOutWhenAnotherWorkerHasNotPushed) {
   job.FinishCleanly();
 }
 
+TEST(JobTest, WaitTimesOutWhenAnotherWorkerHasNotPushed) { ExpectWaitTimesOutThenCompletes({}); }
+
 TEST(JobTest, Barrier) {
   JobConfig config;
   config.workers = 3;
@@ -609,10 +629,7 @@ TEST(JobTest, ManyKeysManyRounds) {
   config.partition_bytes = 256;
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(config));
-  std::vector<TensorSpec> specs;
-  for (int i = 0; i < 200; ++i) {
-    specs.push_back({"k" + std::to_string(i), kAllTypes[i % 6], uint64_t(1 + (i * 37) % 150)});
-  }
+  const std::vector<TensorSpec> specs = ManyKeySpecs();
   RunRounds(job, specs, 20);
   EXPECT_EQ(ServerRounds(job), ExpectedPartitionRounds(specs, config.partition_bytes, 20));
   job.FinishCleanly();
@@ -924,14 +941,16 @@ TEST(JobTest, UncleanWorkerLossAbortsTheJob) {
   }
 }
 
-TEST(JobTest, ShutdownFailsTheWorkersOwnPendingOps) {
-  JobConfig config;
+// Rank 0 shuts down while its op waits for rank 1: the op fails with kAborted, and so does
+// every later one.
+void ExpectShutdownFailsOwnPendingOps(const JobConfig& config, uint64_t count) {
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(config));
-  auto t = job.worker(0).Declare("t", DataType::kFloat32, 100);
+  auto t = job.worker(0).Declare("t", DataType::kFloat32, count);
   ASSERT_TRUE(t.ok());
-  std::vector<std::byte>& buf = job.Buffer(400);
+  std::vector<std::byte>& buf = job.Buffer(count * 4);
   PushPullHandle op = job.worker(0).PushPull(*t, buf);
+  EXPECT_EQ(op.Wait(In(100ms)).code(), Code::kTimeout);
   const auto start = Clock::now();
   EXPECT_TRUE(job.worker(0).Shutdown(In(5s)).ok());
   Status s = op.Wait(In(5s));
@@ -941,14 +960,17 @@ TEST(JobTest, ShutdownFailsTheWorkersOwnPendingOps) {
   EXPECT_EQ(job.worker(0).PushPull(*t, buf).Wait(In(1s)).code(), Code::kAborted);
 }
 
-TEST(JobTest, SchedulerStopAbortsPendingOps) {
-  JobConfig config;
+TEST(JobTest, ShutdownFailsTheWorkersOwnPendingOps) { ExpectShutdownFailsOwnPendingOps({}, 100); }
+
+// The scheduler stops while rank 0's op waits for rank 1: the op fails within seconds.
+void ExpectSchedulerStopAbortsPendingOps(const JobConfig& config) {
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(config));
   auto t = job.worker(0).Declare("t", DataType::kFloat32, 100);
   ASSERT_TRUE(t.ok());
   std::vector<std::byte>& buf = job.Buffer(400);
   PushPullHandle op = job.worker(0).PushPull(*t, buf);
+  EXPECT_EQ(op.Wait(In(100ms)).code(), Code::kTimeout);
   const auto start = Clock::now();
   job.scheduler().Stop();
   Status s = op.Wait(In(5s));
@@ -957,10 +979,11 @@ TEST(JobTest, SchedulerStopAbortsPendingOps) {
   EXPECT_EQ(job.scheduler().Wait(In(1s)).code(), Code::kAborted);
 }
 
+TEST(JobTest, SchedulerStopAbortsPendingOps) { ExpectSchedulerStopAbortsPendingOps({}); }
+
 // A worker that leaves cleanly while another still waits on a round that needs its push: the
-// scheduler tells the servers (kMemberLeft), which fail that round naming the worker.
-TEST(JobTest, CleanGoodbyeOfOneWorkerFailsTheOthersPendingOp) {
-  JobConfig config;
+// other's op fails within seconds, naming it.
+void ExpectCleanGoodbyeFailsTheOthersPendingOp(const JobConfig& config) {
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(config));
   auto t0 = job.worker(0).Declare("t", DataType::kFloat32, 100);
@@ -975,6 +998,11 @@ TEST(JobTest, CleanGoodbyeOfOneWorkerFailsTheOthersPendingOp) {
   EXPECT_LT(Clock::now() - start, 5500ms);
   EXPECT_TRUE(s.code() == Code::kAborted || s.code() == Code::kPeerLost) << s.ToString();
   EXPECT_NE(s.message().find("worker 1"), std::string::npos) << s.message();
+}
+
+// Through the servers: the scheduler tells them (kMemberLeft), and they fail the round.
+TEST(JobTest, CleanGoodbyeOfOneWorkerFailsTheOthersPendingOp) {
+  ExpectCleanGoodbyeFailsTheOthersPendingOp({});
 }
 
 // Regression (src/scheduler/scheduler.cc OnGoodbye): a server that left mid-job (Stop() sends a
@@ -1171,17 +1199,9 @@ TEST(LocalPathTest, BitIdenticalToTheServers) {
 TEST(LocalPathTest, DifferentCallOrdersMeet) {
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(3, 512)));
-  std::vector<TensorSpec> specs;
-  for (int i = 0; i < 12; ++i) {
-    specs.push_back({"layer" + std::to_string(i), kAllTypes[i % 6], uint64_t(100 + 300 * i)});
-  }
-  RunRounds(job, specs, 4, [&](uint32_t rank) {
-    std::vector<size_t> idx(specs.size());
-    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-    if (rank == 1) std::reverse(idx.begin(), idx.end());
-    if (rank == 2) std::shuffle(idx.begin(), idx.end(), std::mt19937(99));
-    return idx;
-  }, std::chrono::microseconds(300));
+  const std::vector<TensorSpec> specs = LayerSpecs();
+  RunRounds(job, specs, 4, [&](uint32_t rank) { return OrderOfRank(specs.size(), rank); },
+            std::chrono::microseconds(300));
   EXPECT_EQ(ServerRounds(job), 0u);
   job.FinishCleanly();
 }
@@ -1189,11 +1209,7 @@ TEST(LocalPathTest, DifferentCallOrdersMeet) {
 TEST(LocalPathTest, ManyKeysManyRounds) {
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 256)));
-  std::vector<TensorSpec> specs;
-  for (int i = 0; i < 200; ++i) {
-    specs.push_back({"k" + std::to_string(i), kAllTypes[i % 6], uint64_t(1 + (i * 37) % 150)});
-  }
-  RunRounds(job, specs, 20);
+  RunRounds(job, ManyKeySpecs(), 20);
   EXPECT_EQ(ServerRounds(job), 0u);
   job.FinishCleanly();
 }
@@ -1231,27 +1247,7 @@ TEST(LocalPathTest, FullSegmentFallsBackToTheServers) {
 }
 
 TEST(LocalPathTest, WaitTimesOutThenCompletes) {
-  Job job;
-  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
-  auto t0 = job.worker(0).Declare("t", DataType::kFloat32, 1000);
-  auto t1 = job.worker(1).Declare("t", DataType::kFloat32, 1000);
-  ASSERT_TRUE(t0.ok() && t1.ok());
-  std::vector<std::byte>& b0 = job.Buffer(4000);
-  std::vector<std::byte>& b1 = job.Buffer(4000);
-  FillTensor(DataType::kFloat32, 0, 0, 0, b0);
-  FillTensor(DataType::kFloat32, 0, 1, 0, b1);
-  PushPullHandle op0 = job.worker(0).PushPull(*t0, b0);
-  auto start = Clock::now();
-  Status s = op0.Wait(In(200ms));
-  EXPECT_EQ(s.code(), Code::kTimeout) << s.ToString();
-  EXPECT_GE(Clock::now() - start, 190ms);
-  EXPECT_FALSE(op0.Poll());
-  PushPullHandle op1 = job.worker(1).PushPull(*t1, b1);
-  ASSERT_TRUE(op1.Wait(In(kOpTimeout)).ok());
-  ASSERT_TRUE(op0.Wait(In(kOpTimeout)).ok());
-  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, b0));
-  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, b1));
-  job.FinishCleanly();
+  ExpectWaitTimesOutThenCompletes(LocalConfig(2, 1024));
 }
 
 // Operations nobody waits on or polls still complete: the background thread drives them (Stats()
@@ -1397,54 +1393,17 @@ TEST(LocalPathTest, GroupsAreFusedAndSummed) {
 }
 
 TEST(LocalPathTest, ShutdownFailsTheWorkersOwnPendingOps) {
-  Job job;
-  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
-  auto t = job.worker(0).Declare("t", DataType::kFloat32, 100000);
-  ASSERT_TRUE(t.ok());
-  std::vector<std::byte>& buf = job.Buffer(400000);
-  PushPullHandle op = job.worker(0).PushPull(*t, buf);
-  EXPECT_EQ(op.Wait(In(100ms)).code(), Code::kTimeout);
-  const auto start = Clock::now();
-  EXPECT_TRUE(job.worker(0).Shutdown(In(5s)).ok());
-  Status s = op.Wait(In(5s));
-  EXPECT_EQ(s.code(), Code::kAborted) << s.ToString();
-  EXPECT_LT(Clock::now() - start, 5s);
-  EXPECT_EQ(job.worker(0).PushPull(*t, buf).Wait(In(1s)).code(), Code::kAborted);
+  ExpectShutdownFailsOwnPendingOps(LocalConfig(2, 1024), 100000);  // 98 chunks
 }
 
-// A worker that leaves cleanly while another waits for its chunks: the waiting one fails at
-// once, naming it (the servers, which would say so on the other path, see nothing here).
+// Only the gone flag in the segment can fail the waiting op here: the servers see nothing.
 TEST(LocalPathTest, CleanGoodbyeOfOneWorkerFailsTheOthersPendingOp) {
-  Job job;
-  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
-  auto t0 = job.worker(0).Declare("t", DataType::kFloat32, 100);
-  auto t1 = job.worker(1).Declare("t", DataType::kFloat32, 100);
-  ASSERT_TRUE(t0.ok() && t1.ok());
-  std::vector<std::byte>& buf = job.Buffer(400);
-  PushPullHandle op = job.worker(0).PushPull(*t0, buf);
-  EXPECT_EQ(op.Wait(In(100ms)).code(), Code::kTimeout);
-  const auto start = Clock::now();
-  EXPECT_TRUE(job.worker(1).Shutdown(In(5s)).ok());
-  Status s = op.Wait(In(5s));
-  EXPECT_LT(Clock::now() - start, 5500ms);
-  EXPECT_TRUE(s.code() == Code::kAborted || s.code() == Code::kPeerLost) << s.ToString();
-  EXPECT_NE(s.message().find("worker 1"), std::string::npos) << s.message();
+  ExpectCleanGoodbyeFailsTheOthersPendingOp(LocalConfig(2, 1024));
 }
 
-// A worker lost without a goodbye: the scheduler's verdict fails the waiting op, naming it.
+// The scheduler's verdict fails the waiting op.
 TEST(LocalPathTest, SchedulerStopAbortsPendingOps) {
-  Job job;
-  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
-  auto t = job.worker(0).Declare("t", DataType::kFloat32, 100);
-  ASSERT_TRUE(t.ok());
-  std::vector<std::byte>& buf = job.Buffer(400);
-  PushPullHandle op = job.worker(0).PushPull(*t, buf);
-  EXPECT_EQ(op.Wait(In(100ms)).code(), Code::kTimeout);
-  const auto start = Clock::now();
-  job.scheduler().Stop();
-  Status s = op.Wait(In(5s));
-  EXPECT_LT(Clock::now() - start, 5s);
-  EXPECT_TRUE(s.code() == Code::kAborted || s.code() == Code::kPeerLost) << s.ToString();
+  ExpectSchedulerStopAbortsPendingOps(LocalConfig(2, 1024));
 }
 
 // Once every worker has the segment mapped, its name is gone from /dev/shm: nothing is left

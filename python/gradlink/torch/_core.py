@@ -140,21 +140,18 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
         if connect_timeout is None:
             connect_timeout = float(_env("GRADLINK_CONNECT_TIMEOUT", default=60.0))
         kwargs = {}
-        pb = partition_bytes or _env_int("GRADLINK_PARTITION_BYTES")
-        if pb:
-            kwargs["partition_bytes"] = pb
-        mb = max_bytes_in_flight or _env_int("GRADLINK_MAX_BYTES_IN_FLIGHT")
-        if mb:
-            kwargs["max_bytes_in_flight"] = mb
-        ma = max_bytes_ahead or _env_int("GRADLINK_MAX_BYTES_AHEAD")
-        if ma:
-            kwargs["max_bytes_ahead"] = ma
-        la = local_arena_bytes or _env_int("GRADLINK_LOCAL_ARENA_BYTES")
-        if la:
-            kwargs["local_arena_bytes"] = la
-        lc = local_chunk_bytes or _env_int("GRADLINK_LOCAL_CHUNK_BYTES")
-        if lc:
-            kwargs["local_chunk_bytes"] = lc
+        # Sizes where 0 (or unset) keeps the C++ default.
+        for key, value, var in (("partition_bytes", partition_bytes, "GRADLINK_PARTITION_BYTES"),
+                                ("max_bytes_in_flight", max_bytes_in_flight,
+                                 "GRADLINK_MAX_BYTES_IN_FLIGHT"),
+                                ("max_bytes_ahead", max_bytes_ahead, "GRADLINK_MAX_BYTES_AHEAD"),
+                                ("local_arena_bytes", local_arena_bytes,
+                                 "GRADLINK_LOCAL_ARENA_BYTES"),
+                                ("local_chunk_bytes", local_chunk_bytes,
+                                 "GRADLINK_LOCAL_CHUNK_BYTES")):
+            value = value or _env_int(var)
+            if value:
+                kwargs[key] = value
         fb = fusion_buffer_bytes
         if fb is None:
             fb = _env_int("GRADLINK_FUSION_BUFFER_BYTES")
