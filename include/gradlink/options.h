@@ -88,7 +88,8 @@ struct WorkerOptions {
   // sum goes through the servers. Every worker must set it alike (worker 0's value sizes the
   // segment). A tensor takes 2 x workers x min(its bytes, local_chunk_bytes), rounded up to
   // 64 bytes; tensors that no longer fit go through the servers. The segment is reserved in
-  // /dev/shm when the job starts (kResourceExhausted if it does not fit there).
+  // /dev/shm when the job starts; if it does not fit there, every worker logs a warning and
+  // every sum goes through the servers.
   uint64_t local_arena_bytes = 0;
   // The most bytes of a tensor that go through the segment at a time, per worker (worker 0's
   // value counts). Small enough that a chunk stays in cache between its copy and its sums.

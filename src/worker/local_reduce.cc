@@ -4,6 +4,7 @@
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <new>
 
+#include "common/log.h"
 #include "server/reduce.h"
 
 #if defined(__x86_64__)
@@ -23,7 +25,8 @@ namespace gradlink::internal {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x676c6c6f63616c31;  // "gllocal1"
+constexpr uint64_t kMagic = 0x676c6c6f63616c31;        // "gllocal1"
+constexpr uint64_t kMagicNoRoom = 0x676c6e6f726f6f6d;  // "glnoroom": header only, path off
 constexpr uint32_t kTableSize = 4096;           // channels (tensors) per segment
 constexpr uint64_t kNoRoom = ~uint64_t{0};
 constexpr uint64_t kLine = 64;
@@ -80,6 +83,7 @@ struct LocalReduce::Segment {
   std::atomic<uint64_t> arena_used{0};
   Bell bells[kMaxRanks];
   std::atomic<uint32_t> gone[kMaxRanks];  // set by a worker that stops (it will post no more)
+  char no_room[256] = {};  // with kMagicNoRoom: why worker 0 could not reserve the arena
   TableEntry table[kTableSize];
 
   std::byte* arena() { return reinterpret_cast<std::byte*>(this) + RoundUp(sizeof(Segment), 4096); }
@@ -140,29 +144,37 @@ Result<std::shared_ptr<LocalReduce>> LocalReduce::Open(const Options& o) {
   };
   int fd = -1;
   uint64_t size = 0;
+  std::string no_room;  // worker 0: why the arena cannot be had (then every worker goes without)
   if (o.rank == 0) {
     size = header + RoundUp(o.arena_bytes, 4096);
     fd = shm_open(o.name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) return Unavailable(Errno(("same-host path: shm_open " + o.name).c_str()));
-    // Reserve the pages now: a tmpfs that runs out later would kill us with SIGBUS. In slices:
-    // an interrupted fallocate gives back what it had reserved, so a signal-heavy process
-    // (a profiler's timer) could retry a huge one forever.
-    int err = 0;
-    for (uint64_t off = 0; off < size && err == 0;) {
-      const uint64_t len = std::min<uint64_t>(size - off, 64u << 20);
-      err = posix_fallocate(fd, static_cast<off_t>(off), static_cast<off_t>(len));
-      if (err == 0) off += len;
-      if (err == EINTR) err = 0;
-      if (err == 0 && Clock::now() >= o.deadline) err = ETIMEDOUT;
+    // Reserve the pages now: a tmpfs that runs out later would kill us with SIGBUS. Not more
+    // than is free (fallocate would take it all first), and in slices: an interrupted
+    // fallocate gives back what it had reserved, so a signal-heavy process (a profiler's
+    // timer) could retry a huge one forever.
+    struct statvfs vfs {};
+    if (statvfs("/dev/shm", &vfs) == 0 && size > uint64_t{vfs.f_bavail} * vfs.f_frsize) {
+      no_room = std::to_string(uint64_t{vfs.f_bavail} * vfs.f_frsize) + " bytes free in /dev/shm";
     }
-    if (err != 0) {
-      close(fd);
-      shm_unlink(o.name.c_str());
-      return ResourceExhausted("same-host path: reserving " + std::to_string(size) +
-                               " bytes of shared memory for " + o.name + ": " +
-                               std::strerror(err) +
-                               " (lower local_arena_bytes / GRADLINK_LOCAL_ARENA_BYTES, or "
-                               "enlarge /dev/shm)");
+    for (uint64_t off = 0; off < size && no_room.empty();) {
+      const uint64_t len = std::min<uint64_t>(size - off, 64u << 20);
+      const int err = posix_fallocate(fd, static_cast<off_t>(off), static_cast<off_t>(len));
+      if (err == 0) off += len;
+      if (err != 0 && err != EINTR) no_room = std::strerror(err);
+      if (no_room.empty() && Clock::now() >= o.deadline) no_room = "the deadline passed";
+    }
+    // Without the arena, a segment of the header alone tells the others, so that every worker
+    // goes through the servers alike.
+    if (!no_room.empty()) {
+      size = header;
+      if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+        const Status failed = ResourceExhausted(Errno(
+            ("same-host path: " + no_room + ", and no room for the header of " + o.name).c_str()));
+        close(fd);
+        shm_unlink(o.name.c_str());
+        return failed;
+      }
     }
   } else {
     // Worker 0 creates the object, reserves it whole, then writes the header, magic last.
@@ -193,8 +205,12 @@ Result<std::shared_ptr<LocalReduce>> LocalReduce::Open(const Options& o) {
       return Unavailable(Errno("same-host path: mmap"));
     }
     const auto* h = static_cast<const Segment*>(head);
-    Status ready = wait([h] { return h->magic.load(std::memory_order_acquire) == kMagic; },
-                        "segment " + o.name + " was never initialised by worker 0");
+    Status ready = wait(
+        [h] {
+          const uint64_t m = h->magic.load(std::memory_order_acquire);
+          return m == kMagic || m == kMagicNoRoom;
+        },
+        "segment " + o.name + " was never initialised by worker 0");
     const uint32_t ranks = h->ranks, table = h->table_size;
     size = header + h->arena_bytes;
     munmap(head, header);
@@ -227,21 +243,30 @@ Result<std::shared_ptr<LocalReduce>> LocalReduce::Open(const Options& o) {
     seg->table_size = kTableSize;
     seg->arena_bytes = size - header;
     seg->chunk_bytes = o.chunk_bytes;
-    seg->magic.store(kMagic, std::memory_order_release);
+    std::snprintf(seg->no_room, sizeof(seg->no_room), "%s", no_room.c_str());
+    seg->magic.store(no_room.empty() ? kMagic : kMagicNoRoom, std::memory_order_release);
   }
-  std::shared_ptr<LocalReduce> lr(new LocalReduce(o, base, size));
+  const bool room = seg->magic.load(std::memory_order_acquire) == kMagic;
+  std::shared_ptr<LocalReduce> lr;
+  if (room) lr.reset(new LocalReduce(o, base, size));  // unmaps the segment when it goes
   seg->opened.fetch_add(1, std::memory_order_acq_rel);
   Status all = wait([seg, &o] { return seg->opened.load(std::memory_order_acquire) >= o.ranks; },
                     "not every one of the " + std::to_string(o.ranks) +
                         " workers opened the shared-memory segment " + o.name);
-  if (!all.ok()) {
-    // Any worker that gets here removes the name: worker 0 may have died after creating it.
-    shm_unlink(o.name.c_str());
-    return all;
+  // Everyone has it mapped (or gives up): the name is no longer needed, and nothing is left
+  // behind in /dev/shm if a worker dies later. A worker that gives up removes it too: worker 0
+  // may have died after creating it.
+  if (o.rank == 0 || !all.ok()) shm_unlink(o.name.c_str());
+  if (!room) {
+    GL_LOG(kWarn) << "worker " << o.rank << ": the same-host path is off, every sum goes "
+                  << "through the servers: worker 0 could not reserve " << o.arena_bytes
+                  << " bytes of shared memory (" << seg->no_room
+                  << "; lower local_arena_bytes / GRADLINK_LOCAL_ARENA_BYTES, or enlarge /dev/shm)";
+    munmap(base, size);
+    if (!all.ok()) return all;
+    return std::shared_ptr<LocalReduce>();
   }
-  // Everyone has it mapped: the name is no longer needed, and nothing is left behind in
-  // /dev/shm if a worker dies later.
-  if (o.rank == 0) shm_unlink(o.name.c_str());
+  if (!all.ok()) return all;
   return lr;
 }
 

@@ -84,8 +84,9 @@ class LocalReduce {
         done;
   };
 
-  // Creates (rank 0) or opens the segment and returns once every rank has opened it.
-  // kResourceExhausted when the arena cannot be reserved, kTimeout when a rank does not come.
+  // Creates (rank 0) or opens the segment and returns once every rank has opened it; null (and
+  // a warning) on every worker when worker 0 could not reserve the arena in /dev/shm: the job
+  // then goes through the servers. kTimeout when a rank does not come.
   static Result<std::shared_ptr<LocalReduce>> Open(const Options& options);
   ~LocalReduce();
   LocalReduce(const LocalReduce&) = delete;

@@ -1349,6 +1349,7 @@ class WorkerImpl final : public Worker {
       return failure_;
     };
     GL_ASSIGN_OR_RETURN(std::shared_ptr<LocalReduce> local, LocalReduce::Open(lo));
+    if (!local) return Status::Ok();  // no room in /dev/shm: the servers (Open warned)
     std::lock_guard<std::mutex> lock(mu_);  // FailAll (the control thread) reads it
     local_ = std::move(local);
     if (!failure_.ok()) local_->Fail(failure_);

@@ -1246,6 +1246,25 @@ TEST(LocalPathTest, FullSegmentFallsBackToTheServers) {
   job.FinishCleanly();
 }
 
+// An arena larger than /dev/shm can hold: worker 0 reserves nothing of it (it checks the free
+// space first), tells the others through a header-only segment, and the whole job goes through
+// the servers, correctly, with nothing left mapped.
+TEST(LocalPathTest, ArenaLargerThanDevShmFallsBackToTheServers) {
+  JobConfig config = LocalConfig(2, 4096);
+  config.local_arena_bytes = uint64_t{1} << 50;  // 1 PiB
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) EXPECT_EQ(line.find("/gradlink-"), std::string::npos) << line;
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 3; ++i) specs.push_back({"t" + std::to_string(i), DataType::kFloat32, 5000});
+  RunRounds(job, specs, 2);
+  EXPECT_GT(ServerRounds(job), 0u);
+  EXPECT_EQ(LocalBytes(job), 0u);
+  job.FinishCleanly();
+}
+
 TEST(LocalPathTest, WaitTimesOutThenCompletes) {
   ExpectWaitTimesOutThenCompletes(LocalConfig(2, 1024));
 }
