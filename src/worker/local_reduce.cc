@@ -411,22 +411,20 @@ bool LocalReduce::Wait(const std::function<bool()>& done, Clock::time_point dead
     }
     bool sleep = false;
     uint32_t seen;
-    {
-      for (;;) {
-        seen = bell.load(std::memory_order_seq_cst);
-        const bool moved = DriveOnce(kPassSums);
-        if (done()) break;
-        const Clock::time_point now = Clock::now();
-        if (now >= deadline) break;
-        if (moved) continue;
-        const Clock::time_point spin_end = std::min(deadline, now + kSpin);
-        while (bell.load(std::memory_order_relaxed) == seen && Clock::now() < spin_end) {
-          CpuRelax();
-        }
-        if (bell.load(std::memory_order_relaxed) == seen) {
-          sleep = true;
-          break;
-        }
+    for (;;) {
+      seen = bell.load(std::memory_order_seq_cst);
+      const bool moved = DriveOnce(kPassSums);
+      if (done()) break;
+      const Clock::time_point now = Clock::now();
+      if (now >= deadline) break;
+      if (moved) continue;
+      const Clock::time_point spin_end = std::min(deadline, now + kSpin);
+      while (bell.load(std::memory_order_relaxed) == seen && Clock::now() < spin_end) {
+        CpuRelax();
+      }
+      if (bell.load(std::memory_order_relaxed) == seen) {
+        sleep = true;
+        break;
       }
     }
     ReleaseDrive(drive, /*waiters_besides_me=*/1);
@@ -504,19 +502,19 @@ void LocalReduce::Background() {
 }
 
 bool LocalReduce::DriveOnce(uint64_t sums_per_job) {
-  std::vector<Job> fresh;
   Status failure;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fresh.swap(incoming_);
+    fresh_.swap(incoming_);  // both keep their capacity: no allocation per operation
     if (failed_.load(std::memory_order_acquire)) failure = failure_;
   }
-  bool moved = !fresh.empty();
-  for (Job& j : fresh) {
+  bool moved = !fresh_.empty();
+  for (Job& j : fresh_) {
     auto r = std::make_unique<Running>();
     r->job = std::move(j);
     running_.push_back(std::move(r));
   }
+  fresh_.clear();
   bool finished_any = false;
   for (size_t i = 0; i < running_.size();) {
     Running& r = *running_[i];
@@ -555,7 +553,7 @@ bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
   // Rank j, which this job waits for, has stopped: it will never post or consume again.
   auto left = [&](uint32_t j) {
     if (seg_->gone[j].load(std::memory_order_acquire) == 0) return false;
-    r.failure = Aborted("worker " + std::to_string(j) + " left the job; worker " +
+    r.failure = Aborted(job.what + ": worker " + std::to_string(j) + " left the job; worker " +
                         std::to_string(me) + " still waits for it (same-host path, round " +
                         std::to_string(job.round) + ")");
     r.abandoned = true;
@@ -598,7 +596,7 @@ bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
     for (uint32_t j = 1; j < ranks && r.failure.ok(); ++j) {
       const uint32_t avg = state[j].average[seq % 2].load(std::memory_order_relaxed);
       if (avg != avg0) {
-        r.failure = Mismatch("round " + std::to_string(job.round) + ": rank 0 " +
+        r.failure = Mismatch(job.what + " round " + std::to_string(job.round) + ": rank 0 " +
                              (avg0 ? "averages" : "sums") + " but rank " + std::to_string(j) +
                              " " + (avg ? "averages" : "sums"));
       }

@@ -78,6 +78,7 @@ class LocalReduce {
     uint64_t count = 0;
     uint64_t round = 0;      // the tensor's operation number (the same on every worker)
     bool average = false;
+    std::string what;        // names the tensor in the failures the path finds itself
     // Called once, by the driving thread, when the job is over (OK: the sum is in `data`).
     // Times: first chunk posted, last chunk posted, last chunk posted by every rank.
     std::function<void(const Status&, Clock::time_point, Clock::time_point, Clock::time_point)>
@@ -147,6 +148,7 @@ class LocalReduce {
 
   std::mutex drive_mu_;                 // held by the one thread driving
   std::vector<std::unique_ptr<Running>> running_;  // drive_mu_
+  std::vector<Job> fresh_;                         // drive_mu_: jobs just taken from incoming_
 
   std::mutex mu_;  // never held while driving
   std::condition_variable cv_;

@@ -1327,14 +1327,12 @@ class WorkerImpl final : public Worker {
                     << (one_host ? "too many workers" : "workers on several hosts") << ")";
       return Status::Ok();
     }
-    // Named after this run of the job (the scheduler's random instance, worker 0's address).
-    uint64_t h = 1469598103934665603ull;  // FNV-1a
-    auto mix = [&h](std::span<const std::byte> bytes) {
-      for (std::byte b : bytes) h = (h ^ static_cast<uint8_t>(b)) * 1099511628211ull;
-    };
-    const uint64_t run[2] = {job_hash_, welcome.instance};
-    mix(std::as_bytes(std::span(run)));
-    mix(first->push_address);
+    // Named after this run of the job (the scheduler's random instance, worker 0's address),
+    // hashed as tensor keys are.
+    std::string run = std::to_string(welcome.instance) + "/";
+    run.append(reinterpret_cast<const char*>(first->push_address.data()),
+               first->push_address.size());
+    const uint64_t h = wire::TensorKey(opts_.job, run);
     char name[40];
     std::snprintf(name, sizeof(name), "/gradlink-%016llx", static_cast<unsigned long long>(h));
     LocalReduce::Options lo;
@@ -1384,6 +1382,7 @@ class WorkerImpl final : public Worker {
     job.count = t.count;
     job.round = op->round;
     job.average = op->options.average;
+    job.what = "key " + KeyHex(t.key) + " '" + t.name + "'";
     job.done = [this, op](const Status& s, Clock::time_point first, Clock::time_point last,
                           Clock::time_point arrived) { LocalDone(op, s, first, last, arrived); };
     local_->Start(std::move(job));
@@ -1396,12 +1395,7 @@ class WorkerImpl final : public Worker {
     op->t_first_issue = first;
     op->t_pushed = last;
     op->t_arrived = arrived;
-    const TensorState& t = *op->tensor;
-    // The job's failure names its cause already; what the path found itself names the tensor.
-    const bool own = !s.ok() && s.message() != failure_.message();
-    FinishLocked(*op, own ? Status(s.code(), "key " + KeyHex(t.key) + " '" + t.name + "' " +
-                                                 s.message())
-                          : s);
+    FinishLocked(*op, s);
   }
 
   const WorkerOptions opts_;
