@@ -19,9 +19,9 @@
 #include <string>
 
 #include "gradlink/tensor.h"
-#include "server/reduce.h"
+#include "reduce/reduce.h"
 
-namespace gradlink::server {
+namespace gradlink::reduce {
 namespace {
 
 constexpr int64_t kMiB = 1 << 20;
@@ -179,6 +179,6 @@ BENCHMARK(BM_Fp32Accumulate_Isa)->Apply(IsaSizes);
 BENCHMARK(BM_Fp16Accumulate_Isa)->Apply(IsaSizes);
 
 }  // namespace
-}  // namespace gradlink::server
+}  // namespace gradlink::reduce
 
 BENCHMARK_MAIN();

@@ -38,7 +38,7 @@
 #include "gradlink/scheduler.h"
 #include "gradlink/worker.h"
 #include "security/secret.h"
-#include "server/reduce.h"
+#include "reduce/reduce.h"
 
 namespace gl = gradlink;
 using Clock = std::chrono::steady_clock;
@@ -89,8 +89,8 @@ void Encode(gl::DataType t, double v, std::byte* p) {
   switch (t) {
     case gl::DataType::kFloat32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
     case gl::DataType::kFloat64: std::memcpy(p, &v, 8); break;
-    case gl::DataType::kFloat16: { uint16_t h = gl::server::FloatToHalf(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-    case gl::DataType::kBFloat16: { uint16_t h = gl::server::FloatToBFloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    case gl::DataType::kFloat16: { uint16_t h = gl::reduce::FloatToHalf(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    case gl::DataType::kBFloat16: { uint16_t h = gl::reduce::FloatToBFloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
     case gl::DataType::kInt32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
     case gl::DataType::kInt64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
   }

@@ -15,7 +15,7 @@
 #include "common/naming.h"
 #include "scheduler/placement.h"
 #include "security/handshake.h"
-#include "transport/control_channel.h"
+#include "control/control_channel.h"
 #include "wire/messages.h"
 
 namespace gradlink {

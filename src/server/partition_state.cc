@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "common/naming.h"
-#include "server/reduce.h"
+#include "reduce/reduce.h"
 
 namespace gradlink::server {
 
@@ -16,7 +16,7 @@ PartitionState::PartitionState(uint64_t key, uint32_t partition, std::string nam
       count_(count),
       num_workers_(num_workers),
       wire_bytes_(count * DataTypeSize(dtype)),
-      acc_bytes_(count * DataTypeSize(AccumulatorType(dtype))),
+      acc_bytes_(count * DataTypeSize(reduce::AccumulatorType(dtype))),
       stage_(num_workers, Stage::kFree),
       cookie_(num_workers, 0),
       flags_(num_workers, 0),
@@ -124,14 +124,14 @@ std::optional<Completion> PartitionState::Progress() {
     uint32_t r = first;
     if (r == 0) {
       if (num_workers_ == 1) {
-        Load(dtype_, acc.data(), staging_[0].data(), count_);
+        reduce::Load(dtype_, acc.data(), staging_[0].data(), count_);
         r = 1;
       } else {
-        SumTwo(dtype_, acc.data(), staging_[0].data(), staging_[1].data(), count_);
+        reduce::SumTwo(dtype_, acc.data(), staging_[0].data(), staging_[1].data(), count_);
         r = 2;
       }
     }
-    for (; r < last; ++r) Accumulate(dtype_, acc.data(), staging_[r].data(), count_);
+    for (; r < last; ++r) reduce::Accumulate(dtype_, acc.data(), staging_[r].data(), count_);
   }
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -161,12 +161,12 @@ std::optional<Completion> PartitionState::Progress() {
   if (c.status.ok()) {
     const uint32_t divisor = (flags_[0] & wire::kFlagAverage) ? num_workers_ : 1;
     if (acc_bytes_ == wire_bytes_) {
-      Store(dtype_, acc.data(), acc.data(), count_, divisor);
+      reduce::Store(dtype_, acc.data(), acc.data(), count_, divisor);
       c.result = acc;
     } else {
       std::vector<std::byte>& out = out_[slot];
       if (out.size() != wire_bytes_) out.resize(wire_bytes_);
-      Store(dtype_, out.data(), acc.data(), count_, divisor);
+      reduce::Store(dtype_, out.data(), acc.data(), count_, divisor);
       c.result = out;
     }
   }

@@ -11,7 +11,7 @@
 #include "common/naming.h"
 #include "common/work_queue.h"
 #include "server/partition_state.h"
-#include "transport/join.h"
+#include "control/join.h"
 
 namespace gradlink {
 namespace {

@@ -15,7 +15,7 @@
 #include <new>
 
 #include "common/log.h"
-#include "server/reduce.h"
+#include "reduce/reduce.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -604,7 +604,7 @@ bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
     if (r.failure.ok()) {
       const uint64_t n = elems_of(r.next_sum);
       std::byte* out = job.data.data() + r.next_sum * ch.chunk_elems * esize;
-      const DataType acc_type = server::AccumulatorType(job.dtype);
+      const DataType acc_type = reduce::AccumulatorType(job.dtype);
       std::byte* acc = out;
       if (DataTypeSize(acc_type) != esize) {
         if (scratch_.size() < n * DataTypeSize(acc_type)) {
@@ -613,10 +613,10 @@ bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
         acc = scratch_.data();
       }
       // The servers' order and reducers (src/server/partition_state.cc): bit-identical sums.
-      server::SumTwo(job.dtype, acc, slot(0, seq), slot(1, seq), n);
-      for (uint32_t j = 2; j < ranks; ++j) server::Accumulate(job.dtype, acc, slot(j, seq), n);
+      reduce::SumTwo(job.dtype, acc, slot(0, seq), slot(1, seq), n);
+      for (uint32_t j = 2; j < ranks; ++j) reduce::Accumulate(job.dtype, acc, slot(j, seq), n);
       const uint32_t divisor = avg0 ? ranks : 1;
-      if (acc != out || divisor != 1) server::Store(job.dtype, out, acc, n, divisor);
+      if (acc != out || divisor != 1) reduce::Store(job.dtype, out, acc, n, divisor);
     }
     state[me].consumed.store(seq, std::memory_order_release);
     RingPeers();

@@ -36,7 +36,7 @@
 
 #include "gradlink/tensor.h"
 #include "server/partition_state.h"
-#include "server/reduce.h"
+#include "reduce/reduce.h"
 #include "wire/frame.h"
 
 namespace {
@@ -268,10 +268,10 @@ void Progress(srv::PartitionState& ps, Model& m) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   Input in(data, size);
-  static const srv::ReduceIsa kIsas[] = {srv::ReduceIsa::kAuto, srv::ReduceIsa::kScalar,
-                                         srv::ReduceIsa::kAvx2, srv::ReduceIsa::kAvx512};
-  if (!srv::SetReduceIsaForTesting(kIsas[in.U8() % 4])) {
-    srv::SetReduceIsaForTesting(srv::ReduceIsa::kAuto);
+  static const gradlink::reduce::ReduceIsa kIsas[] = {gradlink::reduce::ReduceIsa::kAuto, gradlink::reduce::ReduceIsa::kScalar,
+                                         gradlink::reduce::ReduceIsa::kAvx2, gradlink::reduce::ReduceIsa::kAvx512};
+  if (!gradlink::reduce::SetReduceIsaForTesting(kIsas[in.U8() % 4])) {
+    gradlink::reduce::SetReduceIsaForTesting(gradlink::reduce::ReduceIsa::kAuto);
   }
 
   std::vector<std::unique_ptr<srv::PartitionState>> parts;

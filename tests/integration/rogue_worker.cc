@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "transport/join.h"
+#include "control/join.h"
 #include "transport/transport.h"
 #include "wire/frame.h"
 #include "wire/messages.h"

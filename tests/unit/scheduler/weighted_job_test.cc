@@ -17,7 +17,7 @@
 #include "gradlink/scheduler.h"
 #include "gradlink/server.h"
 #include "gradlink/worker.h"
-#include "transport/join.h"
+#include "control/join.h"
 #include "transport/transport.h"
 #include "unit/support/job_harness.h"
 

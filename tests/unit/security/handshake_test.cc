@@ -29,8 +29,8 @@
 #include "gradlink/server.h"
 #include "gradlink/worker.h"
 #include "security/secret.h"
-#include "transport/control_channel.h"
-#include "transport/join.h"
+#include "control/control_channel.h"
+#include "control/join.h"
 #include "transport/transport.h"
 #include "wire/frame.h"
 

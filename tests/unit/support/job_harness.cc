@@ -6,7 +6,7 @@
 #include <numeric>
 #include <thread>
 
-#include "transport/join.h"
+#include "control/join.h"
 #include "wire/frame.h"
 
 namespace gradlink::test {

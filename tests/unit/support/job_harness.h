@@ -18,7 +18,7 @@
 #include "gradlink/scheduler.h"
 #include "gradlink/server.h"
 #include "gradlink/worker.h"
-#include "transport/control_channel.h"
+#include "control/control_channel.h"
 #include "transport/transport.h"
 
 // Not gradlink::testing: inside namespace gradlink that name would hide gtest's ::testing.

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "gradlink/status.h"
-#include "transport/control_channel.h"
+#include "control/control_channel.h"
 #include "transport/transport.h"
 #include "wire/messages.h"
 

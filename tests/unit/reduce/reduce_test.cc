@@ -2,7 +2,7 @@
 // based fp16/bf16 conversions, GCC's _Float16 where the compiler has it), for every dtype and for
 // every instruction set the CPU supports, plus a bit-for-bit comparison of the vector paths with
 // the scalar path on random data.
-#include "server/reduce.h"
+#include "reduce/reduce.h"
 
 #include <gtest/gtest.h>
 
@@ -19,7 +19,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace gradlink::server {
+namespace gradlink::reduce {
 namespace {
 
 constexpr size_t kLengths[] = {0, 1, 7, 8, 15, 16, 17, 1000, 4099};
@@ -990,4 +990,4 @@ TEST(ReduceDispatchTest, VectorMatchesScalarEveryLength) {
 }
 
 }  // namespace
-}  // namespace gradlink::server
+}  // namespace gradlink::reduce

@@ -1,4 +1,4 @@
-#include "transport/join.h"
+#include "control/join.h"
 
 #include "security/handshake.h"
 

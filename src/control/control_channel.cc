@@ -1,4 +1,4 @@
-#include "transport/control_channel.h"
+#include "control/control_channel.h"
 
 #include <arpa/inet.h>
 #include <cerrno>

@@ -1,4 +1,4 @@
-// Element-wise reducers of the aggregation server.
+// Element-wise reducers: the servers sum pushes with them, the same-host path sums with them.
 //
 // fp16 and bf16 accumulate in fp32 (the accumulator holds fp32) and are rounded back to their
 // own dtype (round to nearest even, NaN stays NaN) only in Store(). Integers wrap on overflow
@@ -12,7 +12,7 @@
 
 #include "gradlink/tensor.h"
 
-namespace gradlink::server {
+namespace gradlink::reduce {
 
 // The accumulator's element type for wire dtype t: fp32 for fp16/bf16, otherwise t itself.
 DataType AccumulatorType(DataType t);
@@ -46,4 +46,4 @@ bool SetReduceIsaForTesting(ReduceIsa isa);
 // The implementation the functions above use now (never kAuto).
 ReduceIsa ActiveReduceIsa();
 
-}  // namespace gradlink::server
+}  // namespace gradlink::reduce

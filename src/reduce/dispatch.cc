@@ -1,0 +1,176 @@
+// The reducers' entry points (reduce.h): which kernel table runs (the best the CPU supports,
+// or the one a test forces), and the per-dtype switch into it.
+#include <atomic>
+#include <cstring>
+
+#include "reduce/kernels.h"
+
+namespace gradlink::reduce {
+namespace {
+
+using internal::Kernels;
+
+const Kernels* KernelsFor(ReduceIsa isa) {
+  switch (isa) {
+    case ReduceIsa::kScalar: return &internal::kScalarKernels;
+    case ReduceIsa::kAvx2: return internal::CpuHasAvx2F16c() ? internal::Avx2Kernels() : nullptr;
+    case ReduceIsa::kAvx512: return internal::CpuHasAvx512() ? internal::Avx512Kernels() : nullptr;
+    case ReduceIsa::kNeon: return internal::NeonKernels();
+    case ReduceIsa::kAuto: break;
+  }
+  return nullptr;
+}
+
+const Kernels* BestKernels() {
+  static const Kernels* const best = [] {
+    for (ReduceIsa isa : {ReduceIsa::kAvx512, ReduceIsa::kAvx2, ReduceIsa::kNeon}) {
+      if (const Kernels* k = KernelsFor(isa)) return k;
+    }
+    return &internal::kScalarKernels;
+  }();
+  return best;
+}
+
+std::atomic<const Kernels*> g_active{nullptr};
+
+inline const Kernels& Active() {
+  const Kernels* k = g_active.load(std::memory_order_relaxed);
+  if (k == nullptr) {
+    k = BestKernels();
+    g_active.store(k, std::memory_order_relaxed);
+  }
+  return *k;
+}
+
+template <typename T>
+T* As(void* p) {
+  return static_cast<T*>(p);
+}
+template <typename T>
+const T* As(const void* p) {
+  return static_cast<const T*>(p);
+}
+
+
+}  // namespace
+
+
+DataType AccumulatorType(DataType t) {
+  return (t == DataType::kFloat16 || t == DataType::kBFloat16) ? DataType::kFloat32 : t;
+}
+
+void SumTwo(DataType t, void* acc, const void* a, const void* b, size_t n) {
+  if (n == 0) return;
+  const Kernels& k = Active();
+  switch (t) {
+    case DataType::kFloat32: k.sum_f32(As<float>(acc), As<float>(a), As<float>(b), n); return;
+    case DataType::kFloat64: k.sum_f64(As<double>(acc), As<double>(a), As<double>(b), n); return;
+    case DataType::kFloat16: k.sum_f16(As<float>(acc), As<uint16_t>(a), As<uint16_t>(b), n); return;
+    case DataType::kBFloat16:
+      k.sum_bf16(As<float>(acc), As<uint16_t>(a), As<uint16_t>(b), n);
+      return;
+    case DataType::kInt32:
+      k.sum_u32(As<uint32_t>(acc), As<uint32_t>(a), As<uint32_t>(b), n);
+      return;
+    case DataType::kInt64:
+      k.sum_u64(As<uint64_t>(acc), As<uint64_t>(a), As<uint64_t>(b), n);
+      return;
+  }
+  // Not a DataType: callers validate dtypes off the wire (IsValidDataType) before this point.
+}
+
+void Accumulate(DataType t, void* acc, const void* x, size_t n) {
+  if (n == 0) return;
+  const Kernels& k = Active();
+  switch (t) {
+    case DataType::kFloat32: k.acc_f32(As<float>(acc), As<float>(x), n); return;
+    case DataType::kFloat64: k.acc_f64(As<double>(acc), As<double>(x), n); return;
+    case DataType::kFloat16: k.acc_f16(As<float>(acc), As<uint16_t>(x), n); return;
+    case DataType::kBFloat16: k.acc_bf16(As<float>(acc), As<uint16_t>(x), n); return;
+    case DataType::kInt32: k.acc_u32(As<uint32_t>(acc), As<uint32_t>(x), n); return;
+    case DataType::kInt64: k.acc_u64(As<uint64_t>(acc), As<uint64_t>(x), n); return;
+  }
+}
+
+void Load(DataType t, void* acc, const void* x, size_t n) {
+  if (n == 0) return;
+  switch (t) {
+    case DataType::kFloat16: Active().load_f16(As<float>(acc), As<uint16_t>(x), n); return;
+    case DataType::kBFloat16: Active().load_bf16(As<float>(acc), As<uint16_t>(x), n); return;
+    case DataType::kFloat32:
+    case DataType::kFloat64:
+    case DataType::kInt32:
+    case DataType::kInt64:
+      if (acc != x) std::memcpy(acc, x, n * DataTypeSize(t));
+      return;
+  }
+}
+
+namespace {
+
+// Integer average: C++ division truncates toward zero. The divisor is positive and below 2^32,
+// so the 64-bit quotient neither overflows nor traps. Integer division does not vectorize on
+// x86 (nor on NEON, which has no integer vector division); integer averages are rare enough
+// that this stays scalar.
+template <typename S>
+void DivInt(void* out, const void* acc, size_t n, uint32_t divisor) {
+  S* o = static_cast<S*>(out);
+  const S* a = static_cast<const S*>(acc);
+  const int64_t d = divisor;
+  for (size_t i = 0; i < n; ++i) o[i] = static_cast<S>(static_cast<int64_t>(a[i]) / d);
+}
+
+}  // namespace
+
+void Store(DataType t, void* out, const void* acc, size_t n, uint32_t divisor) {
+  if (n == 0) return;
+  if (divisor == 0) divisor = 1;  // no average of zero pushes; treat as a plain sum
+  const Kernels& k = Active();
+  switch (t) {
+    case DataType::kFloat16:
+      k.store_f16(As<uint16_t>(out), As<float>(acc), n, static_cast<float>(divisor));
+      return;
+    case DataType::kBFloat16:
+      k.store_bf16(As<uint16_t>(out), As<float>(acc), n, static_cast<float>(divisor));
+      return;
+    case DataType::kFloat32:
+    case DataType::kFloat64:
+    case DataType::kInt32:
+    case DataType::kInt64:
+      break;
+  }
+  if (divisor == 1) {
+    if (out != acc) std::memmove(out, acc, n * DataTypeSize(t));
+    return;
+  }
+  switch (t) {
+    case DataType::kFloat32:
+      k.div_f32(As<float>(out), As<float>(acc), n, static_cast<float>(divisor));
+      return;
+    case DataType::kFloat64:
+      k.div_f64(As<double>(out), As<double>(acc), n, static_cast<double>(divisor));
+      return;
+    case DataType::kInt32: DivInt<int32_t>(out, acc, n, divisor); return;
+    case DataType::kInt64: DivInt<int64_t>(out, acc, n, divisor); return;
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      return;
+  }
+}
+
+float HalfToFloat(uint16_t h) { return internal::HalfToFloatImpl(h); }
+uint16_t FloatToHalf(float f) { return internal::FloatToHalfImpl(f); }
+float BFloat16ToFloat(uint16_t b) { return internal::BFloat16ToFloatImpl(b); }
+uint16_t FloatToBFloat16(float f) { return internal::FloatToBFloat16Impl(f); }
+
+bool SetReduceIsaForTesting(ReduceIsa isa) {
+  const Kernels* k = isa == ReduceIsa::kAuto ? BestKernels() : KernelsFor(isa);
+  if (k == nullptr) return false;
+  g_active.store(k, std::memory_order_relaxed);
+  return true;
+}
+
+ReduceIsa ActiveReduceIsa() { return Active().isa; }
+
+
+}  // namespace gradlink::reduce

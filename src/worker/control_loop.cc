@@ -1,0 +1,180 @@
+// The worker's control thread (worker_impl.h): heartbeats, plans (kAssign), barrier releases and
+// the scheduler's verdicts; the job's failure, sticky, handed to every op.
+#include <algorithm>
+
+#include "common/log.h"
+#include "control/join.h"
+#include "worker/worker_impl.h"
+
+namespace gradlink {
+
+using transport::Lane;
+using transport::PeerId;
+using wire::MsgType;
+
+namespace {
+
+constexpr auto kPoll = std::chrono::milliseconds(100);
+// How long a failed data endpoint waits for the scheduler's verdict (kAbort arrives within a
+// few ms of the scheduler learning of a loss; the control thread polls every kPoll).
+constexpr auto kVerdictGrace = std::chrono::milliseconds(500);
+
+uint32_t ServersSpanned(const std::vector<wire::PartitionPlan>& parts) {
+  std::vector<uint32_t> servers;
+  for (const wire::PartitionPlan& p : parts) servers.push_back(p.server);
+  std::sort(servers.begin(), servers.end());
+  return static_cast<uint32_t>(std::unique(servers.begin(), servers.end()) - servers.begin());
+}
+
+}  // namespace
+
+void WorkerImpl::OnDataPeerFailed(const Status& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  NoteDataPeerFailureLocked(s);
+}
+
+void WorkerImpl::NoteDataPeerFailureLocked(const Status& s) {
+  if (!failure_.ok() || verdict_pending_) return;
+  verdict_pending_ = true;
+  pending_peer_failure_ = s;
+  pending_since_ = Clock::now();
+}
+
+std::optional<Status> WorkerImpl::ExpiredPeerFailure() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!verdict_pending_ || Clock::now() - pending_since_ < kVerdictGrace) return std::nullopt;
+  return pending_peer_failure_;
+}
+
+void WorkerImpl::FailJob(const Status& s) {
+  FailAll(s);
+  if (pull_lane_) pull_lane_->Stop();
+  if (push_lane_) push_lane_->Stop();
+  FailAll(s, /*force=*/true);
+}
+
+void WorkerImpl::FailAll(const Status& s, bool force) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failure_.ok()) failure_ = s;
+  verdict_pending_ = false;
+  // Same-host ops end on their driving thread, which alone touches their buffers.
+  if (local_) local_->Fail(failure_);
+  auto ops = ops_;
+  for (auto& [id, op] : ops) {
+    // An endpoint's loss is a symptom; the job's failure names the cause.
+    if (op->failure.code() == Code::kPeerLost) op->failure = failure_;
+    AbandonLocked(*op, failure_);
+    // Even when forced, an op with a pull still being written (a receive the stopped lane
+    // could not cancel) stays pending: its buffer must outlive that write.
+    if (force && op->receiving == 0) {
+      FinishLocked(*op, op->failure);
+    } else {
+      TryFinishLocked(*op);
+    }
+  }
+  for (auto& [key, t] : tensors_) {
+    while (!t->queue.empty()) {
+      auto op = t->queue.front();
+      t->queue.pop_front();
+      FinishLocked(*op, failure_);
+    }
+  }
+  cv_.notify_all();
+}
+
+void WorkerImpl::ControlLoop() {
+  Liveness liveness(channel_.get(), job_hash_, rank_);
+  while (!shut_down_.load()) {
+    Status alive = liveness.Tick();
+    if (!alive.ok()) {
+      // While shutting down, Shutdown() itself closed the channel: not a failure.
+      if (!shut_down_.load()) {
+        FailJob(PeerLost("worker " + std::to_string(rank_) + ": " + alive.message()));
+      }
+      channel_->Close();
+      return;
+    }
+    if (std::optional<Status> lost = ExpiredPeerFailure()) {
+      FailJob(*lost);
+      return;
+    }
+    auto f = channel_->Receive(Clock::now() + kPoll);
+    if (f.ok()) liveness.Heard();
+    if (!f.ok()) {
+      if (f.status().code() == Code::kTimeout) continue;
+      if (!shut_down_.load()) {
+        FailJob(PeerLost("worker " + std::to_string(rank_) + " lost the scheduler: " +
+                         f.status().message()));
+      }
+      return;
+    }
+    switch (f->header.type) {
+      case MsgType::kAssign: {
+        Status s = OnAssign(*f);
+        if (!s.ok()) {
+          FailAll(s);
+          return;
+        }
+        break;
+      }
+      case MsgType::kHeartbeat:
+        break;
+      case MsgType::kBarrierRelease: {
+        std::lock_guard<std::mutex> lock(mu_);
+        barrier_released_ = std::max(barrier_released_, f->header.round);
+        cv_.notify_all();
+        break;
+      }
+      case MsgType::kAbort: {
+        auto text = wire::DecodeText(f->payload);
+        const Code code = f->header.code == 0 ? Code::kAborted : static_cast<Code>(f->header.code);
+        FailJob(Status(code, "job aborted: " + (text.ok() ? *text : std::string("(no reason)"))));
+        return;
+      }
+      default:
+        protocol_errors_++;
+        GL_LOG(kWarn) << "worker " << rank_ << ": unexpected control message "
+                      << static_cast<int>(f->header.type);
+    }
+  }
+}
+
+Status WorkerImpl::OnAssign(const transport::Frame& f) {
+  std::shared_ptr<TensorState> t;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tensors_.find(f.header.key);
+    if (it == tensors_.end()) return ProtocolError("kAssign for a key this worker never declared");
+    t = it->second;
+  }
+  Status plan_status;
+  std::vector<wire::PartitionPlan> parts;
+  if (f.header.code != 0) {
+    auto text = wire::DecodeText(f.payload);
+    plan_status = Status(static_cast<Code>(f.header.code), text.ok() ? *text : "(no reason)");
+  } else {
+    if (f.header.dtype != static_cast<uint8_t>(t->dtype) || f.header.count != t->count) {
+      return ProtocolError("kAssign shape differs from the declaration");
+    }
+    GL_ASSIGN_OR_RETURN(wire::AssignMsg a, wire::DecodeAssign(f.payload, t->count, num_servers_));
+    parts = std::move(a.partitions);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (t->planned) return ProtocolError("key assigned twice");
+    t->planned = true;
+    t->plan_status = plan_status;
+    t->parts = std::move(parts);
+    t->servers_spanned = ServersSpanned(t->parts);
+    if (!plan_status.ok()) {
+      for (TensorState* f : t->fused_in) MemberFailedLocked(*f, *t);
+    }
+    StartNextLocked(*t);
+    PumpLocked();
+  }
+  Issue();
+  if (local_) local_->Nudge();  // the control thread does not copy tensors
+  return Status::Ok();
+}
+
+}  // namespace gradlink

@@ -1,0 +1,96 @@
+// The same-host path (local_reduce.h) as the worker uses it (worker_impl.h): the segment opened at
+// join when every worker is on this host, tensors bound to channels, ops handed to it.
+#include <cstdio>
+
+#include "common/log.h"
+#include "common/naming.h"
+#include "worker/worker_impl.h"
+
+namespace gradlink {
+
+Status WorkerImpl::OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_point deadline) {
+  if (opts_.local_arena_bytes == 0 || size_ < 2) return Status::Ok();
+  const wire::Member* first = nullptr;  // worker 0
+  const std::string* host = nullptr;
+  bool one_host = true;
+  for (const wire::Member& m : welcome.members) {
+    if (m.role != wire::Role::kWorker) continue;
+    if (m.id == 0) first = &m;
+    if (host == nullptr) host = &m.host;
+    one_host = one_host && MachineOf(m.host) == MachineOf(*host);
+  }
+  if (!one_host || first == nullptr || size_ > LocalReduce::kMaxRanks) {
+    GL_LOG(kInfo) << "worker " << rank_ << ": same-host path off ("
+                  << (one_host ? "too many workers" : "workers on several hosts") << ")";
+    return Status::Ok();
+  }
+  // Named after this run of the job (the scheduler's random instance, worker 0's address),
+  // hashed as tensor keys are.
+  std::string run = std::to_string(welcome.instance) + "/";
+  run.append(reinterpret_cast<const char*>(first->push_address.data()),
+             first->push_address.size());
+  const uint64_t h = wire::TensorKey(opts_.job, run);
+  char name[40];
+  std::snprintf(name, sizeof(name), "/gradlink-%016llx", static_cast<unsigned long long>(h));
+  LocalReduce::Options lo;
+  lo.name = name;
+  lo.rank = rank_;
+  lo.ranks = size_;
+  lo.arena_bytes = opts_.local_arena_bytes;
+  lo.chunk_bytes = opts_.local_chunk_bytes;
+  lo.deadline = deadline;
+  lo.cancelled = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
+  };
+  GL_ASSIGN_OR_RETURN(std::shared_ptr<LocalReduce> local, LocalReduce::Open(lo));
+  if (!local) return Status::Ok();  // no room in /dev/shm: the servers (Open warned)
+  std::lock_guard<std::mutex> lock(mu_);  // FailAll (the control thread) reads it
+  local_ = std::move(local);
+  if (!failure_.ok()) local_->Fail(failure_);
+  return Status::Ok();
+}
+
+bool WorkerImpl::BindLocalLocked(TensorState& t, Op& op) {
+  if (!local_ || t.local_bound) return true;
+  Result<std::optional<LocalReduce::Channel>> c = local_->Bind(t.key, t.dtype, t.count);
+  if (!c.ok()) {
+    FinishLocked(op, Status(c.status().code(), "key " + KeyHex(t.key) + " '" + t.name +
+                                                   "': " + c.status().message()));
+    return false;
+  }
+  t.local_bound = true;
+  t.local = *c;
+  if (!t.local) {
+    GL_LOG(kInfo) << "worker " << rank_ << ": '" << t.name
+                  << "' goes through the servers: the same-host segment is full";
+  }
+  return true;
+}
+
+void WorkerImpl::StartLocalLocked(TensorState& t, const std::shared_ptr<Op>& op) {
+  t.busy = true;
+  op->started = true;
+  LocalReduce::Job job;
+  job.channel = *t.local;
+  job.data = op->data;
+  job.dtype = t.dtype;
+  job.count = t.count;
+  job.round = op->round;
+  job.average = op->options.average;
+  job.what = "key " + KeyHex(t.key) + " '" + t.name + "'";
+  job.done = [this, op](const Status& s, Clock::time_point first, Clock::time_point last,
+                        Clock::time_point arrived) { LocalDone(op, s, first, last, arrived); };
+  local_->Start(std::move(job));
+}
+
+void WorkerImpl::LocalDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,
+               Clock::time_point last, Clock::time_point arrived) {
+  std::lock_guard<std::mutex> lock(mu_);
+  op->t_first_issue = first;
+  op->t_pushed = last;
+  op->t_arrived = arrived;
+  FinishLocked(*op, s);
+}
+
+}  // namespace gradlink

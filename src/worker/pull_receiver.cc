@@ -1,0 +1,97 @@
+// The lanes' receive callbacks (worker_impl.h): a pull reply is matched to its op and written into
+// the caller's tensor; a refusal (kDataError) fails the op, naming the server.
+#include "worker/worker_impl.h"
+
+namespace gradlink {
+
+using transport::Lane;
+using transport::PeerId;
+using wire::MsgType;
+
+Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
+  if (h.job != job_hash_ ||
+      (h.type != MsgType::kPullResponse && h.type != MsgType::kDataError)) {
+    protocol_errors_++;
+    return ProtocolError("unexpected frame on the pull lane");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ops_.find(h.cookie);
+  if (it == ops_.end()) return Aborted("late reply for a finished push_pull");
+  Op& op = *it->second;
+  const TensorState& t = *op.tensor;
+  if (op.abandoned) return Aborted("reply for an abandoned push_pull");
+  // The pull may overtake the completion of its own push (kSent) but never precede the push.
+  if (h.key != t.key || h.partition >= op.parts.size() || h.round != op.round ||
+      (op.parts[h.partition] != Op::Part::kSent && op.parts[h.partition] != Op::Part::kPushed)) {
+    protocol_errors_++;
+    return ProtocolError("pull reply does not match its push");
+  }
+  if (h.type == MsgType::kDataError) {
+    auto& buf = error_text_[{h.cookie, h.partition}];
+    buf.resize(h.payload_bytes);
+    op.receiving++;
+    return std::span<std::byte>(buf);
+  }
+  const wire::PartitionPlan& plan = t.parts[h.partition];
+  const uint64_t size = DataTypeSize(t.dtype);
+  if (h.dtype != static_cast<uint8_t>(t.dtype) || h.count != plan.count) {
+    protocol_errors_++;
+    return ProtocolError("pull reply has the wrong shape");
+  }
+  op.t_arrived = Clock::now();
+  op.receiving++;
+  return op.data.subspan(plan.offset * size, plan.count * size);
+}
+
+void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ops_.find(h.cookie);
+    if (it == ops_.end()) return;
+    std::shared_ptr<Op> op = it->second;
+    op->receiving--;
+    if (op->parts[h.partition] == Op::Part::kDone) {
+      // Answered already: a duplicate from a confused server changes nothing.
+    } else if (h.type == MsgType::kDataError) {
+      auto node = error_text_.extract({h.cookie, h.partition});
+      std::string text = "(unreadable error)";
+      if (ok && !node.empty()) {
+        auto decoded = wire::DecodeText(node.mapped());
+        if (decoded.ok()) text = *decoded;
+      }
+      const Code code = h.code == 0 ? Code::kInternal : static_cast<Code>(h.code);
+      const std::string& server = server_names_[op->tensor->parts[h.partition].server];
+      const Status refused(code, text + " (from " + server + ")");
+      RecordFailureLocked(*op, refused);
+      AnsweredLocked(op, h.partition);
+      // A server that lost another worker's push knows only the symptom: wait for the
+      // scheduler's verdict, which names the lost member.
+      if (code == Code::kPeerLost) {
+        NoteDataPeerFailureLocked(refused);
+        op->abandoned = true;
+      }
+    } else if (!ok) {
+      // The transport's error names no peer: say whose reply was lost.
+      const std::string& server = server_names_[op->tensor->parts[h.partition].server];
+      const Status lost(why.code(), "worker " + std::to_string(rank_) +
+                                        ": receiving the sum from " + server +
+                                        " failed: " + why.message());
+      RecordFailureLocked(*op, lost);
+      AnsweredLocked(op, h.partition);
+      // A broken receive is a broken connection: like an endpoint failure, it waits for the
+      // scheduler's verdict, which names the cause (the server may have exited because the
+      // job failed elsewhere).
+      if (why.code() == Code::kPeerLost) {
+        NoteDataPeerFailureLocked(lost);
+        op->abandoned = true;
+      }
+    } else {
+      AnsweredLocked(op, h.partition);
+    }
+    TryFinishLocked(*op);
+    PumpLocked();
+  }
+  Issue();
+}
+
+}  // namespace gradlink

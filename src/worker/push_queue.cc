@@ -1,0 +1,280 @@
+// An operation's life on the servers' path (worker_impl.h): started when its tensor is planned and
+// idle, its partitions queued by priority, pumped while bytes in flight and the op's lead allow,
+// handed to the push lane in pump order, and finished once nothing touches its buffer.
+#include <algorithm>
+#include <limits>
+
+#include "worker/worker_impl.h"
+
+namespace gradlink {
+
+using transport::Lane;
+using transport::PeerId;
+using wire::MsgType;
+
+namespace {
+
+
+// WorkerOptions::max_bytes_ahead times the servers an op spans, saturating: a limit too big to
+// multiply is no limit in practice, never a wrapped-around small one.
+uint64_t LeadLimit(uint64_t per_server, uint32_t servers) {
+  if (servers != 0 && per_server > std::numeric_limits<uint64_t>::max() / servers) {
+    return std::numeric_limits<uint64_t>::max();
+  }
+  return per_server * servers;
+}
+
+}  // namespace
+
+std::shared_ptr<Op> WorkerImpl::StartOp(const TensorHandle& tensor, std::span<std::byte> data,
+                            const PushPullOptions& options, std::shared_ptr<std::byte> owned) {
+  auto op = std::make_shared<Op>();
+  op->t_call = Clock::now();
+  op->local = local_;
+  op->tensor = tensor.state_;
+  op->data = data;
+  op->options = options;
+  op->owned = std::move(owned);
+  if (!tensor.valid()) {
+    op->tensor = std::make_shared<TensorState>();
+    Complete(*op, InvalidArgument("push_pull on an undeclared tensor"));
+    return op;
+  }
+  const uint64_t want = tensor.count() * DataTypeSize(tensor.dtype());
+  if (data.size() != want) {
+    Complete(*op, InvalidArgument("buffer of " + std::to_string(data.size()) +
+                                  " bytes for '" + tensor.name() + "', which needs " +
+                                  std::to_string(want)));
+    return op;
+  }
+  bool queued_behind_local = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    op->id = next_op_id_++;
+    TensorState& t = *op->tensor;
+    if (!failure_.ok()) {
+      FinishLocked(*op, failure_);
+    } else if (t.planned && !t.plan_status.ok()) {
+      FinishLocked(*op, t.plan_status);
+    } else if (!t.member_failure.ok()) {
+      FinishLocked(*op, t.member_failure);
+    } else {
+      t.queue.push_back(op);
+      StartNextLocked(t);
+      PumpLocked();
+      queued_behind_local = t.local && t.busy && !t.queue.empty();
+    }
+  }
+  Issue();
+  if (local_) {
+    local_->Kick();
+    // The op waits for the tensor's running one, whose sums nobody may drive until someone
+    // waits (Kick leaves sums to the waiter): the others need this op's chunks, so the
+    // background finishes that one now, as the servers' path would.
+    if (queued_behind_local) local_->Nudge();
+  }
+  return op;
+}
+
+void WorkerImpl::StartNextLocked(TensorState& t) {
+  while (t.planned && !t.busy && !t.queue.empty()) {
+    std::shared_ptr<Op> op = t.queue.front();
+    t.queue.pop_front();
+    if (!t.plan_status.ok() || !t.member_failure.ok()) {
+      FinishLocked(*op, t.plan_status.ok() ? t.member_failure : t.plan_status);
+      continue;
+    }
+    if (!BindLocalLocked(t, *op)) continue;
+    op->round = t.next_round++;
+    if (t.local) {
+      StartLocalLocked(t, op);
+      continue;
+    }
+    op->parts.assign(t.parts.size(), Op::Part::kQueued);
+    op->outstanding = static_cast<uint32_t>(t.parts.size());
+    if (op->outstanding == 0) {
+      FinishLocked(*op, Status::Ok());
+      continue;
+    }
+    t.busy = true;
+    op->started = true;
+    op->max_ahead = LeadLimit(opts_.max_bytes_ahead, t.servers_spanned);
+    ops_[op->id] = op;
+    for (uint32_t p = 0; p < t.parts.size(); ++p) {
+      pending_.push(Pending{op->options.priority, next_seq_++, op, p});
+    }
+  }
+}
+
+void WorkerImpl::PumpLocked() {
+  while (!pending_.empty()) {
+    const Pending& top = pending_.top();
+    Op& op = *top.op;
+    if (op.abandoned || op.finished) {
+      pending_.pop();
+      continue;
+    }
+    const TensorState& t = *op.tensor;
+    const wire::PartitionPlan& plan = t.parts[top.part];
+    const uint64_t size = DataTypeSize(t.dtype);
+    const uint64_t bytes = plan.count * size;
+    if (!top.counted && opts_.max_bytes_ahead > 0) {
+      // Held back behind its own op's earlier partitions, or over the op's lead: it waits
+      // on the op (in order) for sums to come back, and the queue goes on with other ops.
+      if (!op.held.empty() || OverLead(op, bytes)) {
+        op.held.emplace_back(top.seq, top.part);
+        counters_->partitions_held.fetch_add(1, std::memory_order_relaxed);
+        pending_.pop();
+        continue;
+      }
+    }
+    if (bytes_in_flight_ > 0 && bytes_in_flight_ + bytes > opts_.max_bytes_in_flight) break;
+    bytes_in_flight_ += bytes;
+    if (!top.counted) AddAheadLocked(op, bytes);
+    if (op.t_first_issue == Clock::time_point{}) op.t_first_issue = Clock::now();
+    op.parts[top.part] = Op::Part::kSent;
+    op.sending++;
+    Outgoing o;
+    o.peer = server_peers_[plan.server];
+    o.header.type = MsgType::kPush;
+    o.header.flags = op.options.average ? wire::kFlagAverage : 0;
+    o.header.job = job_hash_;
+    o.header.sender = rank_;
+    o.header.key = t.key;
+    o.header.partition = top.part;
+    o.header.dtype = static_cast<uint8_t>(t.dtype);
+    o.header.round = op.round;
+    o.header.count = plan.count;
+    o.header.payload_bytes = bytes;
+    o.header.cookie = op.id;
+    o.payload = op.data.subspan(plan.offset * size, bytes);
+    o.op = top.op;
+    to_issue_.push_back(std::move(o));
+    pending_.pop();
+  }
+}
+
+void WorkerImpl::Issue() {
+  std::vector<Outgoing> batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (issuing_ || to_issue_.empty()) return;
+    issuing_ = true;
+    batch.swap(to_issue_);
+  }
+  for (;;) {
+    for (Outgoing& o : batch) {
+      push_lane_->Send(o.peer, o.header, o.payload,
+                       [this, op = o.op, part = o.header.partition](const Status& s) {
+                         PushDone(op, part, s);
+                       });
+    }
+    batch.clear();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (to_issue_.empty()) {
+      issuing_ = false;
+      return;
+    }
+    batch.swap(to_issue_);
+  }
+}
+
+void WorkerImpl::PushDone(const std::shared_ptr<Op>& op, uint32_t part, const Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!op->finished) op->t_pushed = Clock::now();
+    ReleaseCreditLocked(*op, part);
+    op->sending--;
+    if (!s.ok()) AbandonLocked(*op, s);
+    TryFinishLocked(*op);
+    PumpLocked();
+  }
+  Issue();
+}
+
+void WorkerImpl::AnsweredLocked(const std::shared_ptr<Op>& op, uint32_t part) {
+  ReleaseCreditLocked(*op, part);  // the pull may overtake its push's completion
+  op->parts[part] = Op::Part::kDone;
+  op->outstanding--;
+  op->bytes_ahead -= PartBytes(*op, part);
+  ReleaseHeldLocked(op);
+}
+
+bool WorkerImpl::OverLead(const Op& op, uint64_t bytes) {
+  return op.bytes_ahead > 0 && op.bytes_ahead + bytes > op.max_ahead;
+}
+
+void WorkerImpl::AddAheadLocked(Op& op, uint64_t bytes) {
+  op.bytes_ahead += bytes;
+  if (op.bytes_ahead > counters_->peak_bytes_ahead.load(std::memory_order_relaxed)) {
+    counters_->peak_bytes_ahead.store(op.bytes_ahead, std::memory_order_relaxed);
+  }
+}
+
+uint64_t WorkerImpl::PartBytes(const Op& op, uint32_t part) const {
+  return op.tensor->parts[part].count * DataTypeSize(op.tensor->dtype);
+}
+
+void WorkerImpl::ReleaseHeldLocked(const std::shared_ptr<Op>& op) {
+  while (!op->held.empty()) {
+    const auto [seq, part] = op->held.front();
+    const uint64_t bytes = PartBytes(*op, part);
+    if (OverLead(*op, bytes)) break;
+    AddAheadLocked(*op, bytes);
+    op->held.pop_front();
+    pending_.push(Pending{op->options.priority, seq, op, part, /*counted=*/true});
+  }
+}
+
+void WorkerImpl::ReleaseCreditLocked(Op& op, uint32_t part) {
+  if (op.parts[part] != Op::Part::kSent) return;
+  op.parts[part] = Op::Part::kPushed;
+  bytes_in_flight_ -= op.tensor->parts[part].count * DataTypeSize(op.tensor->dtype);
+}
+
+void WorkerImpl::RecordFailureLocked(Op& op, const Status& s) {
+  if (op.failure.ok()) op.failure = s;
+}
+
+void WorkerImpl::AbandonLocked(Op& op, const Status& s) {
+  RecordFailureLocked(op, s);
+  op.abandoned = true;
+}
+
+void WorkerImpl::TryFinishLocked(Op& op) {
+  if (op.finished || !op.started) return;
+  // Waiting for the scheduler's word on a lost endpoint: the op's own error may name the
+  // wrong peer (see OnDataPeerFailed).
+  if (op.abandoned && verdict_pending_) return;
+  if ((op.outstanding == 0 || op.abandoned) && op.sending == 0 && op.receiving == 0) {
+    FinishLocked(op, op.failure);
+  }
+}
+
+void WorkerImpl::FinishLocked(Op& op, const Status& s) {
+  if (op.finished) return;
+  op.finished = true;
+  op.t_done = Clock::now();
+  if (s.ok() && !op.owned) {  // fused ops count when their members are unpacked
+    counters_->push_pulls.fetch_add(1, std::memory_order_relaxed);
+    counters_->bytes_reduced.fetch_add(op.data.size(), std::memory_order_relaxed);
+  }
+  ops_.erase(op.id);  // callers hold a reference to `op`
+  Complete(op, s);
+  if (op.started) {
+    op.tensor->busy = false;
+    StartNextLocked(*op.tensor);
+  }
+}
+
+void WorkerImpl::Complete(Op& op, const Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(op.mu);
+    op.done = true;
+    op.status = s;
+    op.cv.notify_all();
+  }
+  if (op.local) op.local->Wake();  // a waiter may sleep on the segment (LocalReduce::Wait)
+}
+
+}  // namespace gradlink

@@ -1,0 +1,126 @@
+// The worker's per-tensor and per-operation state, and the counters its groups share.
+//
+// Who touches what: every field marked "guarded by WorkerImpl::mu_" is read and written only
+// under the worker's state lock (worker_impl.h says which threads take it). An Op's completion
+// (`done`, `status`, `cv`) has its own small lock, `Op::mu`, which waiters take without mu_;
+// a Group's results are under `Group::mu`. Lock order: Group::mu -> Op::mu, and mu_ -> Op::mu;
+// never Op::mu -> mu_.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gradlink/worker.h"
+#include "wire/messages.h"
+#include "worker/local_reduce.h"
+
+namespace gradlink::internal {
+
+// Counters shared by a worker and its groups (a group may outlive its worker).
+struct Counters {
+  std::atomic<uint64_t> push_pulls{0}, bytes_reduced{0}, groups{0}, fused_ops{0},
+      bytes_packed{0}, bytes_unpacked{0}, partitions_held{0}, peak_bytes_ahead{0};
+};
+
+
+struct TensorState {
+  uint64_t key = 0;
+  std::string name;
+  DataType dtype{};
+  uint64_t count = 0;
+  // Guarded by WorkerImpl::mu_.
+  bool planned = false;
+  Status plan_status;                      // kMismatch when the workers disagree
+  std::vector<wire::PartitionPlan> parts;  // once planned
+  uint32_t servers_spanned = 0;            // distinct servers among `parts`
+  // The same-host path (LocalReduce): bound on the first op after the plan; `local` empty when
+  // the tensor goes through the servers.
+  bool local_bound = false;
+  std::optional<LocalReduce::Channel> local;
+  uint64_t next_round = 0;
+  bool busy = false;                       // an op of this tensor is in flight
+  std::deque<std::shared_ptr<Op>> queue;   // ops waiting for the plan or for the busy one
+  // Fusion. For a member: the fused tensors that contain it, whose ops fail when its plan does
+  // (its shape differs on another worker). For a fused tensor: its members, for errors, and
+  // the failure of a member's plan, which fails every op of it.
+  std::vector<TensorState*> fused_in;
+  std::string fused_members;
+  Status member_failure;
+};
+
+struct Op {
+  std::shared_ptr<TensorState> tensor;
+  std::span<std::byte> data;
+  PushPullOptions options;
+  uint64_t id = 0;
+  // The worker's same-host path, if it has one: waiting on the op drives it (LocalReduce::Wait),
+  // whichever way the op goes (the op's tensor may not be planned yet).
+  std::shared_ptr<LocalReduce> local;
+  // Guarded by WorkerImpl::mu_.
+  std::atomic<uint64_t> round{0};  // atomic: Wait() reads it (for its message) without mu_
+  // kSent holds bytes-in-flight credit until the push has left; kPushed waits for its pull.
+  enum class Part : uint8_t { kQueued, kSent, kPushed, kDone };
+  std::vector<Part> parts;
+  uint32_t outstanding = 0;  // partitions not yet answered (pulled, or refused by the server)
+  // WorkerOptions::max_bytes_ahead: the op's limit (the option times the servers its partitions
+  // lie on), the bytes sent (or let back into the queue to be sent) and not yet answered, and
+  // the partitions held back meanwhile, in order (seq, partition).
+  uint64_t max_ahead = 0;
+  uint64_t bytes_ahead = 0;
+  std::deque<std::pair<uint64_t, uint32_t>> held;
+  uint32_t sending = 0;      // pushes the transport may still be reading from `data`
+  uint32_t receiving = 0;    // pulls being written into `data` right now
+  // The first error. The op still pushes and collects every partition, so each server's round
+  // count stays in step with ours for the next op on this tensor.
+  Status failure;
+  // No more replies will come (this worker failed, or a push could not be sent): queued
+  // partitions are dropped and the op ends once the transport no longer touches `data`.
+  bool abandoned = false;
+  bool started = false;   // holds its tensor's busy flag
+  bool finished = false;
+  // A fusion buffer that `data` points into (fused ops): it lives as long as the op.
+  std::shared_ptr<std::byte> owned;
+  // Where the time went (PushPullTiming); set under WorkerImpl::mu_, read once `done`.
+  Clock::time_point t_call, t_first_issue, t_pushed, t_arrived, t_done;
+  // Completion, guarded by `mu`.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+};
+
+// One PushPullGroup: its fused and unfused operations ("parts").
+struct Group {
+  struct Member {
+    std::span<std::byte> data;  // the caller's tensor
+    uint64_t offset;            // where it lies in the fusion buffer
+  };
+  struct Part {
+    std::shared_ptr<Op> op;       // released once the part has ended (returns its buffer)
+    std::span<std::byte> packed;  // fused: the bytes of the fusion buffer (owned by `op`)
+    std::vector<Member> members;  // fused: where each member's result goes
+    const std::string* what = nullptr;  // fused: names the fused tensor and its members
+    // Guarded by `mu`: once the op is done, its status and times, the result unpacked.
+    bool ended = false;
+    Status status;
+    Clock::time_point t_call, t_first_issue, t_pushed, t_arrived, t_done;
+  };
+  std::string what;  // "push_pull group of N tensors (...)"
+  std::shared_ptr<Counters> counters;
+  std::shared_ptr<const void> plan;  // keeps the `what` strings of the parts alive
+  Clock::time_point t_call, t_started;
+  std::vector<Part> parts;  // fixed once the group is handed out
+  std::mutex mu;
+  bool finished = false;
+  Status status;
+  Clock::time_point t_finished;
+};
+
+}  // namespace gradlink::internal

@@ -1,0 +1,297 @@
+// WorkerImpl: the Worker of include/gradlink/worker.h. One class, its member functions split by
+// concern over these files:
+//   worker.cc         joining (Init), Declare, PushPull, Barrier, Stats, Shutdown
+//   fusion.cc         PushPullGroup: group layouts, fused tensors, packing
+//   push_queue.cc     an op's life: start, the pending heap, bytes in flight, lead, issue, finish
+//   pull_receiver.cc  the lanes' receive callbacks: pull replies and refusals written into ops
+//   control_loop.cc   the control thread: kAssign, barriers, heartbeats, the job's failure
+//   local_binding.cc  the same-host path (local_reduce.h) bound to tensors and ops
+//   handles.cc        TensorHandle / PushPullHandle: waiting, polling, timings
+//
+// Threads: the caller's (any number: Declare, PushPull*, Barrier, handles), the push lane's and
+// the pull lane's progress threads (PushDone; OnHeader/OnPayload), the control thread
+// (ControlLoop), and, with the same-host path, whichever thread drives it (LocalDone).
+//
+// State: `mu_` guards the tensors, the ops in flight, the pending heap and what is pumped for
+// the push lane, the sticky failure and the barrier counters (state.h marks each field). Work
+// that waits on another process (the same-host segment's claims, a socket) never runs under it.
+// The lanes' callbacks read the server directory (`servers_`), which is written once in Init()
+// before any server is connected, so no callback can run before it exists.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <queue>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "control/control_channel.h"
+#include "gradlink/worker.h"
+#include "transport/transport.h"
+#include "wire/messages.h"
+#include "worker/fusion_pool.h"
+#include "worker/local_reduce.h"
+#include "worker/state.h"
+
+namespace gradlink {
+
+using internal::Group;
+using internal::LocalReduce;
+using internal::Op;
+using internal::TensorState;
+
+class WorkerImpl final : public Worker {
+ public:
+  explicit WorkerImpl(const WorkerOptions& o) : opts_(o), job_hash_(wire::JobHash(o.job)) {}
+  ~WorkerImpl() override { Shutdown(Clock::now() + std::chrono::seconds(5)).IgnoreError(); }
+
+  Status Init();
+
+  uint32_t rank() const override { return rank_; }
+  uint32_t size() const override { return size_; }
+  uint32_t num_servers() const override { return num_servers_; }
+
+  Result<TensorHandle> Declare(std::string_view name, DataType dtype, uint64_t count) override;
+
+  PushPullHandle PushPull(const TensorHandle& tensor, std::span<std::byte> data,
+                          const PushPullOptions& options) override;
+
+  PushPullHandle PushPullGroup(std::span<const TensorHandle> tensors,
+                               std::span<const std::span<std::byte>> data,
+                               const PushPullOptions& options) override;
+
+  WorkerStats Stats() const override;
+
+  Status Barrier(Clock::time_point deadline) override;
+
+  Status Shutdown(Clock::time_point deadline) override;
+
+ private:
+  struct Outgoing {
+    transport::PeerId peer;
+    wire::Header header;
+    std::span<const std::byte> payload;
+    std::shared_ptr<Op> op;
+  };
+
+  // How one group layout (its members, in order) is cut into operations: fused tensors, each
+  // the members of one dtype that fill a fusion buffer, and members that go on their own.
+  // Built once per layout, then cached.
+  struct GroupPlan {
+    struct Chunk {
+      std::vector<uint32_t> members;  // indices into the group
+      TensorHandle fused;             // invalid: one member, pushed on its own
+      std::vector<uint64_t> offsets;  // fused: byte offset of each member in the buffer
+      uint64_t bytes = 0;
+      std::string what;  // fused: "fused tensor '<name>' (key K) of N members ('a', ...)"
+    };
+    std::vector<Chunk> chunks;
+  };
+  struct LayoutHash {
+    size_t operator()(const std::vector<const TensorState*>& v) const {
+      uint64_t h = v.size();
+      for (const TensorState* t : v) {
+        h = (h ^ reinterpret_cast<uintptr_t>(t)) * 0x9E3779B97F4A7C15ull;
+        h ^= h >> 29;
+      }
+      return static_cast<size_t>(h);
+    }
+  };
+  // Layouts cached at most; a program that groups ever new tensors starts over when full.
+  static constexpr size_t kMaxCachedPlans = 1024;
+  // Names of members shown in a fused tensor's errors.
+  static constexpr size_t kMembersNamed = 8;
+
+  static std::string Shorten(const std::string& s);
+
+  Result<std::shared_ptr<const GroupPlan>> PlanFor(std::vector<const TensorState*> members,
+                                                   std::span<const TensorHandle> tensors);
+
+  Result<std::shared_ptr<const GroupPlan>> BuildPlan(std::span<const TensorHandle> tensors);
+
+  // Declares the fused tensor of `c`. Its name is derived from the layout (dtype, and each
+  // member's name and count, in order), so workers that group alike meet on one key, and
+  // workers that group differently never share one (no sum of unrelated elements).
+  Status DeclareFused(GroupPlan::Chunk& c, std::span<const TensorHandle> tensors);
+
+  // Member `t` of fused tensor `f` failed its plan (e.g. another worker declared it with
+  // another shape): f's key will never be planned, so its ops fail now with t's error.
+  void MemberFailedLocked(TensorState& f, const TensorState& t);
+
+  // Starts a PushPull of `data` into `tensor`; `owned` is a fusion buffer that `data` lies in.
+  std::shared_ptr<Op> StartOp(const TensorHandle& tensor, std::span<std::byte> data,
+                              const PushPullOptions& options, std::shared_ptr<std::byte> owned);
+
+  struct Pending {
+    int32_t priority;
+    uint64_t seq;
+    std::shared_ptr<Op> op;
+    uint32_t part;
+    bool counted = false;  // already in op->bytes_ahead (let back in by ReleaseHeldLocked)
+    bool operator<(const Pending& o) const {  // max-heap: higher priority, then older first
+      return priority != o.priority ? priority < o.priority : seq > o.seq;
+    }
+  };
+
+  // Starts t's next queued op if t is planned and idle.
+  void StartNextLocked(TensorState& t);
+
+  // Moves queued partitions to to_issue_ (for Issue) while the bytes in flight allow.
+  void PumpLocked();
+
+  // Hands what PumpLocked queued to the push lane, in the order it was pumped. Outside the lock:
+  // a lane may complete a send inline. Three threads pump (the caller, and the two lanes' as
+  // credit comes back), so one issues at a time and takes over what the others queue meanwhile:
+  // otherwise a batch pumped later could reach the lane first, while the thread holding an
+  // earlier one waits for a core, and every server would wait for this worker's first
+  // partitions (seen on bench/netcluster: one worker's partitions 9 and 13 reached a server
+  // 9 ms before its partitions 1 and 5).
+  void Issue();
+
+  // A push has left (or failed). Credit comes back here, not at the pull: a worker waiting for
+  // its pulls must never hold the credit that the other workers' rounds need. Which partitions
+  // a worker pushes first depends on its own timing, so credit held until the pull can make two
+  // workers each wait on partitions only the other can still send.
+  void PushDone(const std::shared_ptr<Op>& op, uint32_t part, const Status& s);
+
+  void AnsweredLocked(const std::shared_ptr<Op>& op, uint32_t part);
+
+  // A partition of `bytes` would take the op past its lead. Never true of the first one: a
+  // partition bigger than the limit is sent on its own.
+  static bool OverLead(const Op& op, uint64_t bytes);
+
+  void AddAheadLocked(Op& op, uint64_t bytes);
+
+  uint64_t PartBytes(const Op& op, uint32_t part) const;
+
+  // Lets the op's held partitions back into the queue, in order, as far as its lead allows;
+  // their bytes count from now on, so the next answer does not let the same bytes in twice.
+  void ReleaseHeldLocked(const std::shared_ptr<Op>& op);
+
+  void ReleaseCreditLocked(Op& op, uint32_t part);
+
+  void RecordFailureLocked(Op& op, const Status& s);
+
+  void AbandonLocked(Op& op, const Status& s);
+
+  // Finishes `op` once nothing will touch its buffer any more: every partition answered (or the
+  // op abandoned), no push still being read by the transport, no pull being written.
+  void TryFinishLocked(Op& op);
+
+  // The op is over: release its tensor for the next op and wake its waiters.
+  void FinishLocked(Op& op, const Status& s);
+
+  static void Complete(Op& op, const Status& s);
+
+  // A data endpoint to a server failed. That server may be the lost peer, or a healthy one that
+  // exited because the job failed for another reason (its kAbort may still be on the way to
+  // us). The control thread waits kVerdictGrace for the scheduler's verdict before failing the
+  // job with this status.
+  void OnDataPeerFailed(const Status& s);
+
+  void NoteDataPeerFailureLocked(const Status& s);
+
+  // On the control thread: the endpoint failure whose grace has run out, if any.
+  std::optional<Status> ExpiredPeerFailure();
+
+  // The job is over: fail everything now. A hung peer may never complete a transfer, so the
+  // lanes are stopped (after which nothing touches a caller's buffer) and every op finishes.
+  // Runs on the control thread, never on a lane's.
+  void FailJob(const Status& s);
+
+  // Sticky failure of this worker. With `force` (the lanes are stopped: no callback will come)
+  // every op finishes now; otherwise each finishes when the transport lets go of its buffer.
+  void FailAll(const Status& s, bool force = false);
+
+  // ---- Pull lane -----------------------------------------------------------------------------
+
+  Result<std::span<std::byte>> OnHeader(const wire::Header& h);
+
+  void OnPayload(const wire::Header& h, bool ok, const Status& why);
+
+  class Receiver final : public transport::Receiver {
+   public:
+    explicit Receiver(WorkerImpl* w) : w_(w) {}
+    Result<std::span<std::byte>> OnHeader(const wire::Header& h) override { return w_->OnHeader(h); }
+    void OnPayload(const wire::Header& h, std::span<std::byte>) override {
+      w_->OnPayload(h, true, Status::Ok());
+    }
+    void OnReceiveFailed(const wire::Header& h, const Status& s) override {
+      w_->OnPayload(h, false, s);
+    }
+    void OnPeerFailed(transport::PeerId peer, const Status& s) override {
+      w_->OnDataPeerFailed(PeerLost(
+          "worker " + std::to_string(w_->rank_) + ": connection to " +
+          (peer < w_->server_names_.size() ? w_->server_names_[peer] : "a server") +
+          " failed: " + s.message()));
+    }
+
+   private:
+    WorkerImpl* w_;
+  };
+
+  // ---- Control plane -------------------------------------------------------------------------
+
+  void ControlLoop();
+
+  Status OnAssign(const transport::Frame& f);
+
+  // ---- Same-host path (src/worker/local_reduce.h) --------------------------------------------
+
+  // Opens the shared-memory segment when WorkerOptions::local_arena_bytes asks for it and every
+  // worker of the job is on this host (the address book's host names agree).
+  Status OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_point deadline);
+
+  // Binds t to its same-host channel on its first op. False if `op` failed instead (finished).
+  bool BindLocalLocked(TensorState& t, Op& op);
+
+  void StartLocalLocked(TensorState& t, const std::shared_ptr<Op>& op);
+
+  // On the thread driving the same-host path.
+  void LocalDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,
+                 Clock::time_point last, Clock::time_point arrived);
+
+  const WorkerOptions opts_;
+  const uint32_t job_hash_;
+  uint32_t rank_ = 0, size_ = 0, num_servers_ = 0;
+  std::shared_ptr<transport::Fabric> fabric_;
+  std::unique_ptr<transport::Lane> push_lane_, pull_lane_;
+  std::shared_ptr<LocalReduce> local_;  // the same-host path; null when off
+  Receiver receiver_{this};
+  std::vector<transport::PeerId> server_peers_;
+  std::vector<std::string> server_names_;
+  std::unique_ptr<transport::ControlChannel> channel_;
+  std::thread control_;
+  std::atomic<bool> shut_down_{false};
+  std::atomic<uint64_t> protocol_errors_{0};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Status failure_;  // sticky
+  bool verdict_pending_ = false;  // a data endpoint failed; see OnDataPeerFailed
+  Status pending_peer_failure_;
+  Clock::time_point pending_since_;
+  std::unordered_map<uint64_t, std::shared_ptr<TensorState>> tensors_;
+  std::unordered_map<uint64_t, std::shared_ptr<Op>> ops_;  // by id; in flight
+  std::map<std::pair<uint64_t, uint32_t>, std::vector<std::byte>> error_text_;
+  std::priority_queue<Pending> pending_;
+  uint64_t next_op_id_ = 1, next_seq_ = 0, bytes_in_flight_ = 0;
+  std::vector<Outgoing> to_issue_;  // pumped, not yet handed to the push lane (Issue)
+  bool issuing_ = false;            // a thread is in Issue(), handing them over
+  uint64_t barrier_sent_ = 0, barrier_released_ = 0;
+
+  const std::shared_ptr<internal::Counters> counters_ = std::make_shared<internal::Counters>();
+  const std::shared_ptr<internal::FusionPool> pool_ =
+      std::make_shared<internal::FusionPool>(opts_.fusion_buffer_bytes);
+  std::mutex plans_mu_;  // taken before mu_ (BuildPlan declares), never under it
+  std::unordered_map<std::vector<const TensorState*>, std::shared_ptr<const GroupPlan>, LayoutHash>
+      plans_;
+};
+
+}  // namespace gradlink
