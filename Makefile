@@ -33,15 +33,17 @@ bench: build
 	$(BUILD)/bin/gradlink-bench -w 2 -s 2 -b 4K -e 64M -f 4 -n 10
 
 # gradlink (shm and TCP modes, 1 and 2 servers) against Open MPI's MPI_Allreduce and Gloo's
-# all_reduce, 2 ranks on this host, 3 interleaved repeats; appends its table to bench/RESULTS.md
-# and plots bench/compare.png. COMPARE_ARGS adds options (bench/compare --help).
+# all_reduce, 2 ranks on this host, 3 interleaved repeats
+# (its section of bench/RESULTS.md is rewritten, the run appended to bench/history/), plots
+# bench/compare.png. COMPARE_ARGS adds options (bench/compare --help).
 COMPARE_ARGS ?=
 compare: build
 	bench/compare --bin $(BUILD)/bin $(COMPARE_ARGS)
 
 # Emulated cluster (needs root, iproute2): 4 worker hosts, 4/2 server hosts, mixed placement and
 # lanes, beside Gloo and Open MPI, on network namespaces with 1 Gbit/s tbf-shaped links; every
-# element checked; tables appended to bench/RESULTS.md (about 35 minutes on the 2-core VM).
+# element checked; its sections of bench/RESULTS.md rewritten, each run appended to
+# bench/history/ (about 35 minutes on the 2-core VM).
 # NETCLUSTER_ARGS replaces the options (bench/netcluster --help).
 NETCLUSTER_ARGS ?= --scenario all
 netcluster: build

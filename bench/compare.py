@@ -4,7 +4,7 @@ checked by each system; a wrong value or a failed run fails the comparison).
 
   bench/compare [--bin build/bin] [-b 4K] [-e 64M] [-f 4] [-n 20] [--warmup 3] [--repeats 3]
                 [--ranks 2] [--systems a,b,...] [--plot bench/compare.png | --no-plot]
-                [--results bench/RESULTS.md | --no-results]
+                [--results bench/RESULTS.md [--history FILE] | --no-results]
 
 Systems (--systems takes these names; all by default):
   gradlink-shm-1s  gradlink-bench -w N -s 1, GRADLINK_UCX_ERROR_MODE=none (UCX shared memory)
@@ -27,9 +27,14 @@ timed iterations (rank 0's clock, a barrier before each iteration, as gradlink-b
 the table reports per size and system the median of those times over the repeats, the fastest
 single operation of all runs (the latency floor on a noisy machine), algbw = bytes / time and
 busbw = algbw * 2(n-1)/n (nccl-tests), busbw min / median / max over the repeats, and the ratio of the best gradlink configuration's median busbw at that size to each
-baseline's. The table (with the commit, the command line and the load average) is appended to
---results, and busbw against size is plotted to --plot (matplotlib, if installed). --save-json
-keeps every run's numbers.
+baseline's. In --results (bench/RESULTS.md) the run replaces the section between the lines
+`<!-- compare:begin -->` and `<!-- compare:end -->` (added at the end if missing; nothing else in
+the file changes): per size the best of gradlink's default and of all its configurations (the
+non-defaults marked), their median busbw and its ratio to each baseline's, the commit, the
+command line and the load average, the full table folded. The full output (with the systems' legend) is appended
+to --history (default: history/RESULTS-YYYY-MM.md beside --results; bench/results_md.py). busbw
+against size is plotted to --plot (matplotlib, if installed). --save-json keeps every run's
+numbers.
 
 Open MPI runs under mpirun --allow-run-as-root --oversubscribe (and OMPI_ALLOW_RUN_AS_ROOT=1,
 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1: Debian's Open MPI 4.1 refuses root otherwise) with its default
@@ -427,6 +432,134 @@ def plot(stats, systems, sz, path, title):
     return None
 
 
+# ---------------------------------------------------------------------------------------------
+# bench/RESULTS.md: the summary section (replaced in place) and the history (appended)
+
+SECTION = "compare"  # <!-- compare:begin --> ... <!-- compare:end -->
+# gradlink configurations that are not what gradlink does by default; the summary marks them.
+NOT_DEFAULT = {
+    "gradlink-shm-1s": "1",
+    "gradlink-shm-2s": "1",
+    "gradlink-local": "2",
+}
+NOT_DEFAULT_NOTES = {
+    "1": "`GRADLINK_UCX_ERROR_MODE=none`: UCX shared memory, without UCX's peer-failure handling "
+         "(not the default; the default mode runs over TCP loopback on one host)",
+    "2": "the opt-in same-host path (`--local-arena 64M`: workers sum through shared memory, the "
+         "servers idle), workers pinned to a CPU each (`--bind`)",
+}
+# tests/python/test_compare.py reads every row of the full table back from --results, so the
+# summary keeps it, folded under <details>; the history has it too.
+FULL_TABLE_IN_SUMMARY = True
+
+
+def load_results_md():
+    """bench/results_md.py (imported from bench/ whoever runs this file)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    try:
+        import results_md
+        return results_md
+    finally:
+        sys.path.remove(here)
+
+
+def summary_order(systems):
+    """gradlink's default configurations first, then its other ones, then the baselines."""
+    gl = [s for s in systems if s.is_gradlink]
+    return ([s for s in gl if s.name not in NOT_DEFAULT] + [s for s in gl if s.name in NOT_DEFAULT]
+            + [s for s in systems if not s.is_gradlink])
+
+
+def render_summary(stats, systems, sz, ranks, iters, warmup, repeats, heading, command_line,
+                   note, full_table, history_link):
+    """The compare section of bench/RESULTS.md (a string): per size, the best of gradlink's
+    default configurations and the best of all of them (non-defaults marked), each with its
+    median busbw and its ratio to each baseline's; the time at the smallest size; the full
+    table folded."""
+    ran = summary_order([s for s in systems if s.name in stats])
+    gl = [s for s in ran if s.is_gradlink]
+    default = [s for s in gl if s.name not in NOT_DEFAULT]
+    base = [s for s in ran if not s.is_gradlink]
+    mark = lambda n: n + (" (%s)" % NOT_DEFAULT[n] if n in NOT_DEFAULT else "")
+    out = [heading, command_line + (" " + note if note else ""), ""]
+    blocks = ([("best default gradlink", default)] if default else []) + (
+        [("best gradlink (any)", gl)] if len(default) < len(gl) else [])
+    cols = base if gl and base else []
+    head, sep = "| size |", "|---|"
+    for title, _ in blocks:
+        head += " %s, busbw |" % title + "".join(" ÷ %s |" % s.name for s in cols)
+        sep += "---|" + "---|" * len(cols)
+    if not gl:
+        head += " busbw: " + ", ".join(s.name for s in base) + " |"
+        sep += "---|"
+    out += ["Median busbw (GB/s) over %d repeat%s of %d iterations (+%d warmup), %d ranks, every "
+            "element checked, and its ratio to each baseline's (> 1: gradlink faster):"
+            % (repeats, "" if repeats == 1 else "s", iters, warmup, ranks), "", head, sep]
+    for b in sz:
+        row = "| %s |" % human(b)
+        for _, group in blocks:
+            best = max(group, key=lambda s: stats[s.name][b]["busbw_med"]).name
+            bw = stats[best][b]["busbw_med"]
+            row += " %s %s |" % (mark(best), fmt_bw(bw))
+            row += "".join(" %s |" % fmt_ratio(bw / stats[s.name][b]["busbw_med"]) for s in cols)
+        if not gl:
+            row += " %s |" % " / ".join(fmt_bw(stats[s.name][b]["busbw_med"]) for s in base)
+        out.append(row)
+    notes = sorted({NOT_DEFAULT[s.name] for s in ran if s.name in NOT_DEFAULT})
+    out += ["", " ".join("(%s) %s." % (k, NOT_DEFAULT_NOTES[k]) for k in notes)
+            + (" " if notes else "") + "Median time per operation at %s (us): %s." % (
+                human(sz[0]), ", ".join("%s %s" % (mark(s.name), fmt_time(stats[s.name][sz[0]]["time_us"]))
+                                        for s in ran))]
+    if FULL_TABLE_IN_SUMMARY and full_table:
+        out += ["", "<details><summary>The full table of this run: every configuration's time, "
+                "fastest operation, busbw min / median / max, checks</summary>", ""] + full_table + [
+                "", "</details>"]
+    if history_link:
+        out += ["", "This run in full (with the systems' legend), and every earlier run: "
+                "[%s](%s)." % (history_link, history_link)]
+    return "\n".join(out) + "\n"
+
+
+def main_table(table):
+    """The lines of the main table (header to last row) among render()'s lines."""
+    start = next((i for i, line in enumerate(table) if line.startswith("| size | system |")), None)
+    if start is None:
+        return []
+    end = next((i for i in range(start, len(table)) if not table[i].startswith("|")), len(table))
+    return table[start:end]
+
+
+def write_results(a, stats, systems, sz, rev, cmdline, started, host, legend, table):
+    """Appends the full output to --history, then replaces the compare section of --results;
+    False (and why, on stderr) when that section could not be replaced."""
+    rmd = load_results_md()
+    heading = "%s — bench/compare: gradlink vs Open MPI vs Gloo, %d ranks on one host (fp32 sum)" % (
+        rev, a.ranks)
+    command_line = "Command: `%s` (started %s, %s)." % (
+        cmdline, started.strftime("%Y-%m-%d %H:%M UTC"), host)
+    history = None if a.history == "-" else (a.history or rmd.history_path(a.results, started))
+    if history:
+        section = ["", "## " + heading, "", command_line]
+        if a.note:
+            section += ["", a.note]
+        section += [""] + legend + [""] + table + [""]
+        rmd.append_history(history, "\n".join(section), os.path.basename(a.results))
+        print("compare: full table appended to %s" % history, file=sys.stderr)
+    link = None
+    if history:
+        link = os.path.relpath(os.path.abspath(history), os.path.dirname(os.path.abspath(a.results)))
+    body = render_summary(stats, systems, sz, a.ranks, a.iters, a.warmup, a.repeats, "### " + heading,
+                          command_line, a.note, main_table(table), link)
+    try:
+        rmd.update_section(a.results, SECTION, body)
+    except (ValueError, OSError) as e:  # the history (if any) has the table; say why
+        print("compare: section %s of %s NOT replaced: %s" % (SECTION, a.results, e), file=sys.stderr)
+        return False
+    print("compare: section %s of %s replaced" % (SECTION, a.results), file=sys.stderr)
+    return True
+
+
 def commit():
     try:
         h = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -459,15 +592,19 @@ def parser():
     ap.add_argument("--plot", default=os.path.join(REPO, "bench", "compare.png"))
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--results", default=os.path.join(REPO, "bench", "RESULTS.md"),
-                    help="append the table here (default bench/RESULTS.md)")
-    ap.add_argument("--no-results", action="store_true")
+                    help="replace this file's compare section with the run's summary (default "
+                         "bench/RESULTS.md; '-' for none)")
+    ap.add_argument("--history", default="", metavar="FILE",
+                    help="append the full output here (default: history/RESULTS-YYYY-MM.md "
+                         "beside --results; '-' for none)")
+    ap.add_argument("--no-results", action="store_true", help="neither --results nor --history")
     ap.add_argument("--save-json", default="", metavar="FILE",
                     help="also write every run's time per size (us) and the summary as JSON")
     ap.add_argument("--timeout", type=positive_int, default=600, help="seconds for one run of one system")
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--mpirun-args", default="", help="extra mpirun arguments (one string)")
     ap.add_argument("--python", default=sys.executable, help="the Python (with torch) for Gloo")
-    ap.add_argument("--note", default="", help="a sentence to put under the heading in --results")
+    ap.add_argument("--note", default="", help="a sentence to put under the heading in --results and --history")
     # Self-test of the checking: the named baseline corrupts one element of one result.
     ap.add_argument("--selftest-corrupt", default="", help=argparse.SUPPRESS)
     return ap
@@ -538,18 +675,11 @@ def main(argv=None):
         why = plot(stats, systems, sz, a.plot,
                    "gradlink vs Open MPI vs Gloo, %d ranks, one host (%s)" % (a.ranks, rev))
         print("compare: " + (why or "plot written to %s" % a.plot), file=sys.stderr)
-    if not a.no_results:
+    if not a.no_results and a.results != "-":
         host = "%s, %d CPUs, 1-min load average %.1f at the start and %.1f at the end" % (
             socket.gethostname(), os.cpu_count() or 0, load_start, os.getloadavg()[0])
-        section = ["", "## %s — bench/compare: gradlink vs Open MPI vs Gloo, %d ranks on one host (fp32 sum)"
-                   % (rev, a.ranks), "",
-                   "Command: `%s` (started %s, %s)." % (cmdline, started.strftime("%Y-%m-%d %H:%M UTC"), host)]
-        if a.note:
-            section += ["", a.note]
-        section += [""] + legend + [""] + table + [""]
-        with open(a.results, "a") as f:
-            f.write("\n".join(section))
-        print("compare: table appended to %s" % a.results, file=sys.stderr)
+        if not write_results(a, stats, systems, sz, rev, cmdline, started, host, legend, table):
+            return 1
     return 0
 
 

@@ -44,9 +44,14 @@ mpi_allreduce all do); a wrong value fails the benchmark. Repeats (--repeats) ar
 run's mean time, with min / max. A table per size gives per system: time, algbw (GB/s, Gbit/s),
 the fraction of the link rate, the model's time and measured/model, gradlink's speedup over
 Gloo and over MPI; and per system the busiest link's bytes per model byte against the model's
-(byte counters of the veths: placement and routing checked apart from timing). The tables are
-appended to --results with the commit, the rate and the command. A system whose run fails is
-reported as FAILED and not run again; the others go on; the exit status is then 1.
+(byte counters of the veths: placement and routing checked apart from timing). In --results
+(bench/RESULTS.md) each scenario run replaces its own section, between the lines
+`<!-- netcluster-SCENARIO:begin -->` and `<!-- netcluster-SCENARIO:end -->` (added at the end if
+missing; nothing else in the file changes), with one table per scenario (of model and the
+speedups per system and size, the commit, the command, the options that differ from the
+defaults); the full tables are appended to --history (default: history/RESULTS-YYYY-MM.md beside
+--results; bench/results_md.py). A system whose run fails is reported as FAILED and not run
+again; the others go on; the exit status is then 1.
 
   bench/netcluster --scenario ps --workers 4 --servers 4,2 --results /tmp/nc.md
   bench/netcluster --scenario mixed --workers 4 --servers 0,1,2,4
@@ -1050,7 +1055,11 @@ def main(argv=None):
     ap.add_argument("--baselines", default="gloo,mpi", help="gloo, mpi, or none (default gloo,mpi)")
     ap.add_argument("--bin", default=os.path.join(REPO, "build", "bin"))
     ap.add_argument("--results", default=os.path.join(BENCH, "RESULTS.md"),
-                    help="append the tables here (default bench/RESULTS.md); '-' for none")
+                    help="replace this file's netcluster-SCENARIO sections with the run's summary "
+                         "(default bench/RESULTS.md); '-' for none (and no --history)")
+    ap.add_argument("--history", default="", metavar="FILE",
+                    help="append the full tables here (default: history/RESULTS-YYYY-MM.md beside "
+                         "--results); '-' for none")
     ap.add_argument("--link-check", type=float, default=2.0,
                     help="seconds of one TCP stream host 0 -> host 1 before the runs (0: none)")
     ap.add_argument("--timeline", metavar="DIR",
@@ -1062,6 +1071,7 @@ def main(argv=None):
     ap.add_argument("--cleanup-all", action="store_true",
                     help="like --cleanup, but also the namespaces of running harnesses")
     a = ap.parse_args(argv)
+    given = changed_options(ap, a)  # before the values below are parsed further
     install_signal_handlers()
     try:
         check_available()
@@ -1139,6 +1149,7 @@ def main(argv=None):
             len(removed), " ".join(removed)))
     command = "bench/netcluster " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:]))
     started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    summaries = []  # (scenario, summary section) per scenario reported
     try:
         with Cluster(hosts, a.rate, a.burst, a.latency_ms, a.mtu, log=log) as cl:
             if a.scenario == "hold":
@@ -1180,6 +1191,11 @@ def main(argv=None):
                          "baselines": "Baselines"}[sc]
                 report("%s: n=%d, k=%s" % (title, a.workers, ",".join(map(str, ks))), systems,
                        results, sizes, a.rate, out)
+                summaries.append((sc, render_summary(
+                    "%s — netcluster %s, n=%d, k=%s, %s links, MTU %d (%s)" % (
+                        commit_id(), sc, a.workers, ",".join(map(str, ks)), fmt_rate(a.rate),
+                        cl.mtu, started),
+                    command, given, tuned_defaults(ap), systems, results, sizes, a.rate)))
                 if sc == "lanes":
                     out.append(lanes_summary(systems, results, sizes, a.rate))
                     print(out[-1], flush=True)
@@ -1192,13 +1208,128 @@ def main(argv=None):
         return 130
     finally:
         if out and a.results != "-":
-            with open(a.results, "a") as f:
-                f.write("\n" + "\n".join(out) + "\n")
-            print("netcluster: appended to %s" % a.results)
+            write_results(a, out, summaries)
     if failed:
         print("netcluster: FAILED: %s" % ", ".join(sorted(set(failed))), file=sys.stderr)
         return 1
     return 0
+
+
+# ---- bench/RESULTS.md: a section per scenario (replaced in place), the history (appended) ------
+
+# Options that change what is measured (the network, gradlink's settings); the summary names
+# those a run set to other than netcluster's defaults.
+TUNING = ("rate", "burst", "latency_ms", "mtu", "partition_bytes", "max_in_flight", "max_ahead",
+          "single_lane", "gradlink_env")
+
+
+def load_results_md():
+    """bench/results_md.py (imported from bench/, however this file was loaded)."""
+    sys.path.insert(0, BENCH)
+    try:
+        import results_md
+        return results_md
+    finally:
+        sys.path.remove(BENCH)
+
+
+def option_text(dest, value):
+    flag = "--" + dest.replace("_", "-")
+    if value is True:
+        return flag
+    if dest == "rate":
+        return "%s %gmbit" % (flag, value / 1e6)
+    if dest == "burst" and isinstance(value, int):
+        return "%s %s" % (flag, human(value))
+    if isinstance(value, list):
+        return " ".join("%s %s" % (flag, v) for v in value)
+    return "%s %s" % (flag, value)
+
+
+def changed_options(ap, a):
+    """The TUNING options a run set to other than their defaults, as command-line text."""
+    return [option_text(d, getattr(a, d)) for d in TUNING if getattr(a, d) != ap.get_default(d)]
+
+
+def tuned_defaults(ap):
+    """What netcluster gives gradlink unless told otherwise (not gradlink's own defaults)."""
+    return "P=%s F=%s A=%s per server, %s" % (
+        ap.get_default("partition_bytes"), ap.get_default("max_in_flight"),
+        ap.get_default("max_ahead"), " ".join("%s=%s" % kv for kv in sorted(GRADLINK_UCX_DEFAULTS.items())))
+
+
+def render_summary(heading, command, given, defaults, systems, results, sizes, rate_bps):
+    """The netcluster-SCENARIO section of bench/RESULTS.md (a string): per system and size, the
+    fraction of its model's bound reached and gradlink's speedups over the baselines."""
+    base = {}
+    for s in systems:
+        if s.kind in ("gloo", "mpi"):
+            base.setdefault(s.kind, s.name)
+    out = ["### " + heading,
+           "Command: `%s`. " % command
+           + ("Set on the command line, not netcluster's defaults: %s. " % ", ".join(given)
+              if given else "netcluster's defaults for the network and gradlink. ")
+           + "netcluster's gradlink defaults (%s) come from its sweeps on these links; gradlink's "
+             "own are 4M partitions, a 32M window and no lead limit." % defaults, "",
+           "| system | " + " | ".join(human(z) for z in sizes) + " |",
+           "|---|" + "---|" * len(sizes)]
+    for s in systems:
+        cells = []
+        for z in sizes:
+            v = results.get((s.name, z))
+            if not v:
+                cells.append("FAILED" if s.failed else "-")
+                continue
+            med = statistics.median(v)
+            mt = s.model(z) if s.model else None
+            cell = "%.3f" % (mt / (med * 1e-6)) if mt else "-"
+            if s.kind == "gradlink":
+                for k in ("gloo", "mpi"):
+                    if k in base:
+                        bv = results.get((base[k], z))
+                        cell += " · %.2fx" % (statistics.median(bv) / med) if bv else " · -"
+            cells.append(cell)
+        out.append("| %s | %s |" % (s.name, " | ".join(cells)))
+    models = "; ".join(sorted({"%s: %s" % (s.kind, s.model_name) for s in systems}))
+    out += ["", "Cells: model time ÷ measured median time (of the bound reached; %s)%s. Link rate "
+            "%s; medians over repeats; every element checked." % (
+                models, "; then gradlink's speedup over " + " and over ".join(
+                    {"gloo": "Gloo", "mpi": "Open MPI"}[k] for k in ("gloo", "mpi") if k in base)
+                + " (their median time ÷ gradlink's)" if base else "", fmt_rate(rate_bps))]
+    traffic = []
+    for s in systems:
+        v = results.get((s.name, "traffic"))
+        if v:
+            m = s.model(MIB) * (rate_bps / 8) / MIB if s.model else None
+            traffic.append("%s %.3f%s" % (s.name, statistics.median(v), " (%.3f)" % m if m else ""))
+    if traffic:
+        out[-1] += " Busiest link, bytes per model byte (the model's): " + "; ".join(traffic) + "."
+    failed = ["%s: %s" % (s.name, s.failed) for s in systems if s.failed]
+    if failed:
+        out += ["", "**FAILED**: " + "; ".join(failed) + "."]
+    return "\n".join(out) + "\n"
+
+
+def write_results(a, out, summaries):
+    """Appends the full tables to --history, then replaces the section of every scenario that
+    was reported in --results."""
+    rmd = load_results_md()
+    history = None if a.history == "-" else (a.history or rmd.history_path(a.results))
+    if history:
+        rmd.append_history(history, "\n" + "\n".join(out) + "\n", os.path.basename(a.results))
+        print("netcluster: appended to %s" % history)
+    link = history and os.path.relpath(os.path.abspath(history),
+                                       os.path.dirname(os.path.abspath(a.results)))
+    for sc, body in summaries:
+        if link:
+            body = body[:-1] + " The full tables: [%s](%s).\n" % (link, link)
+        try:
+            rmd.update_section(a.results, "netcluster-" + sc, body)
+        except (ValueError, OSError) as e:  # the history has the tables; say why, go on
+            print("netcluster: section netcluster-%s of %s NOT replaced: %s" % (sc, a.results, e),
+                  file=sys.stderr)
+            continue
+        print("netcluster: section netcluster-%s of %s replaced" % (sc, a.results))
 
 
 def lanes_summary(systems, results, sizes, rate_bps):
