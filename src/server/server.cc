@@ -65,9 +65,9 @@ class ServerImpl final : public Server {
     reg.weight = opts_.weight;
     GL_ASSIGN_OR_RETURN(Joined joined, JoinJob(opts_.scheduler, job_hash_, reg, deadline, opts_.secret));
     channel_ = std::move(joined.channel);
-    id_ = joined.welcome.your_id;
-    num_workers_ = joined.welcome.num_workers;
-    worker_peers_.assign(num_workers_, std::nullopt);
+    id_.store(joined.welcome.your_id, std::memory_order_relaxed);
+    const uint32_t num_workers = joined.welcome.num_workers;
+    worker_peers_.assign(num_workers, std::nullopt);
     for (const wire::Member& m : joined.welcome.members) {
       if (m.role != wire::Role::kWorker) continue;
       const std::string name = "worker " + std::to_string(m.id) + " (" + m.host + ")";
@@ -84,6 +84,10 @@ class ServerImpl final : public Server {
     for (uint32_t i = 0; i < opts_.engine_threads; ++i) {
       engines_.push_back(std::make_unique<WorkQueue>());
     }
+    // Publishes the job to the lanes' threads, which started before it was known: until now
+    // every push was refused (its sender >= 0 workers), and from now on the address book and
+    // engines it needs are there (release; OnPushHeader's load acquires).
+    num_workers_.store(num_workers, std::memory_order_release);
     control_ = std::thread([this] { ControlLoop(); });
     GL_LOG(kInfo) << "server " << id_ << " joined: " << num_workers_ << " workers";
     return Status::Ok();
@@ -428,8 +432,10 @@ class ServerImpl final : public Server {
 
   const ServerOptions opts_;
   const uint32_t job_hash_;
-  uint32_t id_ = 0;
-  uint32_t num_workers_ = 0;
+  // Written once in Init(), while the lanes already run: atomics, num_workers_ last (it
+  // publishes worker_peers_ and engines_ to the lanes' callbacks).
+  std::atomic<uint32_t> id_{0};
+  std::atomic<uint32_t> num_workers_{0};
   std::shared_ptr<transport::Fabric> fabric_;
   std::unique_ptr<Lane> push_lane_, pull_lane_;
   PushReceiver push_receiver_{this};

@@ -28,9 +28,18 @@ uint32_t ServersSpanned(const std::vector<wire::PartitionPlan>& parts) {
 
 }  // namespace
 
-void WorkerImpl::OnDataPeerFailed(const Status& s) {
-  std::lock_guard<std::mutex> lock(mu_);
+void WorkerImpl::OnDataPeerFailed(transport::PeerId peer, const Status& s) {
+  std::lock_guard lock(mu_);
+  if (!failure_.ok() || verdict_pending_) return;
   NoteDataPeerFailureLocked(s);
+  pending_peer_ = peer;
+}
+
+std::string WorkerImpl::ServerOfPeer(transport::PeerId peer) const {
+  for (size_t id = 0; id < server_peers_.size(); ++id) {
+    if (server_peers_[id] == peer) return server_names_[id];
+  }
+  return "a server";
 }
 
 void WorkerImpl::NoteDataPeerFailureLocked(const Status& s) {
@@ -41,8 +50,12 @@ void WorkerImpl::NoteDataPeerFailureLocked(const Status& s) {
 }
 
 std::optional<Status> WorkerImpl::ExpiredPeerFailure() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   if (!verdict_pending_ || Clock::now() - pending_since_ < kVerdictGrace) return std::nullopt;
+  if (pending_peer_) {
+    return PeerLost("worker " + std::to_string(rank_) + ": connection to " +
+                    ServerOfPeer(*pending_peer_) + " failed: " + pending_peer_failure_.message());
+  }
   return pending_peer_failure_;
 }
 
@@ -54,7 +67,7 @@ void WorkerImpl::FailJob(const Status& s) {
 }
 
 void WorkerImpl::FailAll(const Status& s, bool force) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   if (failure_.ok()) failure_ = s;
   verdict_pending_ = false;
   // Same-host ops end on their driving thread, which alone touches their buffers.
@@ -120,7 +133,7 @@ void WorkerImpl::ControlLoop() {
       case MsgType::kHeartbeat:
         break;
       case MsgType::kBarrierRelease: {
-        std::lock_guard<std::mutex> lock(mu_);
+        std::lock_guard lock(mu_);
         barrier_released_ = std::max(barrier_released_, f->header.round);
         cv_.notify_all();
         break;
@@ -142,7 +155,7 @@ void WorkerImpl::ControlLoop() {
 Status WorkerImpl::OnAssign(const transport::Frame& f) {
   std::shared_ptr<TensorState> t;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard lock(mu_);
     auto it = tensors_.find(f.header.key);
     if (it == tensors_.end()) return ProtocolError("kAssign for a key this worker never declared");
     t = it->second;
@@ -159,8 +172,9 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     GL_ASSIGN_OR_RETURN(wire::AssignMsg a, wire::DecodeAssign(f.payload, t->count, num_servers_));
     parts = std::move(a.partitions);
   }
+  IssueBatch batch;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard lock(mu_);
     if (t->planned) return ProtocolError("key assigned twice");
     t->planned = true;
     t->plan_status = plan_status;
@@ -171,8 +185,9 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     }
     StartNextLocked(*t);
     PumpLocked();
+    TakeIssueLocked(&batch);
   }
-  Issue();
+  Issue(std::move(batch));
   if (local_) local_->Nudge();  // the control thread does not copy tensors
   return Status::Ok();
 }

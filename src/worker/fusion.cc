@@ -152,7 +152,7 @@ Status WorkerImpl::DeclareFused(GroupPlan::Chunk& c, std::span<const TensorHandl
   GL_ASSIGN_OR_RETURN(c.fused, Declare(name, dtype, c.bytes / DataTypeSize(dtype)));
   const std::string members = std::to_string(c.members.size()) + " members (" + listed + ")";
   c.what = "fused tensor '" + name + "' (key " + KeyHex(c.fused.key()) + ") of " + members;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   TensorState& f = *c.fused.state_;
   if (!f.fused_members.empty()) return Status::Ok();  // declared by an earlier plan
   f.fused_members = members;

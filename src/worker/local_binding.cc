@@ -40,32 +40,40 @@ Status WorkerImpl::OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_po
   lo.chunk_bytes = opts_.local_chunk_bytes;
   lo.deadline = deadline;
   lo.cancelled = [this] {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard lock(mu_);
     return failure_;
   };
   GL_ASSIGN_OR_RETURN(std::shared_ptr<LocalReduce> local, LocalReduce::Open(lo));
   if (!local) return Status::Ok();  // no room in /dev/shm: the servers (Open warned)
-  std::lock_guard<std::mutex> lock(mu_);  // FailAll (the control thread) reads it
+  std::lock_guard lock(mu_);  // FailAll (the control thread) reads it
   local_ = std::move(local);
   if (!failure_.ok()) local_->Fail(failure_);
   return Status::Ok();
 }
 
-bool WorkerImpl::BindLocalLocked(TensorState& t, Op& op) {
-  if (!local_ || t.local_bound) return true;
-  Result<std::optional<LocalReduce::Channel>> c = local_->Bind(t.key, t.dtype, t.count);
-  if (!c.ok()) {
-    FinishLocked(op, Status(c.status().code(), "key " + KeyHex(t.key) + " '" + t.name +
-                                                   "': " + c.status().message()));
-    return false;
-  }
-  t.local_bound = true;
-  t.local = *c;
-  if (!t.local) {
-    GL_LOG(kInfo) << "worker " << rank_ << ": '" << t.name
-                  << "' goes through the servers: the same-host segment is full";
-  }
-  return true;
+void WorkerImpl::BindLocal(TensorState& t) {
+  if (!local_) return;
+  std::call_once(t.local_once, [&] {
+    Result<std::optional<LocalReduce::Channel>> c = local_->Bind(t.key, t.dtype, t.count);
+    if (c.ok() && !c->has_value()) {
+      GL_LOG(kInfo) << "worker " << rank_ << ": '" << t.name
+                    << "' goes through the servers: the same-host segment is full";
+    }
+    std::lock_guard lock(mu_);
+    t.local_bound = true;
+    if (c.ok()) {
+      t.local = *c;
+    } else {
+      t.local_status = Status(c.status().code(), "key " + KeyHex(t.key) + " '" + t.name +
+                                                     "': " + c.status().message());
+    }
+  });
+}
+
+bool WorkerImpl::LocalBindingOkLocked(TensorState& t, Op& op) {
+  if (t.local_status.ok()) return true;
+  FinishLocked(op, t.local_status);
+  return false;
 }
 
 void WorkerImpl::StartLocalLocked(TensorState& t, const std::shared_ptr<Op>& op) {
@@ -86,7 +94,7 @@ void WorkerImpl::StartLocalLocked(TensorState& t, const std::shared_ptr<Op>& op)
 
 void WorkerImpl::LocalDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,
                Clock::time_point last, Clock::time_point arrived) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   op->t_first_issue = first;
   op->t_pushed = last;
   op->t_arrived = arrived;

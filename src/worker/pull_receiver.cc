@@ -14,7 +14,7 @@ Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
     protocol_errors_++;
     return ProtocolError("unexpected frame on the pull lane");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   auto it = ops_.find(h.cookie);
   if (it == ops_.end()) return Aborted("late reply for a finished push_pull");
   Op& op = *it->second;
@@ -44,8 +44,9 @@ Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
 }
 
 void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
+  IssueBatch batch;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard lock(mu_);
     auto it = ops_.find(h.cookie);
     if (it == ops_.end()) return;
     std::shared_ptr<Op> op = it->second;
@@ -90,8 +91,9 @@ void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
     }
     TryFinishLocked(*op);
     PumpLocked();
+    TakeIssueLocked(&batch);
   }
-  Issue();
+  Issue(std::move(batch));
 }
 
 }  // namespace gradlink

@@ -47,9 +47,12 @@ std::shared_ptr<Op> WorkerImpl::StartOp(const TensorHandle& tensor, std::span<st
                                   std::to_string(want)));
     return op;
   }
+  // Before the state lock: binding may wait on another worker's claim in the segment.
+  BindLocal(*op->tensor);
   bool queued_behind_local = false;
+  IssueBatch batch;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard lock(mu_);
     op->id = next_op_id_++;
     TensorState& t = *op->tensor;
     if (!failure_.ok()) {
@@ -63,9 +66,10 @@ std::shared_ptr<Op> WorkerImpl::StartOp(const TensorHandle& tensor, std::span<st
       StartNextLocked(t);
       PumpLocked();
       queued_behind_local = t.local && t.busy && !t.queue.empty();
+      TakeIssueLocked(&batch);
     }
   }
-  Issue();
+  Issue(std::move(batch));
   if (local_) {
     local_->Kick();
     // The op waits for the tensor's running one, whose sums nobody may drive until someone
@@ -84,7 +88,7 @@ void WorkerImpl::StartNextLocked(TensorState& t) {
       FinishLocked(*op, t.plan_status.ok() ? t.member_failure : t.plan_status);
       continue;
     }
-    if (!BindLocalLocked(t, *op)) continue;
+    if (!LocalBindingOkLocked(t, *op)) continue;
     op->round = t.next_round++;
     if (t.local) {
       StartLocalLocked(t, op);
@@ -150,46 +154,62 @@ void WorkerImpl::PumpLocked() {
     o.payload = op.data.subspan(plan.offset * size, bytes);
     o.op = top.op;
     to_issue_.push_back(std::move(o));
+    pumped_ = true;
     pending_.pop();
   }
 }
 
-void WorkerImpl::Issue() {
-  std::vector<Outgoing> batch;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (issuing_ || to_issue_.empty()) return;
-    issuing_ = true;
-    batch.swap(to_issue_);
-  }
+// The issuer protocol. Every critical section that pumped something counts one request in
+// issue_requests_ (under mu_, together with its pushes in to_issue_). The thread whose request
+// finds the count at 0 is the issuer: it takes to_issue_ and sends outside the lock; the others
+// leave their pushes to it. After sending, the issuer releases the requests its batch covered;
+// if none came meanwhile the count is back at 0 and it is done without taking the lock again,
+// else it takes the lock once for everything queued since. So pushes reach the lane in pump
+// order, and a partition costs its pumping thread no second acquisition of mu_.
+bool WorkerImpl::TakeIssueLocked(IssueBatch* batch) {
+  if (!pumped_) return false;
+  pumped_ = false;
+  if (issue_requests_.fetch_add(1, std::memory_order_acq_rel) != 0) return false;
+  batch->items.swap(to_issue_);
+  batch->requests = 1;
+  return true;
+}
+
+void WorkerImpl::Issue(IssueBatch batch) {
+  if (batch.requests == 0) return;  // not the issuer (TakeIssueLocked)
   for (;;) {
-    for (Outgoing& o : batch) {
+    for (Outgoing& o : batch.items) {
       push_lane_->Send(o.peer, o.header, o.payload,
                        [this, op = o.op, part = o.header.partition](const Status& s) {
                          PushDone(op, part, s);
                        });
     }
-    batch.clear();
-    std::lock_guard<std::mutex> lock(mu_);
-    if (to_issue_.empty()) {
-      issuing_ = false;
+    batch.items.clear();
+    if (issue_requests_.fetch_sub(batch.requests, std::memory_order_acq_rel) == batch.requests) {
       return;
     }
-    batch.swap(to_issue_);
+    // Others pumped while we sent: everything they queued is in to_issue_, and each of them
+    // counted a request under mu_, so the count read under mu_ covers exactly that. The
+    // emptied vector goes back with its capacity: no allocation per batch.
+    std::lock_guard lock(mu_);
+    batch.items.swap(to_issue_);
+    batch.requests = issue_requests_.load(std::memory_order_acquire);
   }
 }
 
 void WorkerImpl::PushDone(const std::shared_ptr<Op>& op, uint32_t part, const Status& s) {
+  IssueBatch batch;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard lock(mu_);
     if (!op->finished) op->t_pushed = Clock::now();
     ReleaseCreditLocked(*op, part);
     op->sending--;
     if (!s.ok()) AbandonLocked(*op, s);
     TryFinishLocked(*op);
     PumpLocked();
+    TakeIssueLocked(&batch);
   }
-  Issue();
+  Issue(std::move(batch));
 }
 
 void WorkerImpl::AnsweredLocked(const std::shared_ptr<Op>& op, uint32_t part) {

@@ -42,7 +42,11 @@ struct TensorState {
   uint32_t servers_spanned = 0;            // distinct servers among `parts`
   // The same-host path (LocalReduce): bound on the first op after the plan; `local` empty when
   // the tensor goes through the servers.
+  // Bound once (local_once), by the first op's caller, outside WorkerImpl::mu_: a claim in the
+  // segment may wait on another process. `local_bound` and what follows are guarded by mu_.
+  std::once_flag local_once;
   bool local_bound = false;
+  Status local_status;  // the bind failed (another worker bound the key with another shape)
   std::optional<LocalReduce::Channel> local;
   uint64_t next_round = 0;
   bool busy = false;                       // an op of this tensor is in flight

@@ -83,7 +83,7 @@ Result<TensorHandle> WorkerImpl::Declare(std::string_view name, DataType dtype, 
   const uint64_t key = wire::TensorKey(opts_.job, name);
   std::shared_ptr<TensorState> t;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard lock(mu_);
     if (!failure_.ok()) return failure_;
     auto it = tensors_.find(key);
     if (it != tensors_.end()) {
@@ -156,7 +156,7 @@ Status WorkerImpl::Barrier(Clock::time_point deadline) {
   if (local_ && local_->busy()) local_->Nudge();
   uint64_t seq;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard lock(mu_);
     if (!failure_.ok()) return failure_;
     seq = ++barrier_sent_;
   }
@@ -166,7 +166,7 @@ Status WorkerImpl::Barrier(Clock::time_point deadline) {
   h.sender = rank_;
   h.round = seq;
   GL_RETURN_IF_ERROR(channel_->Send(h, {}, deadline));
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   if (!cv_.wait_until(lock, deadline,
                       [&] { return barrier_released_ >= seq || !failure_.ok(); })) {
     return Timeout("barrier " + std::to_string(seq) + " on rank " + std::to_string(rank_) +

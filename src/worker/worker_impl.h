@@ -38,6 +38,7 @@
 #include "worker/fusion_pool.h"
 #include "worker/local_reduce.h"
 #include "worker/state.h"
+#include "worker/state_mutex.h"
 
 namespace gradlink {
 
@@ -71,6 +72,9 @@ class WorkerImpl final : public Worker {
   Status Barrier(Clock::time_point deadline) override;
 
   Status Shutdown(Clock::time_point deadline) override;
+
+  // Test hook: the state lock, to count its acquisitions (state_mutex.h).
+  internal::StateMutex& state_mutex_for_testing() { return mu_; }
 
  private:
   struct Outgoing {
@@ -152,7 +156,16 @@ class WorkerImpl final : public Worker {
   // earlier one waits for a core, and every server would wait for this worker's first
   // partitions (seen on bench/netcluster: one worker's partitions 9 and 13 reached a server
   // 9 ms before its partitions 1 and 5).
-  void Issue();
+  // Pushes one issuer hands to the lane, and the issue requests they answer (push_queue.cc).
+  struct IssueBatch {
+    std::vector<Outgoing> items;
+    uint32_t requests = 0;  // 0: this thread is not the issuer
+  };
+  void Issue(IssueBatch batch);
+  // Under mu_, after PumpLocked: counts this section's pushes as one issue request; when no
+  // thread is issuing, makes this one the issuer and moves the pushes into `batch` (for Issue,
+  // once the lock is released).
+  bool TakeIssueLocked(IssueBatch* batch);
 
   // A push has left (or failed). Credit comes back here, not at the pull: a worker waiting for
   // its pulls must never hold the credit that the other workers' rounds need. Which partitions
@@ -193,7 +206,11 @@ class WorkerImpl final : public Worker {
   // exited because the job failed for another reason (its kAbort may still be on the way to
   // us). The control thread waits kVerdictGrace for the scheduler's verdict before failing the
   // job with this status.
-  void OnDataPeerFailed(const Status& s);
+  // `peer` is a push-lane endpoint (Lane::Connect); it is named (ServerOfPeer) only on the
+  // control thread, which starts after every endpoint's server is recorded.
+  void OnDataPeerFailed(transport::PeerId peer, const Status& s);
+  // The name of the server whose push-lane endpoint is `peer` ("a server" if none is).
+  std::string ServerOfPeer(transport::PeerId peer) const;
 
   void NoteDataPeerFailureLocked(const Status& s);
 
@@ -226,10 +243,7 @@ class WorkerImpl final : public Worker {
       w_->OnPayload(h, false, s);
     }
     void OnPeerFailed(transport::PeerId peer, const Status& s) override {
-      w_->OnDataPeerFailed(PeerLost(
-          "worker " + std::to_string(w_->rank_) + ": connection to " +
-          (peer < w_->server_names_.size() ? w_->server_names_[peer] : "a server") +
-          " failed: " + s.message()));
+      w_->OnDataPeerFailed(peer, s);
     }
 
    private:
@@ -248,8 +262,11 @@ class WorkerImpl final : public Worker {
   // worker of the job is on this host (the address book's host names agree).
   Status OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_point deadline);
 
-  // Binds t to its same-host channel on its first op. False if `op` failed instead (finished).
-  bool BindLocalLocked(TensorState& t, Op& op);
+  // Binds t to its same-host channel, once, on its first op's caller; never under mu_ (a claim
+  // may wait up to 5 s on another process). No-op without the same-host path.
+  void BindLocal(TensorState& t);
+  // False, finishing `op` with the error, if binding t failed.
+  bool LocalBindingOkLocked(TensorState& t, Op& op);
 
   void StartLocalLocked(TensorState& t, const std::shared_ptr<Op>& op);
 
@@ -264,6 +281,8 @@ class WorkerImpl final : public Worker {
   std::unique_ptr<transport::Lane> push_lane_, pull_lane_;
   std::shared_ptr<LocalReduce> local_;  // the same-host path; null when off
   Receiver receiver_{this};
+  // By server id; written in Init() before the control thread starts and before any op exists
+  // (lane callbacks that may run during Init read neither), then read-only.
   std::vector<transport::PeerId> server_peers_;
   std::vector<std::string> server_names_;
   std::unique_ptr<transport::ControlChannel> channel_;
@@ -271,11 +290,13 @@ class WorkerImpl final : public Worker {
   std::atomic<bool> shut_down_{false};
   std::atomic<uint64_t> protocol_errors_{0};
 
-  std::mutex mu_;
-  std::condition_variable cv_;
+  internal::StateMutex mu_;
+  std::condition_variable_any cv_;
   Status failure_;  // sticky
   bool verdict_pending_ = false;  // a data endpoint failed; see OnDataPeerFailed
   Status pending_peer_failure_;
+  // The endpoint behind pending_peer_failure_ when a lane reported it (named when it expires).
+  std::optional<transport::PeerId> pending_peer_;
   Clock::time_point pending_since_;
   std::unordered_map<uint64_t, std::shared_ptr<TensorState>> tensors_;
   std::unordered_map<uint64_t, std::shared_ptr<Op>> ops_;  // by id; in flight
@@ -283,7 +304,9 @@ class WorkerImpl final : public Worker {
   std::priority_queue<Pending> pending_;
   uint64_t next_op_id_ = 1, next_seq_ = 0, bytes_in_flight_ = 0;
   std::vector<Outgoing> to_issue_;  // pumped, not yet handed to the push lane (Issue)
-  bool issuing_ = false;            // a thread is in Issue(), handing them over
+  bool pumped_ = false;             // PumpLocked queued pushes this critical section
+  // Requests to issue not yet answered; nonzero while a thread is in Issue() (push_queue.cc).
+  std::atomic<uint32_t> issue_requests_{0};
   uint64_t barrier_sent_ = 0, barrier_released_ = 0;
 
   const std::shared_ptr<internal::Counters> counters_ = std::make_shared<internal::Counters>();
