@@ -134,7 +134,7 @@ class PyWorker {
  public:
   PyWorker(const std::string& scheduler, const std::string& job, int32_t rank,
            uint64_t partition_bytes, uint64_t max_bytes_in_flight, bool single_lane,
-           const std::string& transport, double connect_timeout_s, const std::string& host_name,
+           double connect_timeout_s, const std::string& host_name,
            std::optional<uint64_t> fusion_buffer_bytes,
            std::optional<uint64_t> fusion_threshold_bytes, uint64_t max_bytes_ahead,
            uint64_t local_arena_bytes, std::optional<uint64_t> local_chunk_bytes) {
@@ -152,7 +152,6 @@ class PyWorker {
     o.partition_bytes = partition_bytes;
     o.max_bytes_in_flight = max_bytes_in_flight;
     o.single_lane = single_lane;
-    o.transport = transport;
     o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
     o.host_name = host_name;
     // The job secret from GRADLINK_SECRET / GRADLINK_SECRET_FILE (gradlink-run sets the first).
@@ -428,12 +427,12 @@ PYBIND11_MODULE(_gradlink, m) {
 
   py::class_<PyWorker>(m, "Worker", "One worker of a gradlink job (the C++ gradlink::Worker).")
       .def(py::init<const std::string&, const std::string&, int32_t, uint64_t, uint64_t, bool,
-                    const std::string&, double, const std::string&, std::optional<uint64_t>,
+                    double, const std::string&, std::optional<uint64_t>,
                     std::optional<uint64_t>, uint64_t, uint64_t, std::optional<uint64_t>>(),
            py::arg("scheduler"), py::arg("job") = "default", py::arg("rank") = -1,
            py::arg("partition_bytes") = uint64_t{4} << 20,
            py::arg("max_bytes_in_flight") = uint64_t{32} << 20, py::arg("single_lane") = false,
-           py::arg("transport") = "ucx", py::arg("connect_timeout") = 30.0,
+           py::arg("connect_timeout") = 30.0,
            py::arg("host_name") = "", py::arg("fusion_buffer_bytes") = py::none(),
            py::arg("fusion_threshold_bytes") = py::none(), py::arg("max_bytes_ahead") = 0,
            py::arg("local_arena_bytes") = 0, py::arg("local_chunk_bytes") = py::none(),

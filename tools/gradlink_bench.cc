@@ -47,7 +47,7 @@ namespace {
 
 struct Config {
   uint32_t workers = 2, servers = 1;
-  std::string begin = "4K", end = "64M", dtype_name = "fp32", scheduler, job = "bench";
+  std::string begin = "4K", end = "64M", dtype_name = "fp32", scheduler, job = "default";
   double factor = 2;
   int iters = 20, warmup = 3;
   bool average = false, single_lane = false;

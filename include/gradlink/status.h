@@ -61,7 +61,14 @@ Status ResourceExhausted(std::string msg);
 Status Unavailable(std::string msg);
 Status Internal(std::string msg);
 
-// A value or the Status that explains why there is none.
+namespace internal {
+// Reading the value of a Result that holds an error is a bug in the caller: this prints the
+// error ("Result::value() on an error: ...") and aborts, never undefined behaviour.
+[[noreturn]] void ValueOfErrorResult(const Status& status);
+}  // namespace internal
+
+// A value or the Status that explains why there is none. value(), * and -> on an error abort
+// with that error (internal::ValueOfErrorResult); check ok() first.
 template <typename T>
 class [[nodiscard]] Result {
  public:
@@ -72,15 +79,24 @@ class [[nodiscard]] Result {
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return std::move(*value_); }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
-  T& operator*() { return *value_; }
-  const T& operator*() const { return *value_; }
+  T& value() & { return Checked(); }
+  const T& value() const& { return Checked(); }
+  T&& value() && { return std::move(Checked()); }
+  T* operator->() { return &Checked(); }
+  const T* operator->() const { return &Checked(); }
+  T& operator*() { return Checked(); }
+  const T& operator*() const { return Checked(); }
 
  private:
+  T& Checked() {
+    if (!value_) internal::ValueOfErrorResult(status_);
+    return *value_;
+  }
+  const T& Checked() const {
+    if (!value_) internal::ValueOfErrorResult(status_);
+    return *value_;
+  }
+
   Status status_;
   std::optional<T> value_;
 };

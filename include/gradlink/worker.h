@@ -114,7 +114,9 @@ class PushPullHandle {
   // is still running at the deadline (it goes on: the buffer must stay alive until a later
   // Wait() returns something other than kTimeout). For a group, OK once every member holds its
   // sum; the first failing member's error otherwise (every member's operation has ended then).
-  Status Wait(Clock::time_point deadline = Clock::time_point::max()) const;
+  Status Wait(Clock::time_point deadline) const;
+  // Wait() with the worker's WorkerOptions::operation_timeout (300 s by default) from now.
+  Status Wait() const;
   // True once Wait() would return without blocking. For a group whose operations have all
   // ended, Poll() first copies the results out of the fusion buffers (as Wait() would).
   bool Poll() const;

@@ -1,5 +1,8 @@
 #include "gradlink/status.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace gradlink {
 
 std::string_view CodeName(Code code) {
@@ -38,5 +41,15 @@ Status Aborted(std::string msg) { return Status(Code::kAborted, std::move(msg));
 Status ResourceExhausted(std::string msg) { return Status(Code::kResourceExhausted, std::move(msg)); }
 Status Unavailable(std::string msg) { return Status(Code::kUnavailable, std::move(msg)); }
 Status Internal(std::string msg) { return Status(Code::kInternal, std::move(msg)); }
+
+namespace internal {
+
+void ValueOfErrorResult(const Status& status) {
+  std::fprintf(stderr, "gradlink: Result::value() on an error: %s\n", status.ToString().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace internal
 
 }  // namespace gradlink

@@ -9,15 +9,10 @@ constexpr auto kJoinPoll = std::chrono::milliseconds(100);
 
 }  // namespace
 
-Result<std::shared_ptr<transport::Fabric>> MakeFabric(const std::string& kind,
-                                                      std::shared_ptr<transport::Fabric> given) {
+Result<std::shared_ptr<transport::Fabric>> FabricOrUcx(std::shared_ptr<transport::Fabric> given) {
   if (given) return given;
-  if (kind == "ucx") {
-    GL_ASSIGN_OR_RETURN(std::unique_ptr<transport::Fabric> f, transport::CreateUcxFabric());
-    return std::shared_ptr<transport::Fabric>(std::move(f));
-  }
-  if (kind == "inproc") return InvalidArgument("transport 'inproc' needs options.fabric");
-  return InvalidArgument("unknown transport '" + kind + "' (expected ucx or inproc)");
+  GL_ASSIGN_OR_RETURN(std::unique_ptr<transport::Fabric> f, transport::CreateUcxFabric());
+  return std::shared_ptr<transport::Fabric>(std::move(f));
 }
 
 Liveness::Liveness(transport::ControlChannel* channel, uint32_t job_hash, uint32_t sender)

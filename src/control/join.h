@@ -12,9 +12,8 @@
 
 namespace gradlink {
 
-// The fabric named by `kind` ("ucx", or "inproc" with `given` set).
-Result<std::shared_ptr<transport::Fabric>> MakeFabric(const std::string& kind,
-                                                      std::shared_ptr<transport::Fabric> given);
+// `given` when set (tests: the inproc fabric), else a new UCX fabric.
+Result<std::shared_ptr<transport::Fabric>> FabricOrUcx(std::shared_ptr<transport::Fabric> given);
 
 struct Joined {
   std::unique_ptr<transport::ControlChannel> channel;

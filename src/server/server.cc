@@ -12,6 +12,7 @@
 #include "common/work_queue.h"
 #include "server/partition_state.h"
 #include "control/join.h"
+#include "server/start_on.h"
 
 namespace gradlink {
 namespace {
@@ -35,7 +36,8 @@ constexpr uint64_t kInlineSumBytes = 16 << 10;
 
 class ServerImpl final : public Server {
  public:
-  explicit ServerImpl(const ServerOptions& o) : opts_(o), job_hash_(wire::JobHash(o.job)) {}
+  ServerImpl(const ServerOptions& o, std::shared_ptr<transport::Fabric> fabric)
+      : opts_(o), job_hash_(wire::JobHash(o.job)), fabric_(std::move(fabric)) {}
   ~ServerImpl() override { Stop(); }
 
   Status Init() {
@@ -44,7 +46,7 @@ class ServerImpl final : public Server {
       return InvalidArgument("server " + wire::ServerWeightError(opts_.weight));
     }
     const auto deadline = transport::Clock::now() + opts_.connect_timeout;
-    GL_ASSIGN_OR_RETURN(fabric_, MakeFabric(opts_.transport, opts_.fabric));
+    GL_ASSIGN_OR_RETURN(fabric_, FabricOrUcx(std::move(fabric_)));
     GL_ASSIGN_OR_RETURN(push_lane_, fabric_->CreateLane("server push lane"));
     if (!opts_.single_lane) {
       GL_ASSIGN_OR_RETURN(pull_lane_, fabric_->CreateLane("server pull lane"));
@@ -460,10 +462,15 @@ class ServerImpl final : public Server {
 
 }  // namespace
 
-Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
-  auto s = std::make_unique<ServerImpl>(options);
+Result<std::unique_ptr<Server>> StartServerOn(const ServerOptions& options,
+                                              std::shared_ptr<transport::Fabric> fabric) {
+  auto s = std::make_unique<ServerImpl>(options, std::move(fabric));
   GL_RETURN_IF_ERROR(s->Init());
   return std::unique_ptr<Server>(std::move(s));
+}
+
+Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  return StartServerOn(options, nullptr);
 }
 
 }  // namespace gradlink

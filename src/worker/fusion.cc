@@ -14,6 +14,7 @@ PushPullHandle WorkerImpl::PushPullGroup(std::span<const TensorHandle> tensors,
                              const PushPullOptions& options) {
   auto g = std::make_shared<Group>();
   g->t_call = Clock::now();
+  g->timeout = opts_.operation_timeout;
   g->counters = counters_;
   PushPullHandle handle(g);
   counters_->groups.fetch_add(1, std::memory_order_relaxed);

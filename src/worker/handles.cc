@@ -150,6 +150,12 @@ Status PushPullHandle::Wait(Clock::time_point deadline) const {
   return op_->status;
 }
 
+Status PushPullHandle::Wait() const {
+  if (group_) return Wait(Clock::now() + group_->timeout);
+  if (!op_) return InvalidArgument("Wait() on an empty PushPullHandle");
+  return Wait(Clock::now() + op_->timeout);
+}
+
 bool PushPullHandle::Poll() const {
   if (group_) return PollGroup(*group_);
   if (!op_) return true;

@@ -30,6 +30,7 @@ std::shared_ptr<Op> WorkerImpl::StartOp(const TensorHandle& tensor, std::span<st
                             const PushPullOptions& options, std::shared_ptr<std::byte> owned) {
   auto op = std::make_shared<Op>();
   op->t_call = Clock::now();
+  op->timeout = opts_.operation_timeout;
   op->local = local_;
   op->tensor = tensor.state_;
   op->data = data;

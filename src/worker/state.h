@@ -64,6 +64,7 @@ struct Op {
   std::span<std::byte> data;
   PushPullOptions options;
   uint64_t id = 0;
+  Clock::duration timeout{};  // WorkerOptions::operation_timeout: for Wait() without a deadline
   // The worker's same-host path, if it has one: waiting on the op drives it (LocalReduce::Wait),
   // whichever way the op goes (the op's tensor may not be planned yet).
   std::shared_ptr<LocalReduce> local;
@@ -117,6 +118,7 @@ struct Group {
     Clock::time_point t_call, t_first_issue, t_pushed, t_arrived, t_done;
   };
   std::string what;  // "push_pull group of N tensors (...)"
+  Clock::duration timeout{};  // WorkerOptions::operation_timeout: for Wait() without a deadline
   std::shared_ptr<Counters> counters;
   std::shared_ptr<const void> plan;  // keeps the `what` strings of the parts alive
   Clock::time_point t_call, t_started;

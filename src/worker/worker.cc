@@ -26,7 +26,7 @@ Status WorkerImpl::Init() {
                            " is too large");
   }
   const auto deadline = Clock::now() + opts_.connect_timeout;
-  GL_ASSIGN_OR_RETURN(fabric_, MakeFabric(opts_.transport, opts_.fabric));
+  GL_ASSIGN_OR_RETURN(fabric_, FabricOrUcx(std::move(fabric_)));
   GL_ASSIGN_OR_RETURN(push_lane_, fabric_->CreateLane("worker push lane"));
   if (!opts_.single_lane) {
     GL_ASSIGN_OR_RETURN(pull_lane_, fabric_->CreateLane("worker pull lane"));
@@ -196,10 +196,15 @@ Status WorkerImpl::Shutdown(Clock::time_point deadline) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& options) {
-  auto w = std::make_unique<WorkerImpl>(options);
+Result<std::unique_ptr<Worker>> ConnectWorkerOn(const WorkerOptions& options,
+                                                std::shared_ptr<transport::Fabric> fabric) {
+  auto w = std::make_unique<WorkerImpl>(options, std::move(fabric));
   GL_RETURN_IF_ERROR(w->Init());
   return std::unique_ptr<Worker>(std::move(w));
+}
+
+Result<std::unique_ptr<Worker>> Worker::Connect(const WorkerOptions& options) {
+  return ConnectWorkerOn(options, nullptr);
 }
 
 }  // namespace gradlink

@@ -47,9 +47,15 @@ using internal::LocalReduce;
 using internal::Op;
 using internal::TensorState;
 
+// Internal entry for tests: a Worker on a given fabric (the inproc fabric: threads as ranks in one
+// process) instead of UCX. Worker::Connect(options) is ConnectWorkerOn(options, nullptr).
+Result<std::unique_ptr<Worker>> ConnectWorkerOn(const WorkerOptions& options,
+                                                std::shared_ptr<transport::Fabric> fabric);
+
 class WorkerImpl final : public Worker {
  public:
-  explicit WorkerImpl(const WorkerOptions& o) : opts_(o), job_hash_(wire::JobHash(o.job)) {}
+  WorkerImpl(const WorkerOptions& o, std::shared_ptr<transport::Fabric> fabric)
+      : opts_(o), job_hash_(wire::JobHash(o.job)), fabric_(std::move(fabric)) {}
   ~WorkerImpl() override { Shutdown(Clock::now() + std::chrono::seconds(5)).IgnoreError(); }
 
   Status Init();

@@ -478,7 +478,7 @@ struct Args {
 int Run(const Args& a) {
   const uint32_t job = wire::JobHash(a.job);
   const auto join_deadline = Clock::now() + std::chrono::seconds(a.wait_s);
-  auto fabric = gl::MakeFabric("ucx", nullptr);
+  auto fabric = gl::FabricOrUcx(nullptr);
   if (!fabric.ok()) {
     std::fprintf(stderr, "rogue: fabric: %s\n", fabric.status().ToString().c_str());
     return 1;

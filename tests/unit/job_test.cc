@@ -28,6 +28,8 @@
 #include "transport/transport.h"
 #include "unit/support/job_harness.h"
 #include "wire/frame.h"
+#include "server/start_on.h"
+#include "worker/worker_impl.h"
 
 namespace gradlink {
 namespace {
@@ -366,11 +368,9 @@ TEST(JobTest, SingleLaneMode) {
   std::thread ts([&] {
     ServerOptions o;
     o.scheduler = address;
-    o.transport = "inproc";
-    o.fabric = fabric;
     o.single_lane = true;
     o.connect_timeout = kConnectTimeout;
-    auto s = Server::Start(o);
+    auto s = StartServerOn(o, fabric);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     if (s.ok()) server = std::move(s).value();
   });
@@ -380,12 +380,10 @@ TEST(JobTest, SingleLaneMode) {
       WorkerOptions o;
       o.scheduler = address;
       o.rank = r;
-      o.transport = "inproc";
-      o.fabric = fabric;
       o.single_lane = r == 0;  // one worker of each kind
       o.partition_bytes = 1024;
       o.connect_timeout = kConnectTimeout;
-      auto x = Worker::Connect(o);
+      auto x = ConnectWorkerOn(o, fabric);
       EXPECT_TRUE(x.ok()) << x.status().ToString();
       if (x.ok()) w[r] = std::move(x).value();
     });

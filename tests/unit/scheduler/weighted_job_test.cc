@@ -20,6 +20,7 @@
 #include "control/join.h"
 #include "transport/transport.h"
 #include "unit/support/job_harness.h"
+#include "server/start_on.h"
 
 namespace gradlink {
 namespace {
@@ -166,12 +167,10 @@ TEST(WeightedJobTest, InvalidWeightIsRefusedBeforeJoining) {
                    -std::numeric_limits<double>::infinity(), 1e-7, 2e6}) {
     ServerOptions o;
     o.scheduler = "127.0.0.1:1";  // never contacted: the options are checked first
-    o.transport = "inproc";
-    o.fabric = transport::CreateInprocFabric();
     o.connect_timeout = 5s;
     o.weight = w;
     const auto start = Clock::now();
-    auto s = Server::Start(o);
+    auto s = StartServerOn(o, transport::CreateInprocFabric());
     ASSERT_FALSE(s.ok()) << "weight " << w;
     EXPECT_EQ(s.status().code(), Code::kInvalidArgument) << s.status().ToString();
     EXPECT_NE(s.status().message().find("weight"), std::string::npos) << s.status().ToString();

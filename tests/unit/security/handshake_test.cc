@@ -33,6 +33,8 @@
 #include "control/join.h"
 #include "transport/transport.h"
 #include "wire/frame.h"
+#include "server/start_on.h"
+#include "worker/worker_impl.h"
 
 namespace gradlink::security {
 namespace {
@@ -383,15 +385,12 @@ std::unique_ptr<Scheduler> StartScheduler(std::optional<std::string> secret, uin
   return s.ok() ? std::move(s).value() : nullptr;
 }
 
-WorkerOptions WorkerOpts(uint16_t port, std::shared_ptr<transport::Fabric> fabric, int32_t rank,
-                         std::optional<std::string> secret) {
+WorkerOptions WorkerOpts(uint16_t port, int32_t rank, std::optional<std::string> secret) {
   WorkerOptions o;
   o.scheduler = "127.0.0.1:" + std::to_string(port);
   o.job = "auth-job";
   o.rank = rank;
   o.partition_bytes = 4096;
-  o.transport = "inproc";
-  o.fabric = std::move(fabric);
   o.connect_timeout = 20s;
   o.secret = std::move(secret);
   return o;
@@ -407,7 +406,7 @@ TEST(AuthJobTest, HonestJobCompletesAndIntrudersAreRefused) {
   // Intruders first, before the honest members: wrong secret, and no secret.
   for (std::optional<std::string> bad : {std::optional<std::string>(kOther), std::optional<std::string>()}) {
     const auto t0 = Clock::now();
-    auto w = Worker::Connect(WorkerOpts(sched->port(), fabric, 0, bad));
+    auto w = ConnectWorkerOn(WorkerOpts(sched->port(), 0, bad), fabric);
     const auto took = Clock::now() - t0;
     ASSERT_FALSE(w.ok());
     EXPECT_EQ(w.status().code(), Code::kAuthFailed) << w.status().ToString();
@@ -427,8 +426,6 @@ TEST(AuthJobTest, HonestJobCompletesAndIntrudersAreRefused) {
   ServerOptions so;
   so.scheduler = "127.0.0.1:" + std::to_string(sched->port());
   so.job = "auth-job";
-  so.transport = "inproc";
-  so.fabric = fabric;
   so.connect_timeout = 20s;
   so.secret = kSecret;
   std::unique_ptr<Server> server;
@@ -436,13 +433,13 @@ TEST(AuthJobTest, HonestJobCompletesAndIntrudersAreRefused) {
   std::vector<Status> errors(3);
   std::vector<std::thread> threads;
   threads.emplace_back([&] {
-    auto s = Server::Start(so);
+    auto s = StartServerOn(so, fabric);
     if (s.ok()) server = std::move(s).value();
     else errors[2] = s.status();
   });
   for (int32_t r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      auto w = Worker::Connect(WorkerOpts(sched->port(), fabric, r, kSecret));
+      auto w = ConnectWorkerOn(WorkerOpts(sched->port(), r, kSecret), fabric);
       if (w.ok()) workers[r] = std::move(w).value();
       else errors[r] = w.status();
     });

@@ -8,6 +8,8 @@
 
 #include "control/join.h"
 #include "wire/frame.h"
+#include "server/start_on.h"
+#include "worker/worker_impl.h"
 
 namespace gradlink::test {
 
@@ -62,12 +64,10 @@ void Job::Start(const JobConfig& config) {
       ServerOptions o;
       o.scheduler = address;
       o.job = config.job;
-      o.transport = "inproc";
-      o.fabric = fabric_;
       o.connect_timeout = kConnectTimeout;
       o.host_name = "server-host-" + std::to_string(i);
       if (!config.server_weights.empty()) o.weight = config.server_weights[i];
-      Result<std::unique_ptr<Server>> s = Server::Start(o);
+      Result<std::unique_ptr<Server>> s = StartServerOn(o, fabric_);
       if (s.ok()) servers_[i] = std::move(s).value();
       else errors[i] = s.status();
     });
@@ -98,14 +98,13 @@ void Job::Start(const JobConfig& config) {
       o.max_bytes_ahead = config.max_bytes_ahead;
       o.fusion_buffer_bytes = config.fusion_buffer_bytes;
       o.fusion_threshold_bytes = config.fusion_threshold_bytes;
-      o.transport = "inproc";
-      o.fabric = fabric_;
+      o.operation_timeout = config.operation_timeout;
       o.connect_timeout = kConnectTimeout;
       o.host_name = "worker-host-" + std::to_string(r);
       o.local_arena_bytes = config.local_arena_bytes;
       o.local_chunk_bytes = config.local_chunk_bytes;
       if (config.local_arena_bytes > 0) o.host_name = "one-host/" + std::to_string(r);
-      Result<std::unique_ptr<Worker>> w = Worker::Connect(o);
+      Result<std::unique_ptr<Worker>> w = ConnectWorkerOn(o, fabric_);
       if (w.ok()) workers_[r] = std::move(w).value();
       else errors[config.servers + r] = w.status();
     });

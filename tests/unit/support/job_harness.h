@@ -57,6 +57,7 @@ struct JobConfig {
   // themselves "one-host/<rank>": one machine.
   uint64_t local_arena_bytes = 0;
   uint64_t local_chunk_bytes = 256u << 10;
+  std::chrono::milliseconds operation_timeout = WorkerOptions{}.operation_timeout;
 };
 
 class Job {
