@@ -308,9 +308,13 @@ void SchedulerImpl::CheckConnection(Connection& c, Clock::time_point now) {
   const auto oldest = c.link.oldest_queued();
   const size_t queued = c.link.queued_bytes();
   if (queued > kMaxQueuedBytes || (oldest.has_value() && now - *oldest > transport::kSilenceLimit)) {
-    const std::string why = std::to_string(queued) + " bytes to it waited up to " +
-                            std::to_string(oldest.has_value() ? Ms(now - *oldest) : 0) +
-                            " ms unread";
+    const std::string waited = std::to_string(oldest.has_value() ? Ms(now - *oldest) : 0) + " ms";
+    const std::string why =
+        queued > kMaxQueuedBytes
+            ? std::to_string(queued) + " bytes wait for it (the limit is " +
+                  std::to_string(kMaxQueuedBytes) + "), the oldest for " + waited
+            : std::to_string(queued) + " bytes wait for it, the oldest for " + waited +
+                  " (the limit is " + std::to_string(Ms(transport::kSilenceLimit)) + " ms)";
     c.link.Close();
     if (c.registered && !c.left && !finished()) {
       Finish(PeerLost(MemberName(c) + " does not read what the scheduler sends (" + why +

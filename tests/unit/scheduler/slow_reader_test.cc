@@ -40,9 +40,6 @@ using wire::MsgType;
 using wire::Role;
 
 constexpr char kJob[] = "slow-reader";
-// Partitions per declared tensor: each kAssign carries 20 bytes per partition (160 KB), so a few
-// of them fill a socket that is not read.
-constexpr uint64_t kPartitions = 8000;
 
 std::string Millis(Clock::duration d) {
   return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) + " ms";
@@ -134,7 +131,12 @@ std::unique_ptr<ControlChannel> ConnectTinyReceiveBuffer(uint16_t port) {
   return std::make_unique<ControlChannel>(fd, "stuck client");
 }
 
-TEST(SlowReaderTest, MemberThatStopsReadingIsFailedAloneWhileTheOthersProgress) {
+// Runs the job above: every 100 ms each worker declares a tensor of `partitions` partitions
+// (its kAssign carries 20 bytes per partition) and enters a barrier round. Expects the stuck
+// worker failed within `bound` of the traffic's start, for `why` (a part of the message), and
+// at least `min_rounds` rounds measured before that.
+void ExpectStuckWorkerFailedAlone(uint64_t partitions, Clock::duration bound, const char* why,
+                                  size_t min_rounds) {
   SchedulerOptions so;
   so.host = "127.0.0.1";
   so.port = 0;
@@ -225,7 +227,7 @@ TEST(SlowReaderTest, MemberThatStopsReadingIsFailedAloneWhileTheOthersProgress) 
       wire::Header h = w->Header(MsgType::kDeclare);
       h.key = key;
       h.dtype = static_cast<uint8_t>(DataType::kFloat32);
-      h.count = kPartitions;
+      h.count = partitions;
       w->Send(h, wire::Encode(wire::DeclareMsg{name, 4}));  // one element per partition
       wire::Header b = w->Header(MsgType::kBarrier);
       b.round = round;
@@ -242,13 +244,12 @@ TEST(SlowReaderTest, MemberThatStopsReadingIsFailedAloneWhileTheOthersProgress) 
   joined();
   (*sched)->Stop();
 
-  // (3) The job failed with kPeerLost naming the stuck worker, within a bound: its socket fills
-  // in well under a second of this traffic, and its queue then waits kSilenceLimit.
-  const auto bound = transport::kSilenceLimit + 5s;
+  // (3) The job failed with kPeerLost naming the stuck worker, within the bound.
   EXPECT_LT(traffic_end - traffic_start, bound) << "no kAbort within " << Millis(bound);
   EXPECT_EQ(result.code(), Code::kPeerLost) << result.ToString();
   EXPECT_NE(result.message().find("worker 2"), std::string::npos) << result.message();
   EXPECT_NE(result.message().find("stuck-host"), std::string::npos) << result.message();
+  EXPECT_NE(result.message().find(why), std::string::npos) << result.message();
   Clock::time_point failed_at = traffic_end;
   for (Member* m : healthy) {
     std::lock_guard<std::mutex> lock(m->mu);
@@ -293,8 +294,21 @@ TEST(SlowReaderTest, MemberThatStopsReadingIsFailedAloneWhileTheOthersProgress) 
       EXPECT_LT(a->second - at, 1s) << w->host << ": tensor of round " << round << " took "
                                     << Millis(a->second - at);
     }
-    EXPECT_GE(checked, 10u) << "the stuck worker was failed before the test measured anything";
+    EXPECT_GE(checked, min_rounds) << "the stuck worker was failed before the test measured much";
   }
+}
+
+// 160 KB per kAssign: the stuck worker's socket is full at once, its queue stays under
+// kMaxQueuedBytes, and its oldest frame has waited kSilenceLimit after about that long.
+TEST(SlowReaderTest, MemberThatStopsReadingIsFailedAloneWhileTheOthersProgress) {
+  ExpectStuckWorkerFailedAlone(8000, transport::kSilenceLimit + 5s, "(the limit is 3000 ms)", 10);
+}
+
+// 900 KB per kAssign: the stuck worker's queue passes kMaxQueuedBytes (8 MiB) within about a
+// second, and it is failed then, well before kSilenceLimit.
+TEST(SlowReaderTest, MemberWhoseQueuePassesTheByteBoundIsFailedBeforeTheSilenceLimit) {
+  ExpectStuckWorkerFailedAlone(45000, transport::kSilenceLimit, "(the limit is 8388608)",
+                               3);
 }
 
 }  // namespace
