@@ -20,7 +20,8 @@ MemberConnection::MemberConnection(std::unique_ptr<transport::ControlChannel> ch
 
 short MemberConnection::PollEvents() const {
   if (closed()) return 0;
-  return static_cast<short>(POLLIN | (out_.empty() ? 0 : POLLOUT));
+  // Once EOF or an error was read, the socket stays readable: polling for it again would spin.
+  return static_cast<short>((read_error_.ok() ? POLLIN : 0) | (out_.empty() ? 0 : POLLOUT));
 }
 
 void MemberConnection::ReadSome(Clock::time_point now) {

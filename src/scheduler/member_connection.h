@@ -64,7 +64,7 @@ class MemberConnection {
   // -1 once closed.
   int fd() const { return channel_ ? channel_->fd() : -1; }
   bool closed() const { return channel_ == nullptr; }
-  // What to poll for: POLLIN while open, POLLOUT too while bytes wait; 0 once closed.
+  // What to poll for: POLLIN until EOF or a read error, POLLOUT while bytes wait; 0 once closed.
   short PollEvents() const;
 
   // ---- Receiving ----------------------------------------------------------------------------
