@@ -175,10 +175,12 @@ Status SchedulerImpl::StartJob() {
   w.num_workers = opts_.num_workers;
   w.num_servers = opts_.num_servers;
   for (Connection* c : workers) {
-    w.members.push_back({Role::kWorker, c->id, c->reg.host, c->reg.push_address, c->reg.pull_address});
+    w.members.push_back(
+        {Role::kWorker, c->id, c->reg.host, c->reg.push_address, c->reg.pull_address});
   }
   for (Connection* c : servers) {
-    w.members.push_back({Role::kServer, c->id, c->reg.host, c->reg.push_address, c->reg.pull_address});
+    w.members.push_back(
+        {Role::kServer, c->id, c->reg.host, c->reg.push_address, c->reg.pull_address});
   }
   // The address book is the same for everyone and O(members): encoded once and shared by every
   // member's queue, or thousands of members would queue O(members^2) bytes. your_id is the

@@ -307,7 +307,8 @@ void SchedulerImpl::CheckConnection(Connection& c, Clock::time_point now) {
   // fills) is failed alone, as a silent one is: nothing else waits on it.
   const auto oldest = c.link.oldest_queued();
   const size_t queued = c.link.queued_bytes();
-  if (queued > kMaxQueuedBytes || (oldest.has_value() && now - *oldest > transport::kSilenceLimit)) {
+  const bool stalled = oldest.has_value() && now - *oldest > transport::kSilenceLimit;
+  if (queued > kMaxQueuedBytes || stalled) {
     const std::string waited = std::to_string(oldest.has_value() ? Ms(now - *oldest) : 0) + " ms";
     const std::string why =
         queued > kMaxQueuedBytes
