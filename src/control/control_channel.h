@@ -64,6 +64,9 @@ class ControlChannel {
   void Close();
   bool closed() const { return closed_.load(); }
   const std::string& peer_name() const { return peer_name_; }
+  // The socket (non-blocking), for a caller that polls many channels in one thread and does its
+  // own framing (the scheduler's event loop). Such a caller must not also use Send/Receive.
+  int fd() const { return fd_; }
 
  private:
   // Reads until `*done == n`; `*done` counts what has arrived, also on failure.
@@ -85,6 +88,8 @@ class Listener {
   // Waits for a connection until `deadline`; kTimeout when none came.
   Result<std::unique_ptr<ControlChannel>> Accept(Clock::time_point deadline);
   uint16_t port() const { return port_; }
+  // The listening socket (non-blocking), to poll for POLLIN; -1 once closed.
+  int fd() const { return fd_; }
   void Close();
 
  private:

@@ -1,0 +1,193 @@
+// The scheduler behind include/gradlink/scheduler.h: one event-loop thread that owns every
+// connection and all job state.
+//
+// Why one loop: a member whose socket is full must never delay anyone else. Earlier the scheduler
+// had a thread per connection and sent (with a 10 s deadline) while holding its one mutex, so one
+// member that stopped reading stopped heartbeats to everyone. Now the loop polls the listener and
+// every control socket; each connection (MemberConnection) parses frames incrementally and keeps
+// a send queue, so sending is queueing and nothing waits on one member. A member whose queue does
+// not drain (kMaxQueuedBytes, or its oldest frame waited kSilenceLimit) is failed alone, like a
+// silent one. Gloo's tcp loop (other threads defer() work onto it) is the model: here the only
+// work from other threads is Stop(), handed over through an atomic and an eventfd.
+//
+// Files: scheduler_loop.cc (the loop, accepting, deadlines, authentication, closing) and
+// scheduler.cc (the job: registration, welcome, plans, barriers, goodbyes, the end).
+//
+// Threads: everything below runs on the loop thread, except Wait(), Stop(), the counters and
+// port(), which other threads call: they read only `mu_`'s fields, atomics and constants.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradlink/scheduler.h"
+#include "scheduler/member_connection.h"
+#include "scheduler/placement.h"
+#include "security/handshake.h"
+#include "control/control_channel.h"
+#include "wire/messages.h"
+
+namespace gradlink::scheduler {
+
+using namespace std::chrono_literals;
+
+inline constexpr auto kRegisterTimeout = 10s;
+// With a job secret: the handshake must be complete this long after the connection was accepted
+// (4 s, so that a stalled or slow peer is refused well within 5 s).
+inline constexpr auto kHandshakeTimeout = 4s;
+// Connections that have not registered yet, at most; more are closed at once.
+inline constexpr size_t kMaxUnregistered = 256;
+// Once a frame has begun, the rest of its header, and then its payload, may each take this long
+// (as ControlChannel::Receive allows).
+inline constexpr auto kFrameGrace = 5s;
+// The loop wakes at least this often to check its deadlines.
+inline constexpr auto kTick = 100ms;
+// A refusal or kAbort is written before the connection closes, for at most this long.
+inline constexpr auto kFlushBeforeClose = 1s;
+// More unwritten bytes than this for one member and it does not read: it is failed. Room for a
+// welcome with the largest address book (one kMaxControlPayload frame) and a burst of kAssigns.
+inline constexpr size_t kMaxQueuedBytes = 8u << 20;
+
+using Payload = std::shared_ptr<const std::vector<std::byte>>;
+
+// One control connection and, once it registered, the member it is.
+struct Connection {
+  Connection(std::unique_ptr<transport::ControlChannel> channel, Clock::time_point now)
+      : link(std::move(channel)), accepted(now), last_heard(now) {}
+  MemberConnection link;
+  Clock::time_point accepted;
+  Clock::time_point last_heard;
+  // With a job secret: present until the handshake is done; frames go to it, nothing else.
+  std::optional<security::ServerHandshake> handshake;
+  bool registered = false;
+  bool left = false;  // said goodbye
+  // With a job secret: what the member proved in the handshake; kRegister must agree.
+  wire::Role auth_role = wire::Role::kWorker;
+  int32_t auth_rank = -1;
+  wire::Role role = wire::Role::kWorker;
+  uint32_t id = 0;  // valid once the job has started
+  wire::RegisterMsg reg;
+};
+
+// One declared key: what each worker declared, and whether it has been answered.
+struct Declaration {
+  std::string name;
+  DataType dtype{};
+  uint64_t count = 0;
+  uint64_t partition_bytes = 0;
+  std::map<uint32_t, std::pair<wire::Header, wire::DeclareMsg>> by_rank;
+  bool planned = false;
+  Status status;  // kMismatch when the workers disagree
+  wire::Header assign_header;
+  Payload assign_payload;  // the same bytes for every member
+  std::set<uint32_t> acks;  // servers that have the plan
+};
+
+class SchedulerImpl final : public Scheduler {
+ public:
+  // Takes the bound listener and an eventfd (Stop() wakes the loop through it); starts the loop.
+  SchedulerImpl(const SchedulerOptions& options, std::unique_ptr<transport::Listener> listener,
+                int wake_fd);
+  ~SchedulerImpl() override;
+
+  uint16_t port() const override { return listener_->port(); }
+  uint64_t protocol_errors() const override { return protocol_errors_.load(); }
+  uint64_t auth_failures() const override { return auth_failures_.load(); }
+  Status Wait(Clock::time_point deadline) override;
+  void Stop() override;
+
+ private:
+  // ---- scheduler_loop.cc: the loop and the connections' lifecycle ----
+  void Loop();
+  void AcceptAll(Clock::time_point now);
+  // Reads what `c`'s socket holds and handles the complete frames in it.
+  void ProcessInput(Connection& c, Clock::time_point now);
+  void OnFrame(Connection& c, const transport::Frame& f, Clock::time_point now);
+  void OnBadInput(Connection& c, const Status& why, const wire::Header& header,
+                  Clock::time_point now);
+  void Authenticate(Connection& c, const transport::Frame& f, Clock::time_point now);
+  // Refuses a connection that failed authentication: counts it, tells the member why (kAbort
+  // with kAuthFailed) when `tell`, and closes it. Nothing it sent is processed.
+  void AuthFailure(Connection& c, const std::string& why, bool tell, Clock::time_point now);
+  // Deadlines: the join timeout, handshakes, registration, frames begun, closing connections,
+  // members that do not read, silence, heartbeats.
+  void OnTimers(Clock::time_point now);
+  void CheckConnection(Connection& c, Clock::time_point now);
+  // Connections whose write failed: what they sent before is handled, then they are lost.
+  void CheckSendErrors(Clock::time_point now);
+  // Drops the connections that closed before registering (a registered member stays: the job
+  // names it in errors).
+  void Reap();
+  bool AllFlushed() const;
+
+  // ---- scheduler.cc: the job ----
+  Status Handle(Connection& c, const transport::Frame& f);
+  Status OnRegister(Connection& c, const transport::Frame& f);
+  Status StartJob();
+  Status OnDeclare(Connection& c, const transport::Frame& f);
+  // Every worker declared the key: compare the declarations, plan, tell the servers.
+  Status Plan(uint64_t key, Declaration& decl);
+  Status OnAssignAck(Connection& c, const transport::Frame& f);
+  Status OnBarrier(Connection& c, const transport::Frame& f);
+  Status OnGoodbye(Connection& c);
+  void Refuse(Connection& c, const Status& why);
+  void SendToWorkers(const wire::Header& h, const Payload& payload);
+  void Send(Connection& c, const wire::Header& h, std::span<const std::byte> payload = {});
+  // A registered member's connection failed: the job fails, naming it (unless it had left).
+  void ConnectionLost(Connection& c, const Status& why);
+  // Ends the job with `result`; on failure every member still connected gets kAbort, workers
+  // first (SendServerAbortWhenDue).
+  void Finish(Status result);
+  // Servers get their kAbort once the workers' is written (or after kFlushBeforeClose): a server
+  // that exits on kAbort closes its endpoints, and a worker that saw that before its own kAbort
+  // would blame the server.
+  void SendServerAbortWhenDue(Clock::time_point now);
+  std::string MemberName(const Connection& c) const;
+  wire::Header MakeHeader(wire::MsgType t) const;
+  bool finished() const { return finished_; }  // loop thread: the only writer
+
+  const SchedulerOptions opts_;
+  const uint32_t job_hash_;
+  const std::unique_ptr<transport::Listener> listener_;
+  const int wake_fd_;
+  std::atomic<uint64_t> protocol_errors_{0};
+  std::atomic<uint64_t> auth_failures_{0};
+  std::atomic<bool> stop_requested_{false};
+
+  // What Wait() and Stop() read; written by the loop thread (finished_, result_) and Stop().
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool finished_ = false;
+  Status result_;
+  bool stop_called_ = false;
+
+  // Loop thread only.
+  std::vector<std::shared_ptr<Connection>> conns_;
+  std::map<uint32_t, std::shared_ptr<Connection>> workers_, servers_;
+  uint32_t registered_workers_ = 0, registered_servers_ = 0, workers_left_ = 0;
+  bool started_ = false;
+  Clock::time_point started_at_, last_heartbeat_, accept_paused_until_;
+  std::map<uint64_t, Declaration> decls_;
+  std::map<uint64_t, std::set<uint32_t>> barriers_;
+  Placer placer_;
+  // A failed job's kAbort for the servers, held until the workers' is out (or this deadline).
+  std::optional<Clock::time_point> server_abort_due_;
+  wire::Header abort_header_;
+  Payload abort_text_;
+
+  // Started last, once every field above is set.
+  std::thread loop_;
+};
+
+}  // namespace gradlink::scheduler
