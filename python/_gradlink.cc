@@ -23,11 +23,11 @@
 #include <utility>
 #include <vector>
 
+#include "gradlink/env.h"
 #include "gradlink/options.h"
 #include "gradlink/status.h"
 #include "gradlink/tensor.h"
 #include "gradlink/worker.h"
-#include "security/secret.h"
 
 namespace py = pybind11;
 namespace gl = gradlink;
@@ -155,9 +155,9 @@ class PyWorker {
     o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
     o.host_name = host_name;
     // The job secret from GRADLINK_SECRET / GRADLINK_SECRET_FILE (gradlink-run sets the first).
-    gl::Result<std::optional<gl::security::Secret>> secret = gl::security::LoadSecret();
+    gl::Result<std::optional<std::string>> secret = gl::SecretFromEnvironment();
     Check(secret.status());
-    if (secret->has_value()) o.secret = (*secret)->value;
+    if (secret->has_value()) o.secret = **secret;
     gl::Result<std::unique_ptr<gl::Worker>> w = gl::Status();
     {
       py::gil_scoped_release release;

@@ -35,10 +35,9 @@
 #include <string>
 #include <vector>
 
+#include "gradlink/env.h"
 #include "gradlink/scheduler.h"
 #include "gradlink/worker.h"
-#include "security/secret.h"
-#include "reduce/reduce.h"
 
 namespace gl = gradlink;
 using Clock = std::chrono::steady_clock;
@@ -89,8 +88,8 @@ void Encode(gl::DataType t, double v, std::byte* p) {
   switch (t) {
     case gl::DataType::kFloat32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
     case gl::DataType::kFloat64: std::memcpy(p, &v, 8); break;
-    case gl::DataType::kFloat16: { uint16_t h = gl::reduce::FloatToHalf(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-    case gl::DataType::kBFloat16: { uint16_t h = gl::reduce::FloatToBFloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    case gl::DataType::kFloat16: { uint16_t h = gl::FloatToHalf(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    case gl::DataType::kBFloat16: { uint16_t h = gl::FloatToBFloat16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
     case gl::DataType::kInt32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
     case gl::DataType::kInt64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
   }
@@ -180,12 +179,12 @@ int RunWorker(const Config& c) {
   o.local_chunk_bytes = c.local_chunk;
   o.fusion_buffer_bytes = c.no_fusion ? 0 : c.fusion_buffer_bytes;
   o.fusion_threshold_bytes = c.fusion_threshold_bytes;
-  auto secret = gl::security::LoadSecret();
+  auto secret = gl::SecretFromEnvironment();
   if (!secret.ok()) {
     std::fprintf(stderr, "gradlink-bench worker: %s\n", secret.status().ToString().c_str());
     return 2;
   }
-  if (secret->has_value()) o.secret = (*secret)->value;
+  if (secret->has_value()) o.secret = **secret;
   auto w = gl::Worker::Connect(o);
   if (!w.ok()) {
     std::fprintf(stderr, "gradlink-bench worker: %s\n", w.status().ToString().c_str());
@@ -354,7 +353,7 @@ int RunLocalJob(const Config& c, const std::vector<std::string>& worker_args) {
   so.job = c.job;
   // A fresh secret per job, for the scheduler (options) and the children (their environment;
   // set before the scheduler's threads start).
-  so.secret = gl::security::Generate().value;
+  so.secret = gl::GenerateSecret();
   ::setenv("GRADLINK_SECRET", so.secret->c_str(), 1);
   ::unsetenv("GRADLINK_SECRET_FILE");
   auto sched = gl::Scheduler::Start(so);

@@ -2,12 +2,17 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "gradlink/env.h"
 #include "gradlink/scheduler.h"
-#include "security/secret.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"gradlink scheduler: rendezvous, address book, barriers and shutdown of one job"};
   gradlink::SchedulerOptions o;
+  // The environment first (GRADLINK_JOB, the secret): the flags below override it.
+  if (gradlink::Status env = gradlink::ApplyEnvironment(&o); !env.ok()) {
+    std::fprintf(stderr, "gradlink-scheduler: %s\n", env.ToString().c_str());
+    return 2;
+  }
   int64_t join_timeout_ms = o.join_timeout.count();
   app.add_option("--host", o.host, "address to listen on")->capture_default_str();
   app.add_option("--port", o.port, "TCP port; 0 picks a free one (printed)")->capture_default_str();
@@ -17,12 +22,6 @@ int main(int argc, char** argv) {
   app.add_option("--join-timeout-ms", join_timeout_ms, "time for every member to join")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   o.join_timeout = std::chrono::milliseconds(join_timeout_ms);
-  auto secret = gradlink::security::LoadSecret();
-  if (!secret.ok()) {
-    std::fprintf(stderr, "gradlink-scheduler: %s\n", secret.status().ToString().c_str());
-    return 2;
-  }
-  if (secret->has_value()) o.secret = (*secret)->value;
 
   auto s = gradlink::Scheduler::Start(o);
   if (!s.ok()) {

@@ -1,25 +1,18 @@
 // gradlink-server: an aggregation server; joins a job through its scheduler.
 #include <CLI/CLI.hpp>
-#include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 
+#include "gradlink/env.h"
 #include "gradlink/server.h"
-#include "security/secret.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"gradlink aggregation server: sums the workers' pushes and answers their pulls"};
   gradlink::ServerOptions o;
-  if (const char* env = std::getenv("GRADLINK_SCHEDULER")) o.scheduler = env;
-  if (const char* env = std::getenv("GRADLINK_JOB")) o.job = env;
-  if (const char* env = std::getenv("GRADLINK_SERVER_WEIGHT")) {
-    char* end = nullptr;
-    errno = 0;
-    o.weight = std::strtod(env, &end);
-    if (*env == '\0' || *end != '\0' || errno != 0) {
-      std::fprintf(stderr, "gradlink-server: GRADLINK_SERVER_WEIGHT='%s' is not a number in [1e-6, 1e6]\n", env);
-      return 2;
-    }
+  // The environment first (GRADLINK_SCHEDULER, GRADLINK_JOB, GRADLINK_SERVER_WEIGHT, the
+  // secret): the flags below override it.
+  if (gradlink::Status env = gradlink::ApplyEnvironment(&o); !env.ok()) {
+    std::fprintf(stderr, "gradlink-server: %s\n", env.ToString().c_str());
+    return 2;
   }
   app.add_option("--scheduler", o.scheduler, "scheduler host:port (default: $GRADLINK_SCHEDULER)");
   app.add_option("--job", o.job, "job name (default: $GRADLINK_JOB or 'default')");
@@ -34,12 +27,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gradlink-server: no scheduler: pass --scheduler host:port or set GRADLINK_SCHEDULER\n");
     return 2;
   }
-  auto secret = gradlink::security::LoadSecret();
-  if (!secret.ok()) {
-    std::fprintf(stderr, "gradlink-server: %s\n", secret.status().ToString().c_str());
-    return 2;
-  }
-  if (secret->has_value()) o.secret = (*secret)->value;
   auto s = gradlink::Server::Start(o);
   if (!s.ok()) {
     std::fprintf(stderr, "gradlink-server: %s\n", s.status().ToString().c_str());

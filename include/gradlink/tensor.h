@@ -37,4 +37,11 @@ constexpr bool IsValidDataType(uint8_t raw) { return raw >= 1 && raw <= 6; }
 std::string_view DataTypeName(DataType t);
 std::optional<DataType> ParseDataType(std::string_view name);
 
+// fp16 / bf16 <-> fp32, exactly as the servers convert (round to nearest even; NaN stays NaN),
+// for filling and checking 16-bit tensors.
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+float BFloat16ToFloat(uint16_t b);
+uint16_t FloatToBFloat16(float f);
+
 }  // namespace gradlink

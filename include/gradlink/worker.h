@@ -17,8 +17,13 @@
 // fused tensor each; large members go on their own, without a copy. Like Horovod's
 // grouped_allreduce, every worker must group the same tensors the same way, in the same order.
 //
-// Threads: every method is thread-safe. Completion is signalled on the lanes' threads; Wait()
-// may be called from any thread.
+// Threads: every method is thread-safe; Wait() and Poll() may be called from any thread. An
+// operation through the servers completes on a lane's progress thread (the pull lane's when its
+// last sum arrives, the push lane's when its last push leaves), or on the worker's control thread
+// when the job fails. On the same-host path (WorkerOptions::local_arena_bytes, every worker on
+// one host) it completes on the thread driving the shared segment: a caller in Wait() or Poll()
+// (of any operation of this worker), a caller starting one (PushPull), or the worker's
+// background thread for the path, which drives what no caller waits on.
 // Errors: failures are sticky per worker: a lost server, scheduler or worker, or a kAbort from the
 // scheduler, fails every pending and later operation with that Status.
 #pragma once
@@ -115,7 +120,8 @@ class PushPullHandle {
   // Wait() returns something other than kTimeout). For a group, OK once every member holds its
   // sum; the first failing member's error otherwise (every member's operation has ended then).
   Status Wait(Clock::time_point deadline) const;
-  // Wait() with the worker's WorkerOptions::operation_timeout (300 s by default) from now.
+  // Wait() with a deadline of the worker's WorkerOptions::operation_timeout (300 s by default)
+  // from now: kTimeout then, as above, never a wait without end.
   Status Wait() const;
   // True once Wait() would return without blocking. For a group whose operations have all
   // ended, Poll() first copies the results out of the fusion buffers (as Wait() would).

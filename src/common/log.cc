@@ -1,5 +1,7 @@
 #include "common/log.h"
 
+#include "common/env.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -9,11 +11,11 @@ namespace gradlink::log {
 namespace {
 
 Level LevelFromEnv() {
-  const char* v = std::getenv("GRADLINK_LOG_LEVEL");
-  if (v == nullptr) return Level::kWarn;
-  if (std::strcmp(v, "debug") == 0) return Level::kDebug;
-  if (std::strcmp(v, "info") == 0) return Level::kInfo;
-  if (std::strcmp(v, "error") == 0) return Level::kError;
+  const std::optional<std::string> v = env::Get("GRADLINK_LOG_LEVEL");
+  if (!v) return Level::kWarn;
+  if (*v == "debug") return Level::kDebug;
+  if (*v == "info") return Level::kInfo;
+  if (*v == "error") return Level::kError;
   return Level::kWarn;
 }
 

@@ -174,3 +174,12 @@ ReduceIsa ActiveReduceIsa() { return Active().isa; }
 
 
 }  // namespace gradlink::reduce
+
+namespace gradlink {
+
+float HalfToFloat(uint16_t h) { return reduce::HalfToFloat(h); }
+uint16_t FloatToHalf(float f) { return reduce::FloatToHalf(f); }
+float BFloat16ToFloat(uint16_t b) { return reduce::BFloat16ToFloat(b); }
+uint16_t FloatToBFloat16(float f) { return reduce::FloatToBFloat16(f); }
+
+}  // namespace gradlink

@@ -1,5 +1,7 @@
 #include "security/secret.h"
 
+#include "common/env.h"
+
 #include <fcntl.h>
 #include <openssl/rand.h>
 #include <sys/stat.h>
@@ -82,13 +84,13 @@ Result<Secret> SecretFromFile(const std::string& path) {
 }
 
 Result<std::optional<Secret>> LoadSecret() {
-  if (const char* env = std::getenv("GRADLINK_SECRET"); env != nullptr && *env != '\0') {
-    auto s = SecretFromString(env);
+  if (std::optional<std::string> value = env::Get("GRADLINK_SECRET")) {
+    auto s = SecretFromString(std::move(*value));
     if (!s.ok()) return InvalidArgument("GRADLINK_SECRET: " + s.status().message());
     return std::optional<Secret>(std::move(s).value());
   }
-  if (const char* file = std::getenv("GRADLINK_SECRET_FILE"); file != nullptr && *file != '\0') {
-    GL_ASSIGN_OR_RETURN(Secret s, SecretFromFile(file));
+  if (std::optional<std::string> file = env::Get("GRADLINK_SECRET_FILE")) {
+    GL_ASSIGN_OR_RETURN(Secret s, SecretFromFile(*file));
     return std::optional<Secret>(std::move(s));
   }
   return std::optional<Secret>();

@@ -40,7 +40,7 @@ struct TensorState {
   Status plan_status;                      // kMismatch when the workers disagree
   std::vector<wire::PartitionPlan> parts;  // once planned
   uint32_t servers_spanned = 0;            // distinct servers among `parts`
-  // The same-host path (LocalReduce): bound on the first op after the plan; `local` empty when
+  // The same-host path (LocalReduce): bound on the tensor's first op; `local` empty when
   // the tensor goes through the servers.
   // Bound once (local_once), by the first op's caller, outside WorkerImpl::mu_: a claim in the
   // segment may wait on another process. `local_bound` and what follows are guarded by mu_.

@@ -1,0 +1,34 @@
+// The GRADLINK_* environment, mapped onto the roles' options in one place. Launchers (the
+// gradlink tools, gradlink-run, the Python layer) call these instead of reading variables
+// themselves; which variable sets which field: docs/operations.md, "Environment".
+//
+// Each ApplyEnvironment sets only the fields whose variable is set, so defaults stay and flags
+// applied afterwards win. kInvalidArgument naming the variable when a value is malformed (or a
+// secret is too short, or its file is readable by others); the options are then unchanged.
+// Threads: any (reads the environment only).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "gradlink/options.h"
+#include "gradlink/status.h"
+
+namespace gradlink {
+
+// GRADLINK_JOB; the secret (GRADLINK_SECRET, else GRADLINK_SECRET_FILE's contents).
+Status ApplyEnvironment(SchedulerOptions* options);
+// GRADLINK_SCHEDULER, GRADLINK_JOB, GRADLINK_SERVER_WEIGHT, the secret.
+Status ApplyEnvironment(ServerOptions* options);
+// GRADLINK_SCHEDULER, GRADLINK_JOB, GRADLINK_RANK, GRADLINK_PARTITION_BYTES,
+// GRADLINK_MAX_BYTES_IN_FLIGHT, GRADLINK_MAX_BYTES_AHEAD, GRADLINK_SINGLE_LANE,
+// GRADLINK_FUSION_BUFFER_BYTES, GRADLINK_FUSION_THRESHOLD_BYTES, GRADLINK_LOCAL_ARENA_BYTES,
+// GRADLINK_LOCAL_CHUNK_BYTES, GRADLINK_CONNECT_TIMEOUT and GRADLINK_TIMEOUT (seconds), the secret.
+Status ApplyEnvironment(WorkerOptions* options);
+
+// The job secret alone: GRADLINK_SECRET, else the contents of GRADLINK_SECRET_FILE, else nullopt.
+Result<std::optional<std::string>> SecretFromEnvironment();
+// A fresh random job secret (64 hex characters), for launchers to hand to a job's members.
+std::string GenerateSecret();
+
+}  // namespace gradlink

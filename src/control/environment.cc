@@ -1,0 +1,84 @@
+// include/gradlink/env.h: the GRADLINK_* variables onto the roles' options (read through
+// src/common/env.h, the one place gradlink calls getenv).
+#include "gradlink/env.h"
+
+#include "common/env.h"
+#include "security/secret.h"
+#include "wire/messages.h"
+
+namespace gradlink {
+namespace {
+
+// Sets *field from the variable `name` when it is set.
+template <typename T, typename F>
+Status Take(const char* name, F read, T* field) {
+  auto v = read(name);
+  if (!v.ok()) return v.status();
+  if (v->has_value()) *field = static_cast<T>(**v);
+  return Status::Ok();
+}
+
+Status TakeString(const char* name, std::string* field) {
+  if (std::optional<std::string> v = env::Get(name)) *field = std::move(*v);
+  return Status::Ok();
+}
+
+Status TakeSecret(std::optional<std::string>* field) {
+  GL_ASSIGN_OR_RETURN(std::optional<std::string> s, SecretFromEnvironment());
+  if (s) *field = std::move(*s);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::optional<std::string>> SecretFromEnvironment() {
+  GL_ASSIGN_OR_RETURN(std::optional<security::Secret> s, security::LoadSecret());
+  if (!s) return std::optional<std::string>();
+  return std::optional<std::string>(std::move(s->value));
+}
+
+std::string GenerateSecret() { return security::Generate().value; }
+
+Status ApplyEnvironment(SchedulerOptions* o) {
+  SchedulerOptions n = *o;
+  GL_RETURN_IF_ERROR(TakeString("GRADLINK_JOB", &n.job));
+  GL_RETURN_IF_ERROR(TakeSecret(&n.secret));
+  *o = std::move(n);
+  return Status::Ok();
+}
+
+Status ApplyEnvironment(ServerOptions* o) {
+  ServerOptions n = *o;
+  GL_RETURN_IF_ERROR(TakeString("GRADLINK_SCHEDULER", &n.scheduler));
+  GL_RETURN_IF_ERROR(TakeString("GRADLINK_JOB", &n.job));
+  GL_RETURN_IF_ERROR(Take("GRADLINK_SERVER_WEIGHT", env::Number, &n.weight));
+  if (!wire::IsValidServerWeight(n.weight)) {
+    return InvalidArgument("GRADLINK_SERVER_WEIGHT: server " + wire::ServerWeightError(n.weight));
+  }
+  GL_RETURN_IF_ERROR(TakeSecret(&n.secret));
+  *o = std::move(n);
+  return Status::Ok();
+}
+
+Status ApplyEnvironment(WorkerOptions* o) {
+  WorkerOptions n = *o;
+  GL_RETURN_IF_ERROR(TakeString("GRADLINK_SCHEDULER", &n.scheduler));
+  GL_RETURN_IF_ERROR(TakeString("GRADLINK_JOB", &n.job));
+  GL_RETURN_IF_ERROR(Take("GRADLINK_RANK", env::Int, &n.rank));
+  GL_RETURN_IF_ERROR(Take("GRADLINK_PARTITION_BYTES", env::Bytes, &n.partition_bytes));
+  GL_RETURN_IF_ERROR(Take("GRADLINK_MAX_BYTES_IN_FLIGHT", env::Bytes, &n.max_bytes_in_flight));
+  GL_RETURN_IF_ERROR(Take("GRADLINK_MAX_BYTES_AHEAD", env::Bytes, &n.max_bytes_ahead));
+  GL_RETURN_IF_ERROR(Take("GRADLINK_SINGLE_LANE", env::Flag, &n.single_lane));
+  GL_RETURN_IF_ERROR(Take("GRADLINK_FUSION_BUFFER_BYTES", env::Bytes, &n.fusion_buffer_bytes));
+  GL_RETURN_IF_ERROR(
+      Take("GRADLINK_FUSION_THRESHOLD_BYTES", env::Bytes, &n.fusion_threshold_bytes));
+  GL_RETURN_IF_ERROR(Take("GRADLINK_LOCAL_ARENA_BYTES", env::Bytes, &n.local_arena_bytes));
+  GL_RETURN_IF_ERROR(Take("GRADLINK_LOCAL_CHUNK_BYTES", env::Bytes, &n.local_chunk_bytes));
+  GL_RETURN_IF_ERROR(Take("GRADLINK_CONNECT_TIMEOUT", env::Seconds, &n.connect_timeout));
+  GL_RETURN_IF_ERROR(Take("GRADLINK_TIMEOUT", env::Seconds, &n.operation_timeout));
+  GL_RETURN_IF_ERROR(TakeSecret(&n.secret));
+  *o = std::move(n);
+  return Status::Ok();
+}
+
+}  // namespace gradlink

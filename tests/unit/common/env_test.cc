@@ -1,0 +1,106 @@
+// The environment onto options (include/gradlink/env.h, src/common/env.h): each variable sets its
+// field, unset ones keep the defaults, malformed ones are refused naming the variable and change
+// nothing.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "common/env.h"
+#include "gradlink/env.h"
+
+namespace gradlink {
+namespace {
+
+// Sets a variable for the scope of one test and restores what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(EnvTest, UnsetVariablesKeepTheDefaults) {
+  for (const char* v : {"GRADLINK_SCHEDULER", "GRADLINK_JOB", "GRADLINK_PARTITION_BYTES",
+                        "GRADLINK_SECRET", "GRADLINK_SECRET_FILE", "GRADLINK_TIMEOUT"}) {
+    ::unsetenv(v);
+  }
+  WorkerOptions o;
+  ASSERT_TRUE(ApplyEnvironment(&o).ok());
+  const WorkerOptions d;
+  EXPECT_EQ(o.job, d.job);
+  EXPECT_EQ(o.partition_bytes, d.partition_bytes);
+  EXPECT_EQ(o.operation_timeout, d.operation_timeout);
+  EXPECT_FALSE(o.secret.has_value());
+}
+
+TEST(EnvTest, EachWorkerVariableSetsItsField) {
+  ScopedEnv a("GRADLINK_SCHEDULER", "10.0.0.1:7000"), b("GRADLINK_JOB", "lm"),
+      c("GRADLINK_RANK", "3"), d("GRADLINK_PARTITION_BYTES", "512K"),
+      e("GRADLINK_MAX_BYTES_AHEAD", "1M"), f("GRADLINK_SINGLE_LANE", "yes"),
+      g("GRADLINK_FUSION_BUFFER_BYTES", "0"), h("GRADLINK_LOCAL_ARENA_BYTES", "64M"),
+      i("GRADLINK_TIMEOUT", "2.5"), j("GRADLINK_SECRET", "0123456789abcdef0123");
+  WorkerOptions o;
+  ASSERT_TRUE(ApplyEnvironment(&o).ok());
+  EXPECT_EQ(o.scheduler, "10.0.0.1:7000");
+  EXPECT_EQ(o.job, "lm");
+  EXPECT_EQ(o.rank, 3);
+  EXPECT_EQ(o.partition_bytes, 512u << 10);
+  EXPECT_EQ(o.max_bytes_ahead, 1u << 20);
+  EXPECT_TRUE(o.single_lane);
+  EXPECT_EQ(o.fusion_buffer_bytes, 0u);
+  EXPECT_EQ(o.local_arena_bytes, 64u << 20);
+  EXPECT_EQ(o.operation_timeout, std::chrono::milliseconds(2500));
+  EXPECT_EQ(o.secret, std::optional<std::string>("0123456789abcdef0123"));
+}
+
+TEST(EnvTest, AMalformedValueIsRefusedNamingItAndChangesNothing) {
+  ScopedEnv a("GRADLINK_JOB", "changed"), b("GRADLINK_PARTITION_BYTES", "4 MiB");
+  WorkerOptions o;
+  const Status s = ApplyEnvironment(&o);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("GRADLINK_PARTITION_BYTES='4 MiB'"), std::string::npos) << s.ToString();
+  EXPECT_EQ(o.job, "default");  // nothing applied
+}
+
+TEST(EnvTest, ServerWeightMustBeANumberInRange) {
+  for (const char* bad : {"", "abc", "0", "2e6", "inf"}) {
+    ScopedEnv w("GRADLINK_SERVER_WEIGHT", bad);
+    ServerOptions o;
+    const Status s = ApplyEnvironment(&o);
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << "'" << bad << "'";
+    EXPECT_NE(s.message().find("GRADLINK_SERVER_WEIGHT"), std::string::npos) << s.ToString();
+  }
+  ScopedEnv w("GRADLINK_SERVER_WEIGHT", "0.5");
+  ServerOptions o;
+  ASSERT_TRUE(ApplyEnvironment(&o).ok());
+  EXPECT_EQ(o.weight, 0.5);
+}
+
+TEST(EnvTest, ASecretTooShortIsRefused) {
+  ScopedEnv s("GRADLINK_SECRET", "short");
+  SchedulerOptions o;
+  const Status st = ApplyEnvironment(&o);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("GRADLINK_SECRET"), std::string::npos) << st.ToString();
+  EXPECT_FALSE(o.secret.has_value());
+}
+
+TEST(EnvTest, ByteCountsRefuseOverflow) {
+  ScopedEnv b("GRADLINK_X_BYTES", "99999999999999999999G");
+  EXPECT_FALSE(env::Bytes("GRADLINK_X_BYTES").ok());
+  ScopedEnv c("GRADLINK_Y_BYTES", "17179869184G");  // 2^34 GiB = 2^64 bytes
+  EXPECT_FALSE(env::Bytes("GRADLINK_Y_BYTES").ok());
+}
+
+}  // namespace
+}  // namespace gradlink
