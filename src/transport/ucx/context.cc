@@ -2,13 +2,13 @@
 // read from the environment.
 #include "transport/ucx/context.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "common/env.h"
 #include "transport/transport.h"
 #include "transport/ucx/status.h"
 #include "transport/ucx/ucx_lane.h"
@@ -18,9 +18,9 @@ namespace ucx {
 
 ucp_err_handling_mode_t PeerErrorMode() {
   static const ucp_err_handling_mode_t mode = [] {
-    const char* v = std::getenv("GRADLINK_UCX_ERROR_MODE");
-    return (v != nullptr && std::strcmp(v, "none") == 0) ? UCP_ERR_HANDLING_MODE_NONE
-                                                         : UCP_ERR_HANDLING_MODE_PEER;
+    return env::Get("GRADLINK_UCX_ERROR_MODE") == std::optional<std::string>("none")
+               ? UCP_ERR_HANDLING_MODE_NONE
+               : UCP_ERR_HANDLING_MODE_PEER;
   }();
   return mode;
 }
