@@ -247,13 +247,17 @@ TEST(LocalPathTest, OperationsCompleteWithoutAWaiter) {
 }
 
 // Wait() times out on time while it drives other traffic: rank 0 waits on an operation rank 1
-// has not started while both sum a large tensor. (A pass sums at most kPassSums chunks per
-// operation before the deadline is looked at; this test does not hold a stream open long
-// enough to tell that bound from a whole-tensor pass.)
+// has not started while both sum a large tensor. Wait() looks at its deadline after every
+// bounded pass over the running operations; a Wait() that drove the large tensor to its end
+// before looking (a whole-tensor pass) returns only once that tensor is summed. So the tensor
+// is made to take far longer than the deadline plus the margin (64-byte chunks: a hand-off
+// between the ranks per 16 floats), and the test checks that it was still being summed when
+// Wait() returned: if it was not, the test could not tell the two apart, and fails saying so.
 TEST(LocalPathTest, WaitKeepsItsDeadlineWhileOtherTrafficFlows) {
   Job job;
-  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
-  constexpr uint64_t kBig = 4u << 20;  // floats: 16 MiB, 16384 chunks
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 64)));
+  constexpr uint64_t kBig = 16u << 20;  // floats: 64 MiB, 1048576 chunks
+  constexpr auto kDeadline = 50ms, kMargin = 250ms;
   OnEveryWorker(2, [&](uint32_t rank) {
     auto big = job.worker(rank).Declare("big", DataType::kFloat32, kBig);
     auto lone = job.worker(rank).Declare("lone", DataType::kFloat32, 10);
@@ -263,13 +267,25 @@ TEST(LocalPathTest, WaitKeepsItsDeadlineWhileOtherTrafficFlows) {
     FillTensor(DataType::kFloat32, 0, rank, 0, b);
     PushPullHandle lone_op;
     if (rank == 0) lone_op = job.worker(0).PushPull(*lone, l);
+    const auto big_start = Clock::now();
     PushPullHandle big_op = job.worker(rank).PushPull(*big, b);
     if (rank == 0) {
       const auto start = Clock::now();
-      EXPECT_EQ(lone_op.Wait(In(50ms)).code(), Code::kTimeout);
-      EXPECT_LT(Clock::now() - start, 300ms);
+      EXPECT_EQ(lone_op.Wait(In(kDeadline)).code(), Code::kTimeout);
+      const auto waited = Clock::now() - start;
+      const bool big_done = big_op.Poll();
+      EXPECT_LT(waited, kDeadline + kMargin)
+          << "Wait() with a 50 ms deadline returned after "
+          << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count() << " ms";
+      EXPECT_FALSE(big_done) << "the large tensor was summed before the deadline: this test "
+                                "cannot tell a bounded pass from a whole-tensor pass";
     }
     ASSERT_TRUE(big_op.Wait(In(kOpTimeout)).ok());
+    const auto big_took = Clock::now() - big_start;
+    EXPECT_GT(big_took, kDeadline + kMargin)
+        << "rank " << rank << ": the large tensor took only "
+        << std::chrono::duration_cast<std::chrono::milliseconds>(big_took).count()
+        << " ms: too fast to tell a bounded pass from a whole-tensor pass";
     EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, b));
     if (rank == 1) lone_op = job.worker(1).PushPull(*lone, l);
     EXPECT_TRUE(lone_op.Wait(In(kOpTimeout)).ok());

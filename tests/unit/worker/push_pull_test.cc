@@ -196,16 +196,30 @@ TEST(JobTest, CallsOnOneTensorRunInCallOrder) {
   job.FinishCleanly();
 }
 
+// No rank leaves Barrier() before every rank has entered it: rank r enters r x 100 ms late, and
+// every return comes after the last entry. (Only checking that Barrier() returns ok could not
+// fail for a barrier that returned at once.)
 TEST(JobTest, Barrier) {
   JobConfig config;
   config.workers = 3;
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(config));
   for (int i = 0; i < 3; ++i) {
+    std::vector<Clock::time_point> entered(3), left(3);
     OnEveryWorker(3, [&](uint32_t r) {
+      std::this_thread::sleep_for(r * 100ms);
+      entered[r] = Clock::now();
       Status s = job.worker(r).Barrier(In(kOpTimeout));
+      left[r] = Clock::now();
       EXPECT_TRUE(s.ok()) << s.ToString();
     });
+    const Clock::time_point last = *std::max_element(entered.begin(), entered.end());
+    for (uint32_t r = 0; r < 3; ++r) {
+      EXPECT_GE(left[r], last) << "rank " << r << " left barrier " << i << " "
+                               << std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      last - left[r]).count()
+                               << " ms before the last rank entered it";
+    }
   }
   job.FinishCleanly();
 }
