@@ -1,6 +1,6 @@
 // A whole job in this process, for the unit tests that need one: a Scheduler (TCP on 127.0.0.1,
 // port 0), servers and workers started on threads, talking over the inproc fabric. One harness
-// for every suite that runs a job (job_test, fusion_test, weighted_job_test), so that a change
+// for every suite that runs a job (unit/worker/*_test.cc, weighted_job_test), so that a change
 // to how members start or end is made once. Every wait has a deadline: a test fails, it never
 // hangs. Failures are gtest failures of the calling test; nothing here throws.
 #pragma once

@@ -1,0 +1,203 @@
+// Declarations and plans on whole jobs: workers that declare in different orders or late,
+// shape, dtype and average-flag mismatches (every rank fails, naming both sides; the job goes
+// on), local declaration errors, and a tensor too big to plan. Every wait has a deadline.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradlink/worker.h"
+#include "unit/support/job_harness.h"
+#include "unit/support/reference.h"
+#include "unit/support/rounds.h"
+#include "unit/support/scenarios.h"
+
+namespace gradlink {
+namespace {
+
+using namespace std::chrono_literals;
+using test::AverageDisagreementThenAgreement;
+using test::CheckTensor;
+using test::ExpectMismatchOnBothRanks;
+using test::FillTensor;
+using test::In;
+using test::Job;
+using test::JobConfig;
+using test::kOpTimeout;
+using test::LayerSpecs;
+using test::OnEveryWorker;
+using test::OrderOfRank;
+using test::RunRounds;
+using test::TensorSpec;
+
+// ---- declaration order differs between workers -------------------------------------------
+
+TEST(JobTest, WorkersDeclareInDifferentOrders) {
+  JobConfig config;
+  config.workers = 3;
+  config.servers = 2;
+  config.partition_bytes = 2048;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  const std::vector<TensorSpec> specs = LayerSpecs();
+  RunRounds(job, specs, 3, [&](uint32_t rank) { return OrderOfRank(specs.size(), rank); });
+  job.FinishCleanly();
+}
+
+TEST(JobTest, PushPullRightAfterDeclareWhileOthersDeclareLate) {
+  // Rank 0 declares and pushes "a" then "b"; rank 1 declares "b" first and "a" only after a
+  // pause. Keys do not depend on declaration order, so nothing deadlocks.
+  JobConfig config;
+  config.workers = 2;
+  config.servers = 1;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  OnEveryWorker(2, [&](uint32_t rank) {
+    Worker& w = job.worker(rank);
+    const std::vector<std::string> names =
+        rank == 0 ? std::vector<std::string>{"a", "b"} : std::vector<std::string>{"b", "a"};
+    std::vector<std::byte>* bufs[2] = {&job.Buffer(400), &job.Buffer(400)};
+    std::vector<PushPullHandle> ops;
+    for (const std::string& n : names) {
+      if (rank == 1 && n == "a") std::this_thread::sleep_for(200ms);
+      auto t = w.Declare(n, DataType::kFloat32, 100);
+      ASSERT_TRUE(t.ok());
+      const size_t id = n == "a" ? 0 : 1;
+      FillTensor(DataType::kFloat32, id, rank, 0, *bufs[id]);
+      ops.push_back(w.PushPull(*t, *bufs[id]));
+    }
+    for (auto& op : ops) ASSERT_TRUE(op.Wait(In(kOpTimeout)).ok());
+    EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, *bufs[0]));
+    EXPECT_TRUE(CheckTensor(DataType::kFloat32, 1, 2, 0, false, *bufs[1]));
+  });
+  job.FinishCleanly();
+}
+
+// ---- mismatches ----------------------------------------------------------------------------
+
+TEST(JobTest, CountMismatchFailsEveryRank) {
+  JobConfig config;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  ExpectMismatchOnBothRanks(job, "x", DataType::kFloat32, 10, DataType::kFloat32, 12);
+  // The job goes on: a tensor they agree on still works.
+  RunRounds(job, {{"z", DataType::kFloat32, 10}}, 2);
+  job.FinishCleanly();
+}
+
+TEST(JobTest, DtypeMismatchFailsEveryRank) {
+  JobConfig config;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  ExpectMismatchOnBothRanks(job, "y", DataType::kFloat32, 10, DataType::kFloat64, 10);
+  ExpectMismatchOnBothRanks(job, "w", DataType::kFloat16, 7, DataType::kBFloat16, 9);
+  RunRounds(job, {{"z", DataType::kInt64, 10}}, 2);
+  job.FinishCleanly();
+}
+
+TEST(JobTest, LocalDeclarationErrors) {
+  JobConfig config;
+  config.workers = 1;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  Worker& w = job.worker(0);
+  auto a = w.Declare("t", DataType::kFloat32, 10);
+  ASSERT_TRUE(a.ok());
+  auto again = w.Declare("t", DataType::kFloat32, 10);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->key(), a->key());
+  EXPECT_EQ(w.Declare("t", DataType::kFloat64, 10).status().code(), Code::kMismatch);
+  EXPECT_EQ(w.Declare("t", DataType::kFloat32, 11).status().code(), Code::kMismatch);
+  EXPECT_EQ(w.Declare("", DataType::kFloat32, 1).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(w.Declare("big", DataType::kFloat64, uint64_t{1} << 62).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(w.Declare("bad dtype", static_cast<DataType>(0), 1).status().code(),
+            Code::kInvalidArgument);
+  // Wrong buffer size and empty handle fail at once.
+  std::vector<std::byte>& small = job.Buffer(39);
+  EXPECT_EQ(w.PushPull(*a, small).Wait(In(1s)).code(), Code::kInvalidArgument);
+  std::vector<std::byte>& buf = job.Buffer(40);
+  EXPECT_EQ(w.PushPull(TensorHandle(), buf).Wait(In(1s)).code(), Code::kInvalidArgument);
+  EXPECT_EQ(PushPullHandle().Wait(In(1s)).code(), Code::kInvalidArgument);
+  // The tensor itself still works.
+  FillTensor(DataType::kFloat32, 0, 0, 0, buf);
+  ASSERT_TRUE(w.PushPull(*a, buf).Wait(In(kOpTimeout)).ok());
+  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 1, 0, false, buf));
+  // An empty tensor completes at once.
+  auto e = w.Declare("empty", DataType::kFloat32, 0);
+  ASSERT_TRUE(e.ok());
+  EXPECT_TRUE(w.PushPull(*e, {}).Wait(In(kOpTimeout)).ok());
+  job.FinishCleanly();
+}
+
+TEST(JobTest, AverageFlagDisagreementIsAMismatch) {
+  JobConfig config;
+  config.partition_bytes = 1024;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  for (int i = 0; i < 5; ++i) AverageDisagreementThenAgreement(job, "avg" + std::to_string(i), 100);
+  job.FinishCleanly();
+}
+
+// Regression (src/worker/worker.cc): when one partition of a multi-partition op got a
+// kDataError, the worker finished the op at once, although the other partitions' round is
+// still open on their servers (their replies are in flight, or their pushes were never sent).
+// The next call on the tensor then pushes round r+1 to a server still summing round r: refused
+// with kProtocolError ("pushed round 1 while the server sums round 0"), or accepted on one rank
+// and refused on the other, which leaves the first waiting forever. Worse, the op completes while
+// pushes of its other partitions are still being sent from the caller's buffer: a caller that
+// frees the buffer once Wait() has returned (as the API allows) gets a use-after-free inside the
+// lane (seen under ASan in inproc Deliver's memcpy). The fix: a failed op keeps pushing and
+// collecting all its partitions, and waits for its send completions, before it completes.
+// (Fixed: a failed op keeps going until the transport no longer touches its buffer.)
+TEST(JobTest, MultiPartitionMismatchDoesNotBreakLaterRounds) {
+  JobConfig config;
+  config.servers = 2;
+  config.partition_bytes = 1024;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  for (int i = 0; i < 10; ++i) {
+    AverageDisagreementThenAgreement(job, "avg" + std::to_string(i), 1000);  // 4 partitions
+  }
+  job.FinishCleanly();
+}
+
+// Regression (src/scheduler/scheduler.cc PlanLocked): an Assign must fit in one control frame
+// (kMaxControlPayload, about 52000 partitions) and in kMaxPartitions. A tensor with more
+// partitions makes the scheduler send an oversized frame; the server drops its scheduler
+// connection as a protocol error and the whole job dies with a misleading kPeerLost ("server 0
+// lost its connection"). Now this tensor alone fails, with kInvalidArgument saying why.
+TEST(JobTest, TensorWithTooManyPartitionsFailsCleanly) {
+  JobConfig config;
+  config.workers = 1;
+  config.partition_bytes = 4;  // one fp32 per partition
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  // 60000 partitions x 20 bytes > kMaxControlPayload (1 MiB).
+  auto t = job.worker(0).Declare("huge", DataType::kFloat32, 60000);
+  Status s;
+  std::vector<std::byte>& buf = job.Buffer(240000);
+  if (t.ok()) s = job.worker(0).PushPull(*t, buf).Wait(In(kOpTimeout));
+  else s = t.status();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.code(), Code::kTimeout) << s.ToString();
+  // The job survives: another tensor still works.
+  auto ok = job.worker(0).Declare("small", DataType::kFloat32, 10);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  std::vector<std::byte>& b = job.Buffer(40);
+  Status s2 = job.worker(0).PushPull(*ok, b).Wait(In(kOpTimeout));
+  EXPECT_TRUE(s2.ok()) << s2.ToString();
+}
+
+}  // namespace
+}  // namespace gradlink

@@ -1,0 +1,228 @@
+// Whole jobs in one process (unit/support/job_harness.h): sums and averages of every dtype,
+// sizes spanning partitions and servers, W x S, many keys and rounds, calls on one tensor in call
+// order, the single-lane mode and Barrier(). Every element is checked against the scalar
+// reference (unit/support/reference.h). Every wait has a deadline: a test fails, it never hangs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradlink/scheduler.h"
+#include "gradlink/server.h"
+#include "gradlink/worker.h"
+#include "server/start_on.h"
+#include "transport/transport.h"
+#include "unit/support/job_harness.h"
+#include "unit/support/reference.h"
+#include "unit/support/rounds.h"
+#include "unit/support/scenarios.h"
+#include "worker/worker_impl.h"
+
+namespace gradlink {
+namespace {
+
+using namespace std::chrono_literals;
+using test::CheckTensor;
+using test::ExpectedPartitionRounds;
+using test::FillTensor;
+using test::In;
+using test::Job;
+using test::JobConfig;
+using test::kAllTypes;
+using test::kConnectTimeout;
+using test::kOpTimeout;
+using test::ManyKeySpecs;
+using test::OnEveryWorker;
+using test::RunRounds;
+using test::ServerRounds;
+using test::TensorSpec;
+
+// ---- every dtype, sizes spanning servers, W x S -------------------------------------------
+
+class JobSizesTest : public ::testing::TestWithParam<std::tuple<uint32_t, uint32_t>> {};
+
+TEST_P(JobSizesTest, AllDtypesAllSizesFiveRounds) {
+  const auto [workers, servers] = GetParam();
+  JobConfig config;
+  config.workers = workers;
+  config.servers = servers;
+  config.partition_bytes = 64 << 10;  // 300000 elements span many partitions and both servers
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  std::vector<TensorSpec> specs;
+  for (DataType t : kAllTypes) {
+    for (uint64_t n : {1u, 1000u, 300000u}) {
+      specs.push_back({std::string(DataTypeName(t)) + "/" + std::to_string(n), t, n});
+    }
+  }
+  RunRounds(job, specs, 5);
+  EXPECT_EQ(ServerRounds(job), ExpectedPartitionRounds(specs, config.partition_bytes, 5));
+  if (servers > 1) {
+    // Both servers did work.
+    for (uint32_t s = 0; s < servers; ++s) EXPECT_GT(job.server(s).stats().rounds_completed, 0u);
+  }
+  job.FinishCleanly();
+}
+
+INSTANTIATE_TEST_SUITE_P(WorkersServers, JobSizesTest,
+                         ::testing::Combine(::testing::Values(1u, 2u, 3u),
+                                            ::testing::Values(1u, 2u)),
+                         [](const auto& info) {
+                           return "W" + std::to_string(std::get<0>(info.param)) + "_S" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+TEST(JobTest, AverageAllDtypes) {
+  JobConfig config;
+  config.workers = 3;
+  config.servers = 2;
+  config.partition_bytes = 4096;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  std::vector<TensorSpec> specs;
+  for (DataType t : kAllTypes) {
+    specs.push_back({"avg/" + std::string(DataTypeName(t)), t, 5000, /*average=*/true});
+  }
+  RunRounds(job, specs, 3);
+  job.FinishCleanly();
+}
+
+TEST(JobTest, SingleLaneMode) {
+  // single_lane is a per-process option; exercise it through dedicated members.
+  auto fabric = transport::CreateInprocFabric();
+  SchedulerOptions so;
+  so.num_workers = 2;
+  so.num_servers = 1;
+  so.join_timeout = kConnectTimeout;
+  auto sched = Scheduler::Start(so);
+  ASSERT_TRUE(sched.ok());
+  const std::string address = "127.0.0.1:" + std::to_string((*sched)->port());
+  std::vector<std::byte> bufs[2] = {std::vector<std::byte>(12000), std::vector<std::byte>(12000)};
+  std::unique_ptr<Server> server;  // declared after the buffers: shuts down before they go
+  std::unique_ptr<Worker> w[2];
+  std::thread ts([&] {
+    ServerOptions o;
+    o.scheduler = address;
+    o.single_lane = true;
+    o.connect_timeout = kConnectTimeout;
+    auto s = StartServerOn(o, fabric);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (s.ok()) server = std::move(s).value();
+  });
+  std::thread tw[2];
+  for (int r = 0; r < 2; ++r) {
+    tw[r] = std::thread([&, r] {
+      WorkerOptions o;
+      o.scheduler = address;
+      o.rank = r;
+      o.single_lane = r == 0;  // one worker of each kind
+      o.partition_bytes = 1024;
+      o.connect_timeout = kConnectTimeout;
+      auto x = ConnectWorkerOn(o, fabric);
+      EXPECT_TRUE(x.ok()) << x.status().ToString();
+      if (x.ok()) w[r] = std::move(x).value();
+    });
+  }
+  ts.join();
+  tw[0].join();
+  tw[1].join();
+  ASSERT_TRUE(server && w[0] && w[1]);
+  OnEveryWorker(2, [&](uint32_t r) {
+    auto t = w[r]->Declare("single", DataType::kFloat32, 3000);
+    ASSERT_TRUE(t.ok());
+    std::vector<std::byte>& buf = bufs[r];
+    for (uint64_t round = 0; round < 3; ++round) {
+      FillTensor(DataType::kFloat32, 0, r, round, buf);
+      Status s = w[r]->PushPull(*t, buf).Wait(In(kOpTimeout));
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, round, false, buf));
+    }
+  });
+  for (auto& x : w) EXPECT_TRUE(x->Shutdown(In(5s)).ok());
+  EXPECT_TRUE(server->Wait(In(5s)).ok());
+  EXPECT_TRUE((*sched)->Wait(In(5s)).ok());
+  server->Stop();
+  (*sched)->Stop();
+}
+
+// ---- many keys, many rounds ----------------------------------------------------------------
+
+TEST(JobTest, ManyKeysManyRounds) {
+  JobConfig config;
+  config.workers = 2;
+  config.servers = 2;
+  config.partition_bytes = 256;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  const std::vector<TensorSpec> specs = ManyKeySpecs();
+  RunRounds(job, specs, 20);
+  EXPECT_EQ(ServerRounds(job), ExpectedPartitionRounds(specs, config.partition_bytes, 20));
+  job.FinishCleanly();
+}
+
+TEST(JobTest, CallsOnOneTensorRunInCallOrder) {
+  JobConfig config;
+  config.workers = 2;
+  config.servers = 2;
+  config.partition_bytes = 512;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  constexpr int kRounds = 6;
+  OnEveryWorker(2, [&](uint32_t rank) {
+    auto t = job.worker(rank).Declare("seq", DataType::kFloat64, 700);
+    ASSERT_TRUE(t.ok());
+    std::vector<std::vector<std::byte>*> bufs;
+    for (int k = 0; k < kRounds; ++k) bufs.push_back(&job.Buffer(5600));
+    std::vector<PushPullHandle> ops;
+    for (int k = 0; k < kRounds; ++k) {  // all issued before any completes
+      FillTensor(DataType::kFloat64, 0, rank, k, *bufs[k]);
+      ops.push_back(job.worker(rank).PushPull(*t, *bufs[k], {false, k % 2 ? 10 : -10}));
+    }
+    for (int k = 0; k < kRounds; ++k) {
+      ASSERT_TRUE(ops[k].Wait(In(kOpTimeout)).ok());
+      EXPECT_TRUE(CheckTensor(DataType::kFloat64, 0, 2, k, false, *bufs[k])) << "call " << k;
+    }
+  });
+  job.FinishCleanly();
+}
+
+// No rank leaves Barrier() before every rank has entered it: rank r enters r x 100 ms late, and
+// every return comes after the last entry. (Only checking that Barrier() returns ok could not
+// fail for a barrier that returned at once.)
+TEST(JobTest, Barrier) {
+  JobConfig config;
+  config.workers = 3;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  for (int i = 0; i < 3; ++i) {
+    std::vector<Clock::time_point> entered(3), left(3);
+    OnEveryWorker(3, [&](uint32_t r) {
+      std::this_thread::sleep_for(r * 100ms);
+      entered[r] = Clock::now();
+      Status s = job.worker(r).Barrier(In(kOpTimeout));
+      left[r] = Clock::now();
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    });
+    const Clock::time_point last = *std::max_element(entered.begin(), entered.end());
+    for (uint32_t r = 0; r < 3; ++r) {
+      EXPECT_GE(left[r], last) << "rank " << r << " left barrier " << i << " "
+                               << std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      last - left[r]).count()
+                               << " ms before the last rank entered it";
+    }
+  }
+  job.FinishCleanly();
+}
+
+}  // namespace
+}  // namespace gradlink
