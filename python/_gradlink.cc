@@ -132,32 +132,34 @@ class Handle {
 
 class PyWorker {
  public:
-  PyWorker(const std::string& scheduler, const std::string& job, int32_t rank,
-           uint64_t partition_bytes, uint64_t max_bytes_in_flight, bool single_lane,
-           double connect_timeout_s, const std::string& host_name,
+  // Every option: None keeps what the environment says (gl::ApplyEnvironment, the one mapping of
+  // GRADLINK_* onto WorkerOptions), else the C++ default; a value given here wins over both.
+  PyWorker(const std::string& scheduler, std::optional<std::string> job,
+           std::optional<int32_t> rank, std::optional<uint64_t> partition_bytes,
+           std::optional<uint64_t> max_bytes_in_flight, std::optional<bool> single_lane,
+           std::optional<double> connect_timeout_s, const std::string& host_name,
            std::optional<uint64_t> fusion_buffer_bytes,
-           std::optional<uint64_t> fusion_threshold_bytes, uint64_t max_bytes_ahead,
-           uint64_t local_arena_bytes, std::optional<uint64_t> local_chunk_bytes) {
+           std::optional<uint64_t> fusion_threshold_bytes, std::optional<uint64_t> max_bytes_ahead,
+           std::optional<uint64_t> local_arena_bytes, std::optional<uint64_t> local_chunk_bytes) {
     gl::WorkerOptions o;
-    o.max_bytes_ahead = max_bytes_ahead;
-    o.local_arena_bytes = local_arena_bytes;
-    if (local_chunk_bytes) o.local_chunk_bytes = *local_chunk_bytes;
+    Check(gl::ApplyEnvironment(&o));  // also the job secret (gradlink-run sets GRADLINK_SECRET)
+    if (!scheduler.empty()) o.scheduler = scheduler;
+    if (job) o.job = *job;
+    if (rank) o.rank = *rank;
+    if (partition_bytes) o.partition_bytes = *partition_bytes;
+    if (max_bytes_in_flight) o.max_bytes_in_flight = *max_bytes_in_flight;
+    if (single_lane) o.single_lane = *single_lane;
+    if (connect_timeout_s) {
+      o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(*connect_timeout_s * 1000));
+    }
+    if (!host_name.empty()) o.host_name = host_name;
     if (fusion_buffer_bytes) o.fusion_buffer_bytes = *fusion_buffer_bytes;
     if (fusion_threshold_bytes) o.fusion_threshold_bytes = *fusion_threshold_bytes;
+    if (max_bytes_ahead) o.max_bytes_ahead = *max_bytes_ahead;
+    if (local_arena_bytes) o.local_arena_bytes = *local_arena_bytes;
+    if (local_chunk_bytes) o.local_chunk_bytes = *local_chunk_bytes;
     fusion_buffer_bytes_ = o.fusion_buffer_bytes;
     fusion_threshold_bytes_ = o.fusion_threshold_bytes;
-    o.scheduler = scheduler;
-    o.job = job;
-    o.rank = rank;
-    o.partition_bytes = partition_bytes;
-    o.max_bytes_in_flight = max_bytes_in_flight;
-    o.single_lane = single_lane;
-    o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
-    o.host_name = host_name;
-    // The job secret from GRADLINK_SECRET / GRADLINK_SECRET_FILE (gradlink-run sets the first).
-    gl::Result<std::optional<std::string>> secret = gl::SecretFromEnvironment();
-    Check(secret.status());
-    if (secret->has_value()) o.secret = **secret;
     gl::Result<std::unique_ptr<gl::Worker>> w = gl::Status();
     {
       py::gil_scoped_release release;
@@ -426,20 +428,21 @@ PYBIND11_MODULE(_gradlink, m) {
            "Seconds by stage: pack, queue, push, reduce, pull, unpack, total (zeros until done).");
 
   py::class_<PyWorker>(m, "Worker", "One worker of a gradlink job (the C++ gradlink::Worker).")
-      .def(py::init<const std::string&, const std::string&, int32_t, uint64_t, uint64_t, bool,
-                    double, const std::string&, std::optional<uint64_t>,
-                    std::optional<uint64_t>, uint64_t, uint64_t, std::optional<uint64_t>>(),
-           py::arg("scheduler"), py::arg("job") = "default", py::arg("rank") = -1,
-           py::arg("partition_bytes") = uint64_t{4} << 20,
-           py::arg("max_bytes_in_flight") = uint64_t{32} << 20, py::arg("single_lane") = false,
-           py::arg("connect_timeout") = 30.0,
+      .def(py::init<const std::string&, std::optional<std::string>, std::optional<int32_t>,
+                    std::optional<uint64_t>, std::optional<uint64_t>, std::optional<bool>,
+                    std::optional<double>, const std::string&, std::optional<uint64_t>,
+                    std::optional<uint64_t>, std::optional<uint64_t>, std::optional<uint64_t>,
+                    std::optional<uint64_t>>(),
+           py::arg("scheduler") = "", py::arg("job") = py::none(), py::arg("rank") = py::none(),
+           py::arg("partition_bytes") = py::none(), py::arg("max_bytes_in_flight") = py::none(),
+           py::arg("single_lane") = py::none(), py::arg("connect_timeout") = py::none(),
            py::arg("host_name") = "", py::arg("fusion_buffer_bytes") = py::none(),
-           py::arg("fusion_threshold_bytes") = py::none(), py::arg("max_bytes_ahead") = 0,
-           py::arg("local_arena_bytes") = 0, py::arg("local_chunk_bytes") = py::none(),
-           "Joins the job (blocks, GIL released, until every member has joined). "
-           "fusion_buffer_bytes / fusion_threshold_bytes / local_chunk_bytes: None keeps the "
-           "C++ defaults; max_bytes_ahead: WorkerOptions::max_bytes_ahead (0: no limit); "
-           "local_arena_bytes: the same-host path's shared memory (0: off).")
+           py::arg("fusion_threshold_bytes") = py::none(), py::arg("max_bytes_ahead") = py::none(),
+           py::arg("local_arena_bytes") = py::none(), py::arg("local_chunk_bytes") = py::none(),
+           "Joins the job (blocks, GIL released, until every member has joined). Every option "
+           "left None takes its GRADLINK_* variable if set (docs/operations.md, 'Environment'), "
+           "else the C++ default (include/gradlink/options.h); scheduler '' likewise "
+           "(GRADLINK_SCHEDULER).")
       .def_property_readonly("rank", &PyWorker::rank)
       .def_property_readonly("size", &PyWorker::size)
       .def_property_readonly("num_servers", &PyWorker::num_servers)

@@ -45,6 +45,25 @@ def test_connect_to_nothing_is_unavailable_in_bounded_time(gradlink):
     assert time.monotonic() - t0 < 10
 
 
+def test_worker_options_come_from_the_environment_through_the_cpp_mapping(gradlink, monkeypatch):
+    # A malformed variable is refused by name before anything connects.
+    monkeypatch.setenv("GRADLINK_PARTITION_BYTES", "4 MiB")
+    with pytest.raises(gradlink.InvalidArgumentError, match="GRADLINK_PARTITION_BYTES='4 MiB'"):
+        gradlink.Worker("127.0.0.1:1", connect_timeout=0.2)
+    monkeypatch.delenv("GRADLINK_PARTITION_BYTES")
+    # GRADLINK_SCHEDULER and GRADLINK_CONNECT_TIMEOUT apply when the arguments are left out.
+    monkeypatch.setenv("GRADLINK_SCHEDULER", "127.0.0.1:1")
+    monkeypatch.setenv("GRADLINK_CONNECT_TIMEOUT", "0.3")
+    t0 = time.monotonic()
+    with pytest.raises(gradlink.UnavailableError, match="127.0.0.1:1"):
+        gradlink.Worker()
+    assert time.monotonic() - t0 < 5
+    # An argument given wins over its variable.
+    monkeypatch.setenv("GRADLINK_SCHEDULER", "not-an-address")
+    with pytest.raises(gradlink.UnavailableError, match="127.0.0.1:1"):
+        gradlink.Worker("127.0.0.1:1")
+
+
 def test_bad_arguments(gradlink):
     with pytest.raises(gradlink.InvalidArgumentError):
         gradlink.Worker("not-an-address", connect_timeout=0.2)

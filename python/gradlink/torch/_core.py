@@ -137,35 +137,21 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
         expected = _env_int("GRADLINK_WORKERS", "WORLD_SIZE")
         if timeout is None:
             timeout = float(_env("GRADLINK_TIMEOUT", default=DEFAULT_TIMEOUT_S))
-        if connect_timeout is None:
-            connect_timeout = float(_env("GRADLINK_CONNECT_TIMEOUT", default=60.0))
-        kwargs = {}
-        # Sizes where 0 (or unset) keeps the C++ default.
-        for key, value, var in (("partition_bytes", partition_bytes, "GRADLINK_PARTITION_BYTES"),
-                                ("max_bytes_in_flight", max_bytes_in_flight,
-                                 "GRADLINK_MAX_BYTES_IN_FLIGHT"),
-                                ("max_bytes_ahead", max_bytes_ahead, "GRADLINK_MAX_BYTES_AHEAD"),
-                                ("local_arena_bytes", local_arena_bytes,
-                                 "GRADLINK_LOCAL_ARENA_BYTES"),
-                                ("local_chunk_bytes", local_chunk_bytes,
-                                 "GRADLINK_LOCAL_CHUNK_BYTES")):
-            value = value or _env_int(var)
-            if value:
-                kwargs[key] = value
-        fb = fusion_buffer_bytes
-        if fb is None:
-            fb = _env_int("GRADLINK_FUSION_BUFFER_BYTES")
-        if fb is not None:
-            kwargs["fusion_buffer_bytes"] = fb
-        ft = fusion_threshold_bytes
-        if ft is None:
-            ft = _env_int("GRADLINK_FUSION_THRESHOLD_BYTES")
-        if ft is not None:
-            kwargs["fusion_threshold_bytes"] = ft
-        if single_lane is None:
-            single_lane = _env("GRADLINK_SINGLE_LANE", default="0") not in ("0", "", "false")
-        worker = gradlink.Worker(scheduler, job=job, rank=rank, single_lane=single_lane,
-                                 connect_timeout=connect_timeout, **kwargs)
+        if connect_timeout is None and _env("GRADLINK_CONNECT_TIMEOUT") is None:
+            connect_timeout = 60.0  # the Python layer's default: workers start at their own pace
+        # Every other tuning option: None leaves it to the binding, which applies the GRADLINK_*
+        # environment through the C++ mapping (gradlink::ApplyEnvironment: one place reads
+        # those variables) and else the C++ defaults. For the sizes, 0 means the same as None
+        # (as it always has); fusion sizes take 0 as "no fusion".
+        worker = gradlink.Worker(
+            scheduler, job=job, rank=rank, single_lane=single_lane,
+            connect_timeout=connect_timeout,
+            partition_bytes=partition_bytes or None,
+            max_bytes_in_flight=max_bytes_in_flight or None,
+            max_bytes_ahead=max_bytes_ahead or None, local_arena_bytes=local_arena_bytes or None,
+            local_chunk_bytes=local_chunk_bytes or None,
+            fusion_buffer_bytes=fusion_buffer_bytes,
+            fusion_threshold_bytes=fusion_threshold_bytes)
         if expected is not None and worker.size != expected:
             worker.shutdown()
             raise InvalidArgumentError(
