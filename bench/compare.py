@@ -1,3 +1,4 @@
+# Over 600 lines on purpose: one benchmark tool (its CLI, the systems, the runs, the tables).
 """bench/compare: gradlink push_pull against Open MPI's MPI_Allreduce and Gloo's all_reduce on one
 host, side by side, same sizes, same number of ranks (fp32 sum; every element of every result
 checked by each system; a wrong value or a failed run fails the comparison).

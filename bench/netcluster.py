@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# Over 600 lines on purpose: one benchmark tool (the emulated cluster, the scenarios, the tables).
 """bench/netcluster: gradlink, Gloo and Open MPI on an emulated cluster of network namespaces.
 
 The cluster: H hosts, each a network namespace with one interface `nc0` (a veth pair whose

@@ -1,3 +1,5 @@
+// Over 600 lines on purpose: the segment's layout, its claim table and the drive loop are one
+// protocol over one shared structure; split, each part would expose the segment's internals.
 #include "worker/local_reduce.h"
 
 #include <fcntl.h>

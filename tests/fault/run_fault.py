@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# Over 600 lines on purpose: the fork-and-kill harness and its trials, in one file as ctest runs it.
 """Fault-injection tests of gradlink: kill or hang one process of a running job.
 
 Each trial starts real processes on loopback: gradlink-scheduler (--port 0; the port is read from

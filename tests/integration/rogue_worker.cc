@@ -1,3 +1,5 @@
+// Over 600 lines on purpose: one binary holding every misbehaviour the integration tests drive
+// (run_integration.py picks one per run), so each shares the real join and wire code.
 // gl_rogue_worker: a worker built from gradlink's internals (join, UCX lanes, wire codec) that
 // takes part honestly in a job and, between its honest rounds, throws malformed and unexpected
 // frames at every server's push and pull lanes from separate UCX endpoints.

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# Over 600 lines on purpose: the harness and its cases, one case per function, run as one ctest each.
 """Multi-process integration tests of gradlink, one case per ctest test.
 
 Each case starts real processes on loopback: gradlink-scheduler (--port 0; the port is read

@@ -1,3 +1,5 @@
+// Over 600 lines on purpose: every dtype x operation x ISA against the scalar reference, one
+// parameterized suite for the one dispatch table (src/reduce/).
 // Tests of the element-wise reducers against independent scalar references written here (math-
 // based fp16/bf16 conversions, GCC's _Float16 where the compiler has it), for every dtype and for
 // every instruction set the CPU supports, plus a bit-for-bit comparison of the vector paths with

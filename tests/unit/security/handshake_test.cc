@@ -1,3 +1,5 @@
+// Over 600 lines on purpose: one suite for the handshake state machine (src/security/handshake.h),
+// every message and every intruder, as the code it mirrors is one state machine.
 // Tests of job authentication: the pure handshake state machines (success, wrong secret both
 // ways, reflection, replay, every malformed field), the secret loader (file modes, lengths, the
 // environment), and whole in-process jobs with a secret: honest members join, a member with the

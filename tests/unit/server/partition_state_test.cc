@@ -1,3 +1,5 @@
+// Over 600 lines on purpose: one suite for PartitionState's round protocol (src/server/
+// partition_state.h), whose cases share one model of the rounds.
 // Tests of the per-(key, partition) round state machine of the server, without any transport:
 // rank-order summation that is bit-identical for every arrival order, fp32 accumulation of
 // fp16/bf16, averaging, refusal of stale, early and duplicate pushes, mismatched pushes failing
