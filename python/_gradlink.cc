@@ -50,9 +50,9 @@ void Check(const gl::Status& s) {
   if (!s.ok()) Raise(s);
 }
 
-// Seconds (None: forever) to a deadline, without overflowing the clock.
+// Seconds to a deadline, without overflowing the clock.
 Clock::time_point DeadlineFrom(std::optional<double> timeout_s) {
-  if (!timeout_s) return Clock::time_point::max();
+  if (!timeout_s) return Clock::time_point::max();  // callers resolve None to a timeout first
   if (*timeout_s <= 0) return Clock::now();
   const double max_s = 1e9;  // ~31 years: "forever" without overflow
   const auto d = std::chrono::duration_cast<Clock::duration>(
@@ -74,14 +74,20 @@ constexpr auto kSignalPoll = std::chrono::milliseconds(100);
 
 class Handle {
  public:
-  Handle(gl::PushPullHandle h, std::string name, py::object keepalive)
-      : h_(std::move(h)), name_(std::move(name)), keepalive_(std::move(keepalive)) {}
+  // `default_timeout_s`: what wait(None) waits (the worker's WorkerOptions::operation_timeout).
+  Handle(gl::PushPullHandle h, std::string name, py::object keepalive, double default_timeout_s)
+      : h_(std::move(h)),
+        name_(std::move(name)),
+        keepalive_(std::move(keepalive)),
+        default_timeout_s_(default_timeout_s) {}
 
   bool poll() const { return h_.Poll(); }
 
-  // Blocks (GIL released) until the operation completes or `timeout_s` passes (TimeoutError;
-  // the operation goes on and may be waited for again). Raises the operation's error.
+  // Blocks (GIL released) until the operation completes or `timeout_s` passes (None: the
+  // worker's operation timeout, as Wait() without a deadline in C++) (TimeoutError; the
+  // operation goes on and may be waited for again). Raises the operation's error.
   void wait(std::optional<double> timeout_s) {
+    if (!timeout_s) timeout_s = default_timeout_s_;
     const Clock::time_point deadline = DeadlineFrom(timeout_s);
     while (!h_.Poll()) {
       const Clock::time_point now = Clock::now();
@@ -128,6 +134,7 @@ class Handle {
   gl::PushPullHandle h_;
   std::string name_;
   py::object keepalive_;
+  double default_timeout_s_;
 };
 
 class PyWorker {
@@ -159,6 +166,7 @@ class PyWorker {
     if (local_arena_bytes) o.local_arena_bytes = *local_arena_bytes;
     if (local_chunk_bytes) o.local_chunk_bytes = *local_chunk_bytes;
     fusion_buffer_bytes_ = o.fusion_buffer_bytes;
+    operation_timeout_s_ = std::chrono::duration<double>(o.operation_timeout).count();
     fusion_threshold_bytes_ = o.fusion_threshold_bytes;
     gl::Result<std::unique_ptr<gl::Worker>> w = gl::Status();
     {
@@ -239,7 +247,7 @@ class PyWorker {
     // Forget the buffers of completed operations; keep this one alive until it completes.
     std::erase_if(inflight_, [](const auto& e) { return e.first.Poll(); });
     if (!h.Poll()) inflight_.emplace_back(h, keepalive);
-    return Handle(h, tensor.name(), std::move(keepalive));
+    return Handle(h, tensor.name(), std::move(keepalive), operation_timeout_s_);
   }
 
   // Members as for push_pull: declared tensors, data pointers, counts and dtypes (checked against
@@ -286,14 +294,14 @@ class PyWorker {
     std::string name = "group of " + std::to_string(n) + " tensors";
     if (n > 0) name += " ('" + tensors.front().name() + "'" +
                        (n > 1 ? " .. '" + tensors.back().name() + "'" : "") + ")";
-    return Handle(h, std::move(name), std::move(keepalive));
+    return Handle(h, std::move(name), std::move(keepalive), operation_timeout_s_);
   }
 
   void barrier(std::optional<double> timeout_s) {
     gl::Status s;
     {
       py::gil_scoped_release release;
-      s = live().Barrier(DeadlineFrom(timeout_s));
+      s = live().Barrier(DeadlineFrom(timeout_s ? timeout_s : operation_timeout_s_));
     }
     Check(s);
   }
@@ -326,6 +334,7 @@ class PyWorker {
   std::unique_ptr<gl::Worker> worker_;
   bool shut_down_ = false;
   uint64_t fusion_buffer_bytes_ = 0, fusion_threshold_bytes_ = 0;
+  double operation_timeout_s_ = 300;  // WorkerOptions::operation_timeout: wait()/barrier(None)
   // Operations not known to be complete, with the objects that own their buffers. Guarded by
   // the GIL.
   std::vector<std::pair<gl::PushPullHandle, py::object>> inflight_;

@@ -2,6 +2,8 @@
 // src/common/env.h, the one place gradlink calls getenv).
 #include "gradlink/env.h"
 
+#include <cstdint>
+
 #include "common/env.h"
 #include "security/secret.h"
 #include "wire/messages.h"
@@ -64,7 +66,14 @@ Status ApplyEnvironment(WorkerOptions* o) {
   WorkerOptions n = *o;
   GL_RETURN_IF_ERROR(TakeString("GRADLINK_SCHEDULER", &n.scheduler));
   GL_RETURN_IF_ERROR(TakeString("GRADLINK_JOB", &n.job));
-  GL_RETURN_IF_ERROR(Take("GRADLINK_RANK", env::Int, &n.rank));
+  GL_ASSIGN_OR_RETURN(std::optional<int64_t> rank, env::Int("GRADLINK_RANK"));
+  if (rank) {
+    if (*rank < -1 || *rank > INT32_MAX) {
+      return InvalidArgument("GRADLINK_RANK=" + std::to_string(*rank) +
+                             " is not a rank (-1 for any, else 0 to 2147483647)");
+    }
+    n.rank = static_cast<int32_t>(*rank);
+  }
   GL_RETURN_IF_ERROR(Take("GRADLINK_PARTITION_BYTES", env::Bytes, &n.partition_bytes));
   GL_RETURN_IF_ERROR(Take("GRADLINK_MAX_BYTES_IN_FLIGHT", env::Bytes, &n.max_bytes_in_flight));
   GL_RETURN_IF_ERROR(Take("GRADLINK_MAX_BYTES_AHEAD", env::Bytes, &n.max_bytes_ahead));

@@ -72,6 +72,15 @@ TEST(EnvTest, AMalformedValueIsRefusedNamingItAndChangesNothing) {
   EXPECT_EQ(o.job, "default");  // nothing applied
 }
 
+TEST(EnvTest, ARankOutOfRangeIsRefusedNotTruncated) {
+  ScopedEnv r("GRADLINK_RANK", "4294967296");  // 2^32: would wrap to 0 in an int32_t
+  WorkerOptions o;
+  const Status s = ApplyEnvironment(&o);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("GRADLINK_RANK=4294967296"), std::string::npos) << s.ToString();
+  EXPECT_EQ(o.rank, -1);
+}
+
 TEST(EnvTest, ServerWeightMustBeANumberInRange) {
   for (const char* bad : {"", "abc", "0", "2e6", "inf"}) {
     ScopedEnv w("GRADLINK_SERVER_WEIGHT", bad);
