@@ -41,7 +41,6 @@ Result<PeerId> UcxLane::ConnectNow(std::span<const std::byte> remote_address,
                        "': " + UcsError(s));
   }
   PeerId id = peer->id;
-  const std::string peer_name_copy = peer->name;
   peers_.push_back(std::move(peer));
   if (auth_) {
     // Queued before anything the caller can send on this endpoint, so it goes first.
