@@ -12,11 +12,18 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <regex>
+#include <map>
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "control/join.h"
+#include "gradlink/scheduler.h"
 #include "gradlink/worker.h"
+#include "transport/transport.h"
+#include "worker/worker_impl.h"
 #include "unit/support/job_harness.h"
 #include "unit/support/reference.h"
 #include "unit/support/rounds.h"
@@ -144,6 +151,102 @@ TEST(JobTest, NoThreadOrFdLeaksAfterAFailedJob) {
   }
   EXPECT_EQ(CountEntries("/proc/self/task"), threads_before);
   EXPECT_EQ(CountEntries("/proc/self/fd"), fds_before);
+}
+
+
+// ---- a server lost while the worker joins ---------------------------------------------------
+
+// Every server of the job is gone before the worker connects to it: with a secret, each
+// Connect() in Init() sends the lane hello at once, the inproc fabric finds no lane behind the
+// address, and the push lane reports each endpoint failed on its own thread while Init() is
+// still connecting to the next server. Init() must not fail on that (the scheduler's verdict
+// may still come), and within the verdict grace the worker fails with PeerLost naming the
+// server behind the first failed endpoint by its id and host, as the scheduler numbered it.
+// Run under ThreadSanitizer (build-tsan) this is the race of lanes that start before the
+// server directory is written: callbacks that read it while Init() writes it.
+TEST(JobTest, ServersLostWhileTheWorkerConnectsAreNamedAfterItJoins) {
+  constexpr uint32_t kServers = 16;
+  const std::string kSecret = "a secret for the lost-server test";
+  SchedulerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  so.job = "lost-servers";
+  so.num_workers = 1;
+  so.num_servers = kServers;
+  so.join_timeout = 30s;
+  so.secret = kSecret;
+  auto sched = Scheduler::Start(so);
+  ASSERT_TRUE(sched.ok()) << sched.status().ToString();
+  const std::string address = "127.0.0.1:" + std::to_string((*sched)->port());
+
+  // Lanes never started: their addresses lead nowhere.
+  auto fabric = transport::CreateInprocFabric();
+  std::vector<std::unique_ptr<transport::Lane>> dead;
+  std::mutex mu;
+  std::map<uint32_t, std::string> host_of_id;
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> servers;
+  for (uint32_t i = 0; i < kServers; ++i) {
+    auto lane = fabric->CreateLane("dead server lane");
+    ASSERT_TRUE(lane.ok()) << lane.status().ToString();
+    wire::RegisterMsg reg;
+    reg.role = wire::Role::kServer;
+    reg.requested_rank = -1;
+    reg.host = "dead-host-" + std::to_string(i);
+    reg.push_address = (*lane)->address();
+    reg.pull_address = (*lane)->address();
+    dead.push_back(std::move(lane).value());
+    servers.emplace_back([&, reg] {
+      auto joined = JoinJob(address, wire::JobHash(so.job), reg, In(20s), kSecret);
+      if (!joined.ok()) {
+        ADD_FAILURE() << reg.host << ": " << joined.status().ToString();
+        return;
+      }
+      {
+        std::lock_guard lock(mu);
+        host_of_id[joined->welcome.your_id] = reg.host;
+      }
+      Liveness liveness(joined->channel.get(), wire::JobHash(so.job), joined->welcome.your_id);
+      while (!stop.load()) {
+        if (!liveness.Tick().ok()) return;
+        auto f = joined->channel->Receive(In(50ms));
+        if (f.ok()) liveness.Heard();
+        else if (f.status().code() != Code::kTimeout) return;
+      }
+    });
+  }
+
+  WorkerOptions wo;
+  wo.scheduler = address;
+  wo.job = so.job;
+  wo.rank = 0;
+  wo.secret = kSecret;
+  wo.connect_timeout = 20s;
+  auto worker = ConnectWorkerOn(wo, fabric);
+  ASSERT_TRUE(worker.ok()) << worker.status().ToString();
+
+  Status failed;
+  for (auto deadline = In(10s); Clock::now() < deadline;) {
+    auto t = (*worker)->Declare("t", DataType::kFloat32, 16);
+    if (!t.ok()) {
+      failed = t.status();
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  stop = true;
+  for (auto& t : servers) t.join();
+  ASSERT_EQ(failed.code(), Code::kPeerLost) << failed.ToString();
+  std::smatch m;
+  const std::string text = failed.message();
+  ASSERT_TRUE(std::regex_search(text, m, std::regex(R"(connection to server (\d+) \(([^)]+)\))")))
+      << text;
+  const uint32_t id = static_cast<uint32_t>(std::stoul(m[1].str()));
+  std::lock_guard lock(mu);
+  ASSERT_EQ(host_of_id.size(), kServers);
+  EXPECT_EQ(host_of_id.at(id), m[2].str()) << text;
+  worker->reset();
+  (*sched)->Stop();
 }
 
 
