@@ -9,6 +9,10 @@
 //            worker sleeps before entering the barrier, so the others sit in Barrier().
 // --sleep-before-connect-ms delays Connect(), so that a fault can land while the other members
 // are in the join handshake.
+// --die-after-connect-us / --die-after-join-us: this process SIGKILLs itself that many
+// microseconds after calling Connect() (from a thread, so possibly inside the join) or after
+// Connect() returned: a worker that crashes while the servers still set up their connections
+// to it (the wireup case of run_fault.py).
 //
 // Lines on stdout (flushed at once; T is CLOCK_MONOTONIC in seconds with ns, the clock Python's
 // time.monotonic() reads on Linux):
@@ -34,6 +38,7 @@
 #include <time.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -63,6 +68,8 @@ struct Args {
   int rounds = 0;  // 0: until an operation fails
   int straggle_ms = 0;
   int sleep_before_connect_ms = 0;
+  int64_t die_after_connect_us = -1;  // -1: off
+  int64_t die_after_join_us = -1;
   double connect_timeout_s = 30;
   double wait_s = 60;
   uint64_t partition_bytes = 4u << 20;
@@ -106,6 +113,13 @@ std::vector<uint64_t> ParseSizes(const std::string& text) {
   return out;
 }
 
+// A crash: no goodbye, no destructor, no flush of anything but what Line() already flushed.
+[[noreturn]] void DieIn(int64_t us) {
+  if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+  ::raise(SIGKILL);
+  std::_Exit(137);  // not reached
+}
+
 class Runner {
  public:
   explicit Runner(const Args& a) : a_(a) {}
@@ -122,6 +136,9 @@ class Runner {
     o.max_bytes_in_flight = a_.max_in_flight;
     o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(a_.connect_timeout_s * 1000));
     Line("CONNECTING " + Now());
+    if (a_.die_after_connect_us >= 0) {
+      std::thread([us = a_.die_after_connect_us] { DieIn(us); }).detach();
+    }
     auto w = gl::Worker::Connect(o);
     if (!w.ok()) {
       Line("FAILED " + Now() + " " + w.status().ToString());
@@ -132,6 +149,7 @@ class Runner {
     n_ = w_->size();
     Line("JOINED " + std::to_string(rank_) + " " + std::to_string(n_) + " " +
          std::to_string(w_->num_servers()) + " " + Now());
+    if (a_.die_after_join_us >= 0) DieIn(a_.die_after_join_us);
     int rc = Loop();
     if (rc == kExitFailed && a_.shutdown_after_failure) {
       const auto t0 = Clock::now();
@@ -271,6 +289,8 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", a.rounds, "rounds to run; 0: until an operation fails");
   app.add_option("--straggle-ms", a.straggle_ms, "pull/barrier: sleep this long each round");
   app.add_option("--sleep-before-connect-ms", a.sleep_before_connect_ms);
+  app.add_option("--die-after-connect-us", a.die_after_connect_us);
+  app.add_option("--die-after-join-us", a.die_after_join_us);
   app.add_option("--connect-timeout-s", a.connect_timeout_s);
   app.add_option("--wait-s", a.wait_s, "deadline of every Wait()/Barrier()");
   app.add_option("--partition-bytes", a.partition_bytes);

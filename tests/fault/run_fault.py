@@ -47,7 +47,7 @@ trial whose problems are all tagged passes and is reported as KNOWN.
 Usage: run_fault.py --bin-dir DIR --fault-worker EXE [--budget S] [--seed N] [--slice A:B]
                     [--results FILE] [--only PHASE,ROLE,SIGNAL] [--tolerate-known] CASE
        run_fault.py --trials 50 summary --merge FILE...
-CASE: trials | shutdown | summary
+CASE: trials | shutdown | summary | wireup
 Standard library only: runs under Debian's /usr/bin/python3.
 """
 
@@ -398,7 +398,14 @@ KNOWN_BUGS = {
           "connect timeout (30 s by default)",
     "B5": "stopping a lane while a rendezvous transfer with a hung peer is pending aborts the "
           "process (UCX assertion in ucp_worker_destroy)",
+    "B6": "a process aborts in UCX when a peer dies while their connection is being set up: "
+          "the TCP transport destroys a failed endpoint that UCP has taken over (tcp_ep.c "
+          "uct_tcp_ep_destroy_progress assertion; in UCX 1.13.1, 1.18.1 and upstream master), "
+          "or a wireup message is purged (ucp_request.c 'got REP message', openucx/ucx#8175)",
 }
+# The abort messages of B6 (the first UCX error line on the victim's stderr).
+B6_PATTERN = re.compile(r"tcp_ep\.c:\d+ +Assertion `!\(ep->flags & UCT_TCP_EP_FLAG_CTX_TYPE_TX\)'"
+                        r"|ucp_request\.c:\d+ .*got \S+ message")
 
 
 def known_bug(t, p, kind, detail=""):
@@ -665,7 +672,110 @@ def case_summary(h, args):
         raise Failure("%d trial results, expected %d" % (len(results), args.trials))
 
 
-CASES = {"trials": case_trials, "shutdown": case_shutdown, "summary": case_summary}
+# ---- wireup: workers that crash while the servers set up their connections -------------------
+
+WIREUP_KINDS = ("one-after-join", "all-after-join", "one-during-join")
+WIREUP_JOIN_TIMEOUT_MS = 5000
+# Every survivor exits by itself this long after the last crash. A crash during the join fails
+# the job before every member has connected: those that had not retry until their connect
+# timeout (5 s here; failing fast on a scheduler that refuses is the hardening issue's).
+WIREUP_EXIT_BOUND = 12.0
+
+
+def wireup_trial(h, index, kind, rng, workers, servers):
+    """One job whose worker(s) SIGKILL themselves microseconds after joining (or while joining).
+    Returns (outcome, detail): 'ok' when every other process exits by itself, none of them by a
+    signal, within WIREUP_EXIT_BOUND; else 'abort' (a survivor died on a signal: UCX's
+    assertion), 'hang' or 'error'."""
+    job = "wireup-%d" % index
+    sched = h.spawn("w%02d-scheduler" % index, "scheduler", 0,
+                    [os.path.join(h.bin_dir, "gradlink-scheduler"), "--port", "0",
+                     "-w", str(workers), "-s", str(servers), "--job", job,
+                     "--join-timeout-ms", str(WIREUP_JOIN_TIMEOUT_MS)])
+    procs = [sched]
+    try:
+        m = h.wait_for("the scheduler's port",
+                       lambda: re.search(r"listening on (\S+):(\d+)", sched.out()), 15, [sched])
+        addr = "%s:%s" % (m.group(1), m.group(2))
+        procs += [h.spawn("w%02d-server%d" % (index, i), "server", i,
+                          [os.path.join(h.bin_dir, "gradlink-server"), "--scheduler", addr,
+                           "--job", job], env={"GRADLINK_CONNECT_TIMEOUT": "5"})
+                 for i in range(servers)]
+        one = rng.randrange(workers)
+        victims = []
+        for r in range(workers):
+            argv = [h.worker_exe, "--scheduler", addr, "--job", job, "--rank", str(r),
+                    "--phase", "push", "--sizes", SMALL, "--wait-s", "10",
+                    "--connect-timeout-s", "5"]
+            if kind == "all-after-join" or (kind == "one-after-join" and r == one):
+                argv += ["--die-after-join-us", str(rng.randrange(0, 3000))]
+            elif kind == "one-during-join" and r == one:
+                argv += ["--die-after-connect-us", str(rng.randrange(0, 30000))]
+            p = h.spawn("w%02d-worker%d" % (index, r), "worker", r, argv)
+            procs.append(p)
+            if "--die-after-join-us" in argv or "--die-after-connect-us" in argv:
+                victims.append(p)
+        h.wait_for("the crash", lambda: all(v.poll() is not None for v in victims), 20, [])
+        survivors = [p for p in procs if p not in victims]
+        end = time.monotonic() + WIREUP_EXIT_BOUND
+        while time.monotonic() < end and any(p.poll() is None for p in survivors):
+            time.sleep(0.01)
+        for p in survivors:
+            rc = p.poll()
+            if rc is None:
+                return "hang", "%s still running %.0f s after the crash" % (p.name,
+                                                                           WIREUP_EXIT_BOUND)
+            if rc < 0:
+                why = [l for l in p.err().splitlines() if "ssert" in l or "rror" in l]
+                return "abort", "%s died on signal %d: %s" % (p.name, -rc,
+                                                             (why or ["(no message)"])[0][:200])
+        return "ok", ""
+    except Failure as e:
+        return "error", str(e)
+    finally:
+        for p in procs:
+            h.kill(p)
+
+
+def case_wireup(h, args):
+    """Workers that crash (SIGKILL) within 3 ms of joining, or while joining: no other process
+    may die on a signal, and each exits by itself. UCX itself aborts a server in a few percent
+    of these trials (known bug B6, docs/operations.md "UCX"): with --tolerate-known such a
+    trial is counted and reported as KNOWN, every other problem still fails."""
+    rng = random.Random(args.seed)
+    kinds = args.wireup_kinds.split(",") if args.wireup_kinds else WIREUP_KINDS
+    if any(k not in WIREUP_KINDS for k in kinds):
+        raise Failure("--wireup-kinds: each of %s" % ", ".join(WIREUP_KINDS))
+    print("seed %d: %d trials of %d workers x %d servers, kinds %s" % (
+        args.seed, args.wireup_trials, args.wireup_workers, SERVERS, ", ".join(kinds)))
+    tally = {}
+    failures, known = [], []
+    for i in range(args.wireup_trials):
+        h.check_budget()
+        kind = kinds[i % len(kinds)]
+        t0 = time.monotonic()
+        outcome, detail = wireup_trial(h, i, kind, rng, args.wireup_workers, SERVERS)
+        print("#%02d %-16s %-5s %.1f s %s" % (i, kind, outcome, time.monotonic() - t0, detail))
+        tally.setdefault(kind, {}).setdefault(outcome, 0)
+        tally[kind][outcome] += 1
+        if outcome == "abort" and B6_PATTERN.search(detail):
+            known.append(i)
+            if h.tolerate_known:
+                outcome = "KNOWN"
+        if outcome not in ("ok", "KNOWN"):
+            failures.append(i)
+    for kind in WIREUP_KINDS:
+        if kind in tally:
+            print("%-16s %s" % (kind, ", ".join("%s %d" % kv for kv in sorted(tally[kind].items()))))
+    if known:
+        print("known bug B6 in %d trial(s) %s: %s" % (len(known), known, KNOWN_BUGS["B6"]))
+    if failures:
+        raise Failure("%d of %d wireup trials failed: %s" % (len(failures), args.wireup_trials,
+                                                             failures))
+
+
+CASES = {"trials": case_trials, "shutdown": case_shutdown, "summary": case_summary,
+         "wireup": case_wireup}
 
 
 def main():
@@ -684,6 +794,9 @@ def main():
                     help="a trial whose problems all match KNOWN_BUGS passes (reported as KNOWN)")
     ap.add_argument("--exit-grace", type=float, default=EXIT_GRACE,
                     help="seconds after the failure bound for survivors to exit (diagnosis)")
+    ap.add_argument("--wireup-trials", type=int, default=9, help="wireup: jobs to run")
+    ap.add_argument("--wireup-workers", type=int, default=8, help="wireup: workers per job")
+    ap.add_argument("--wireup-kinds", help="wireup: comma-separated kinds (default: all)")
     ap.add_argument("case", choices=sorted(CASES))
     args = ap.parse_args()
     if args.case != "summary" and not (args.bin_dir and args.fault_worker):

@@ -45,7 +45,11 @@ Result<std::unique_ptr<Lane>> UcxLane::Create(std::shared_ptr<UcxContext> contex
 
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_NAME;
-  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  // SERIALIZED, not SINGLE: the worker is created here, progressed on the progress thread and
+  // destroyed by Stop()'s caller, one thread at a time (lifecycle_mu_ and the thread's join
+  // order that). SINGLE promises one thread for the worker's whole life, which UCX builds with
+  // assertions check from 1.14 on (ucs_async_check_owner_thread: every server aborted).
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   wp.name = lane->name_.c_str();
   ucs_status_t s = ucp_worker_create(lane->context_->context, &wp, &lane->worker_);
   if (s != UCS_OK) {
