@@ -213,11 +213,24 @@ class PyWorker {
     return d;
   }
 
-  gl::TensorHandle declare(const std::string& name, const std::string& dtype, uint64_t count) {
+  // `shape`: the tensor's dimensions (their product must be `count`), or None.
+  gl::TensorHandle declare(const std::string& name, const std::string& dtype, uint64_t count,
+                           std::optional<std::vector<uint64_t>> shape) {
+    if (shape) {
+      uint64_t n = 1;
+      for (uint64_t d : *shape) n *= d;  // an overflow cannot equal count: Declare refuses it
+      if (n != count) {
+        Raise(gl::InvalidArgument("declare '" + name + "': a shape of " +
+                                  std::to_string(shape->size()) + " dimensions holding " +
+                                  std::to_string(n) + " elements, not " + std::to_string(count)));
+      }
+    }
     gl::Result<gl::TensorHandle> t = gl::Status();
     {
       py::gil_scoped_release release;
-      t = live().Declare(name, DtypeFrom(dtype), count);
+      // A 0-d tensor (shape ()) is declared as one element without a shape.
+      t = shape && !shape->empty() ? live().Declare(name, DtypeFrom(dtype), *shape)
+                                   : live().Declare(name, DtypeFrom(dtype), count);
     }
     Check(t.status());
     return *t;
@@ -422,6 +435,9 @@ PYBIND11_MODULE(_gradlink, m) {
         return std::string(gl::DataTypeName(t.dtype()));
       })
       .def_property_readonly("count", &gl::TensorHandle::count)
+      .def_property_readonly("shape", [](const gl::TensorHandle& t) {
+        return t.shape().empty() ? py::object(py::none()) : py::object(py::tuple(py::cast(t.shape())));
+      })
       .def("__repr__", [](const gl::TensorHandle& t) {
         return "<gradlink.Tensor '" + t.name() + "' " + std::string(gl::DataTypeName(t.dtype())) +
                "[" + std::to_string(t.count()) + "]>";
@@ -459,7 +475,8 @@ PYBIND11_MODULE(_gradlink, m) {
       .def_property_readonly("fusion_buffer_bytes", &PyWorker::fusion_buffer_bytes)
       .def_property_readonly("fusion_threshold_bytes", &PyWorker::fusion_threshold_bytes)
       .def("stats", &PyWorker::stats, "Counters of the C++ worker (gradlink::WorkerStats).")
-      .def("declare", &PyWorker::declare, py::arg("name"), py::arg("dtype"), py::arg("count"))
+      .def("declare", &PyWorker::declare, py::arg("name"), py::arg("dtype"), py::arg("count"),
+           py::arg("shape") = py::none())
       .def("push_pull", &PyWorker::push_pull, py::arg("tensor"), py::arg("data_ptr"),
            py::arg("count"), py::arg("dtype"), py::arg("average") = false,
            py::arg("priority") = 0, py::arg("keepalive") = py::none(),

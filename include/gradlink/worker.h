@@ -35,6 +35,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "gradlink/options.h"
 #include "gradlink/status.h"
@@ -57,6 +58,8 @@ class TensorHandle {
   const std::string& name() const;
   DataType dtype() const;
   uint64_t count() const;
+  // The dimensions given to Declare (their product is count()); empty when none were given.
+  const std::vector<uint64_t>& shape() const;
   bool valid() const { return state_ != nullptr; }
 
  private:
@@ -150,6 +153,11 @@ class Worker {
   // Declares a tensor (non-blocking). Declaring a name again returns the same handle if dtype and
   // count agree, kMismatch otherwise; kInvalidArgument for an empty name or too many elements.
   virtual Result<TensorHandle> Declare(std::string_view name, DataType dtype, uint64_t count) = 0;
+  // The same with the tensor's shape (at most 64 dimensions; count is their product). Workers
+  // that give a shape must all give the same one, else every worker gets kMismatch naming both
+  // (a worker that gives none agrees with any).
+  virtual Result<TensorHandle> Declare(std::string_view name, DataType dtype,
+                                       std::span<const uint64_t> shape) = 0;
 
   // Starts summing `data` (exactly count * dtype-size bytes) over all workers, in place. The
   // buffer must stay alive and untouched until the handle's Wait() has returned non-kTimeout.

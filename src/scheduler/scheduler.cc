@@ -215,6 +215,10 @@ Status SchedulerImpl::OnDeclare(Connection& c, const Frame& f) {
   if (wire::TensorKey(opts_.job, d.name) != h.key) {
     return ProtocolError("kDeclare key does not match the name '" + d.name + "'");
   }
+  if (!d.shape.empty() && ShapeElements(d.shape) != h.count) {
+    return ProtocolError("kDeclare of '" + d.name + "': shape " + FormatShape(d.shape) +
+                         " does not hold " + std::to_string(h.count) + " elements");
+  }
   Declaration& decl = decls_[h.key];
   if (decl.by_rank.count(c.id) != 0) return ProtocolError("key declared twice by one worker");
   decl.by_rank[c.id] = {h, std::move(d)};
@@ -228,16 +232,29 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
   decl.dtype = static_cast<DataType>(h0.dtype);
   decl.count = h0.count;
   decl.partition_bytes = d0.partition_bytes;
+  // Shapes: every rank that gave one must give the same (a rank that gave none agrees with
+  // any); the first one given is the reference the others are named against.
+  const std::vector<uint64_t>* shape0 = nullptr;
+  for (const auto& [rank, hd] : decl.by_rank) {
+    if (!hd.second.shape.empty()) {
+      shape0 = &hd.second.shape;
+      break;
+    }
+  }
+  auto shape_text = [](const std::vector<uint64_t>& shape) {
+    return shape.empty() ? std::string() : " shape " + FormatShape(shape);
+  };
   std::string disagree;
   for (const auto& [rank, hd] : decl.by_rank) {
     const auto& [h, d] = hd;
+    const bool shape_differs = shape0 != nullptr && !d.shape.empty() && d.shape != *shape0;
     if (h.dtype != h0.dtype || h.count != h0.count || d.partition_bytes != d0.partition_bytes ||
-        d.name != d0.name) {
+        d.name != d0.name || shape_differs) {
       disagree += (disagree.empty() ? "" : ", ") + std::string("rank ") + std::to_string(rank) +
                   (d.name != d0.name ? " declared name '" + d.name + "' as " : " declared ") +
                   std::string(DataTypeName(static_cast<DataType>(h.dtype))) + "[" +
-                  std::to_string(h.count) + "] with " + std::to_string(d.partition_bytes) +
-                  "-byte partitions";
+                  std::to_string(h.count) + "]" + shape_text(d.shape) + " with " +
+                  std::to_string(d.partition_bytes) + "-byte partitions";
     }
   }
   decl.planned = true;
@@ -256,7 +273,8 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
       decl.status = Mismatch("key " + keyhex + " '" + decl.name + "': rank " +
                              std::to_string(first->first) + " declared " +
                              std::string(DataTypeName(decl.dtype)) + "[" +
-                             std::to_string(decl.count) + "] with " +
+                             std::to_string(decl.count) + "]" +
+                             shape_text(first->second.second.shape) + " with " +
                              std::to_string(decl.partition_bytes) + "-byte partitions, " +
                              disagree);
     }

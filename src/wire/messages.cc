@@ -106,16 +106,24 @@ std::vector<std::byte> Encode(const DeclareMsg& m) {
   Writer w;
   w.Str(m.name);
   w.U64(m.partition_bytes);
+  w.U32(static_cast<uint32_t>(m.shape.size()));
+  for (uint64_t d : m.shape) w.U64(d);
   return w.Take();
 }
 
 Result<DeclareMsg> DecodeDeclare(std::span<const std::byte> b) {
   Reader r(b);
   DeclareMsg m;
-  if (!r.Str(&m.name, kMaxNameLength) || !r.U64(&m.partition_bytes) || !r.Done() ||
-      m.partition_bytes == 0) {
+  uint32_t dims = 0;
+  if (!r.Str(&m.name, kMaxNameLength) || !r.U64(&m.partition_bytes) || m.partition_bytes == 0 ||
+      !r.U32(&dims) || dims > kMaxShapeDims) {
     return Bad("declare message");
   }
+  m.shape.resize(dims);
+  for (uint64_t& d : m.shape) {
+    if (!r.U64(&d)) return Bad("declare message (shape)");
+  }
+  if (!r.Done()) return Bad("declare message (trailing bytes)");
   return m;
 }
 

@@ -21,6 +21,7 @@ inline constexpr uint32_t kMaxPartitions = 1u << 20;
 // Partitions of one tensor: its kAssign (20 bytes each) must fit in one control frame.
 inline constexpr uint64_t kMaxPartitionsPerTensor = 50000;
 inline constexpr uint32_t kMaxMessageLength = 8192;
+inline constexpr uint32_t kMaxShapeDims = 64;
 // A server's placement weight (RegisterMsg::weight) lies in [kMinServerWeight, kMaxServerWeight]:
 // any ratio of two weights is at most 1e12, so load / weight never overflows a double.
 inline constexpr double kMinServerWeight = 1e-6;
@@ -68,6 +69,9 @@ struct WelcomeMsg {
 struct DeclareMsg {
   std::string name;
   uint64_t partition_bytes = 0;
+  // The tensor's dimensions as the caller gave them (at most kMaxShapeDims); empty: not given.
+  // Their product is the header's count.
+  std::vector<uint64_t> shape;
 };
 
 struct PartitionPlan {

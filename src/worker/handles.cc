@@ -138,6 +138,7 @@ uint64_t TensorHandle::key() const { return state_->key; }
 const std::string& TensorHandle::name() const { return state_->name; }
 DataType TensorHandle::dtype() const { return state_->dtype; }
 uint64_t TensorHandle::count() const { return state_->count; }
+const std::vector<uint64_t>& TensorHandle::shape() const { return state_->shape; }
 
 Status PushPullHandle::Wait(Clock::time_point deadline) const {
   if (group_) return WaitGroup(*group_, deadline);

@@ -35,6 +35,7 @@ struct TensorState {
   std::string name;
   DataType dtype{};
   uint64_t count = 0;
+  std::vector<uint64_t> shape;  // as declared; empty when not given
   // Guarded by WorkerImpl::mu_.
   bool planned = false;
   Status plan_status;                      // kMismatch when the workers disagree

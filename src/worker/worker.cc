@@ -1,6 +1,7 @@
 // WorkerImpl (worker_impl.h): joining the job, declaring tensors, push_pull, barriers, stats and
 // shutdown.
 #include <algorithm>
+#include <limits>
 
 #include "common/log.h"
 #include "common/naming.h"
@@ -65,6 +66,26 @@ Status WorkerImpl::Init() {
 }
 
 Result<TensorHandle> WorkerImpl::Declare(std::string_view name, DataType dtype, uint64_t count) {
+  return DeclareShaped(name, dtype, count, {});
+}
+
+Result<TensorHandle> WorkerImpl::Declare(std::string_view name, DataType dtype,
+                                         std::span<const uint64_t> shape) {
+  if (shape.empty() || shape.size() > wire::kMaxShapeDims) {
+    return InvalidArgument("tensor '" + std::string(name) + "': a shape has 1 to " +
+                           std::to_string(wire::kMaxShapeDims) + " dimensions, not " +
+                           std::to_string(shape.size()));
+  }
+  const uint64_t count = ShapeElements(shape);
+  if (count == std::numeric_limits<uint64_t>::max()) {
+    return InvalidArgument("tensor '" + std::string(name) + "' of shape " + FormatShape(shape) +
+                           " is too large");
+  }
+  return DeclareShaped(name, dtype, count, shape);
+}
+
+Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType dtype,
+                                               uint64_t count, std::span<const uint64_t> shape) {
   if (name.empty() || name.size() > wire::kMaxNameLength) {
     return InvalidArgument("tensor name must have 1 to " +
                            std::to_string(wire::kMaxNameLength) + " characters");
@@ -92,11 +113,18 @@ Result<TensorHandle> WorkerImpl::Declare(std::string_view name, DataType dtype, 
         return Mismatch("tensor names '" + old.name + "' and '" + std::string(name) +
                         "' hash to the same key " + KeyHex(key));
       }
-      if (old.dtype != dtype || old.count != count) {
+      const bool shape_differs =
+          !shape.empty() && !old.shape.empty() &&
+          !std::equal(shape.begin(), shape.end(), old.shape.begin(), old.shape.end());
+      if (old.dtype != dtype || old.count != count || shape_differs) {
+        auto shape_text = [](std::span<const uint64_t> s) {
+          return s.empty() ? std::string() : " shape " + FormatShape(s);
+        };
         return Mismatch("key " + KeyHex(key) + " '" + old.name + "' was declared as " +
                         std::string(DataTypeName(old.dtype)) + "[" + std::to_string(old.count) +
-                        "] on rank " + std::to_string(rank_) + ", now as " +
-                        std::string(DataTypeName(dtype)) + "[" + std::to_string(count) + "]");
+                        "]" + shape_text(old.shape) + " on rank " + std::to_string(rank_) +
+                        ", now as " + std::string(DataTypeName(dtype)) + "[" +
+                        std::to_string(count) + "]" + shape_text(shape));
       }
       return TensorHandle(it->second);
     }
@@ -105,6 +133,7 @@ Result<TensorHandle> WorkerImpl::Declare(std::string_view name, DataType dtype, 
     t->name = std::string(name);
     t->dtype = dtype;
     t->count = count;
+    t->shape.assign(shape.begin(), shape.end());
     tensors_[key] = t;
   }
   wire::Header h;
@@ -114,7 +143,7 @@ Result<TensorHandle> WorkerImpl::Declare(std::string_view name, DataType dtype, 
   h.key = key;
   h.dtype = static_cast<uint8_t>(dtype);
   h.count = count;
-  wire::DeclareMsg d{t->name, opts_.partition_bytes};
+  wire::DeclareMsg d{t->name, opts_.partition_bytes, t->shape};
   Status s = channel_->Send(h, wire::Encode(d));
   if (!s.ok()) {
     FailAll(PeerLost("worker " + std::to_string(rank_) + " lost the scheduler: " + s.message()));

@@ -65,6 +65,8 @@ class WorkerImpl final : public Worker {
   uint32_t num_servers() const override { return num_servers_; }
 
   Result<TensorHandle> Declare(std::string_view name, DataType dtype, uint64_t count) override;
+  Result<TensorHandle> Declare(std::string_view name, DataType dtype,
+                               std::span<const uint64_t> shape) override;
 
   PushPullHandle PushPull(const TensorHandle& tensor, std::span<std::byte> data,
                           const PushPullOptions& options) override;
@@ -129,6 +131,9 @@ class WorkerImpl final : public Worker {
   // member's name and count, in order), so workers that group alike meet on one key, and
   // workers that group differently never share one (no sum of unrelated elements).
   Status DeclareFused(GroupPlan::Chunk& c, std::span<const TensorHandle> tensors);
+  // Both Declare()s: `shape` empty when the caller gave none.
+  Result<TensorHandle> DeclareShaped(std::string_view name, DataType dtype, uint64_t count,
+                                     std::span<const uint64_t> shape);
 
   // Member `t` of fused tensor `f` failed its plan (e.g. another worker declared it with
   // another shape): f's key will never be planned, so its ops fail now with t's error.

@@ -542,7 +542,7 @@ int Run(const Args& a) {
     h.key = key;
     h.dtype = static_cast<uint8_t>(gl::DataType::kFloat32);
     h.count = a.count;
-    st = ch.Send(h, wire::Encode(wire::DeclareMsg{kTensor, a.partition_bytes}));
+    st = ch.Send(h, wire::Encode(wire::DeclareMsg{kTensor, a.partition_bytes, {}}));
     if (!st.ok()) {
       std::fprintf(stderr, "rogue: declare: %s\n", st.ToString().c_str());
       return 1;

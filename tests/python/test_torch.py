@@ -153,6 +153,9 @@ def test_shape_mismatch_raises_on_every_rank(run_job):
         hit = [line for line in lines if line.startswith("MISMATCH rank %d" % r)]
         assert hit, job.explain()
         assert "shape_differs" in hit[0] and "fp32[10]" in hit[0] and "fp32[11]" in hit[0]
+        hit = [line for line in lines if line.startswith("MISMATCH transposed rank %d" % r)]
+        assert hit, job.explain()
+        assert "shape (3, 4)" in hit[0] and "shape (4, 3)" in hit[0], hit[0]
         assert "after mismatch rank %d: [1.0, 1.0, 1.0, 1.0]" % r in lines
 
 

@@ -38,12 +38,13 @@ class _Context:
         self.lock = threading.Lock()
         self.completer = None
 
-    def declare(self, name, dtype, count):
+    def declare(self, name, dtype, count, shape=None):
         t = self.tensors.get(name)
-        if t is not None and t.dtype == dtype and t.count == count:
+        if t is not None and t.dtype == dtype and t.count == count and (
+                shape is None or t.shape is None or t.shape == shape):
             return t
         # New, or redeclared with another shape (the worker raises MismatchError).
-        t = self.worker.declare(name, dtype, count)
+        t = self.worker.declare(name, dtype, count, shape)
         self.tensors[name] = t
         return t
 
@@ -310,7 +311,7 @@ def start(tensor, buf, name, average, priority, finish=None):
         raise InvalidArgumentError(
             "push_pull of '%s': dtype %s cannot be summed (supported: %s)"
             % (name, buf.dtype, ", ".join(str(d) for d in DTYPES)))
-    t = ctx.declare(name, dtype, buf.numel())
+    t = ctx.declare(name, dtype, buf.numel(), tuple(buf.shape))
     h = ctx.worker.push_pull(t, buf.data_ptr(), buf.numel(), dtype, average, priority, buf)
     return PushPullHandle(h, tensor, finish, ctx.timeout, name)
 
@@ -380,7 +381,7 @@ def start_group(tensors, bufs, names, average, priority, finish=()):
             raise InvalidArgumentError(
                 "grouped_push_pull of '%s': dtype %s cannot be summed (supported: %s)"
                 % (name, buf.dtype, ", ".join(str(d) for d in DTYPES)))
-        handles.append(ctx.declare(name, dtype, buf.numel()))
+        handles.append(ctx.declare(name, dtype, buf.numel(), tuple(buf.shape)))
         ptrs.append(buf.data_ptr())
         counts.append(buf.numel())
         dtypes.append(dtype)

@@ -228,7 +228,7 @@ void ExpectStuckWorkerFailedAlone(uint64_t partitions, Clock::duration bound, co
       h.key = key;
       h.dtype = static_cast<uint8_t>(DataType::kFloat32);
       h.count = partitions;
-      w->Send(h, wire::Encode(wire::DeclareMsg{name, 4}));  // one element per partition
+      w->Send(h, wire::Encode(wire::DeclareMsg{name, 4, {}}));  // one element per partition
       wire::Header b = w->Header(MsgType::kBarrier);
       b.round = round;
       w->Send(b);

@@ -291,20 +291,32 @@ TEST(MessagesTest, WelcomeTruncationsAndTrailingBytes) {
 
 TEST(MessagesTest, DeclareRoundTrip) {
   for (uint64_t pb : {uint64_t{1}, uint64_t{4} << 20, std::numeric_limits<uint64_t>::max()}) {
-    DeclareMsg m{"layer1.weight.grad", pb};
+    DeclareMsg m{"layer1.weight.grad", pb, {}};
     Result<DeclareMsg> d = DecodeDeclare(Encode(m));
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     EXPECT_EQ(d->name, m.name);
     EXPECT_EQ(d->partition_bytes, pb);
+    EXPECT_TRUE(d->shape.empty());
+  }
+  for (const std::vector<uint64_t>& shape :
+       {std::vector<uint64_t>{12}, std::vector<uint64_t>{3, 4}, std::vector<uint64_t>{2, 0, 7},
+        std::vector<uint64_t>(kMaxShapeDims, 1)}) {
+    Result<DeclareMsg> d = DecodeDeclare(Encode(DeclareMsg{"t", 64, shape}));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->shape, shape);
   }
 }
 
 TEST(MessagesTest, DeclareRejects) {
-  ExpectBad(DecodeDeclare(Encode(DeclareMsg{"x", 0})), "zero partition bytes");
-  ExpectBad(DecodeDeclare(Encode(DeclareMsg{std::string(kMaxNameLength + 1, 'n'), 64})),
+  ExpectBad(DecodeDeclare(Encode(DeclareMsg{"x", 0, {}})), "zero partition bytes");
+  ExpectBad(DecodeDeclare(Encode(DeclareMsg{std::string(kMaxNameLength + 1, 'n'), 64, {}})),
             "name too long");
-  EXPECT_TRUE(DecodeDeclare(Encode(DeclareMsg{std::string(kMaxNameLength, 'n'), 64})).ok());
-  ExpectTruncationsAndTrailingFail(Encode(DeclareMsg{"tensor", 4096}), DecodeDeclare, "declare");
+  EXPECT_TRUE(DecodeDeclare(Encode(DeclareMsg{std::string(kMaxNameLength, 'n'), 64, {}})).ok());
+  ExpectTruncationsAndTrailingFail(Encode(DeclareMsg{"tensor", 4096, {}}), DecodeDeclare, "declare");
+  ExpectTruncationsAndTrailingFail(Encode(DeclareMsg{"tensor", 4096, {3, 4}}), DecodeDeclare,
+                                   "declare");
+  ExpectBad(DecodeDeclare(Encode(DeclareMsg{"x", 64, std::vector<uint64_t>(kMaxShapeDims + 1, 1)})),
+            "too many dimensions");
 }
 
 // ---- kAssign ---------------------------------------------------------------------------------

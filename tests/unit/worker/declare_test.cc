@@ -105,6 +105,51 @@ TEST(JobTest, DtypeMismatchFailsEveryRank) {
   job.FinishCleanly();
 }
 
+// Same dtype and element count, another shape: (3, 4) against (4, 3) would be summed element by
+// element if only counts were compared. Both ranks get kMismatch naming both shapes, before any
+// data moves; the same shape on both still sums, as does a rank that gives none.
+TEST(JobTest, ShapeMismatchFailsEveryRank) {
+  JobConfig config;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  const std::vector<uint64_t> shapes[2] = {{3, 4}, {4, 3}};
+  test::OnEveryWorker(2, [&](uint32_t rank) {
+    auto h = job.worker(rank).Declare("s", DataType::kFloat32, shapes[rank]);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    EXPECT_EQ(h->count(), 12u);
+    EXPECT_EQ(h->shape(), shapes[rank]);
+    std::vector<std::byte>& buf = job.Buffer(12 * 4);
+    Status s = job.worker(rank).PushPull(*h, buf).Wait(In(5s));
+    ASSERT_EQ(s.code(), Code::kMismatch) << "rank " << rank << ": " << s.ToString();
+    EXPECT_NE(s.message().find("fp32[12] shape (3, 4)"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("fp32[12] shape (4, 3)"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("'s'"), std::string::npos) << s.message();
+  });
+  // Redeclaring locally with another shape is a mismatch at once.
+  auto again = job.worker(0).Declare("s", DataType::kFloat32, std::vector<uint64_t>{2, 6});
+  EXPECT_EQ(again.status().code(), Code::kMismatch) << again.status().ToString();
+  EXPECT_NE(again.status().message().find("shape (2, 6)"), std::string::npos);
+  // Agreeing shapes (and a rank without one) sum as before.
+  test::OnEveryWorker(2, [&](uint32_t rank) {
+    auto h = rank == 0 ? job.worker(0).Declare("ok", DataType::kFloat32, std::vector<uint64_t>{3, 4})
+                       : job.worker(1).Declare("ok", DataType::kFloat32, 12);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    std::vector<std::byte>& buf = job.Buffer(12 * 4);
+    FillTensor(DataType::kFloat32, 0, rank, 0, buf);
+    ASSERT_TRUE(job.worker(rank).PushPull(*h, buf).Wait(In(kOpTimeout)).ok());
+    EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, buf));
+  });
+  // Bad shapes are refused locally.
+  EXPECT_EQ(job.worker(0).Declare("none", DataType::kFloat32, std::vector<uint64_t>{}).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(job.worker(0)
+                .Declare("huge", DataType::kFloat32, std::vector<uint64_t>{1ull << 40, 1ull << 40})
+                .status()
+                .code(),
+            Code::kInvalidArgument);
+  job.FinishCleanly();
+}
+
 TEST(JobTest, LocalDeclarationErrors) {
   JobConfig config;
   config.workers = 1;
