@@ -24,6 +24,9 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <new>
+#include <optional>
+#include <fstream>
 #include <climits>
 #include <cerrno>
 #include <cmath>
@@ -60,16 +63,43 @@ struct Config {
   uint64_t fusion_threshold_bytes = gl::WorkerOptions().fusion_threshold_bytes;
 };
 
-uint64_t ParseSize(const std::string& s) {
+// "4096", "64K", "1.5M", "64G", "1T"; nullopt for anything else.
+std::optional<uint64_t> ParseSizeChecked(const std::string& s) {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
-  switch (end && *end ? (*end | 0x20) : 0) {
+  if (end == s.c_str() || !(v >= 0)) return std::nullopt;
+  switch (*end ? (*end | 0x20) : 0) {
+    case 0: break;
     case 'k': v *= 1024; break;
-    case 'm': v *= 1024 * 1024; break;
+    case 'm': v *= 1024.0 * 1024; break;
     case 'g': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
+    case 't': v *= 1024.0 * 1024 * 1024 * 1024; break;
+    default: return std::nullopt;
   }
+  if (*end != 0 && end[1] != 0) return std::nullopt;
+  if (v >= 18446744073709551615.0) return std::nullopt;
   return static_cast<uint64_t>(v);
+}
+
+// Sizes were checked in main().
+uint64_t ParseSize(const std::string& s) { return ParseSizeChecked(s).value_or(0); }
+
+std::string GiB(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f GiB", static_cast<double>(b) / (1ull << 30));
+  return buf;
+}
+
+// What the kernel says can still be allocated without swapping (MemAvailable), 0 if unknown.
+uint64_t AvailableMemory() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
 }
 
 std::string HumanSize(uint64_t b) {
@@ -249,7 +279,15 @@ int RunWorker(const Config& c) {
        bytes = std::max<uint64_t>(bytes + sz, static_cast<uint64_t>(bytes * c.factor))) {
     const uint64_t per_tensor = std::max<uint64_t>(1, bytes / sz / c.tensors);
     const uint64_t count = per_tensor * c.tensors;
-    std::vector<std::byte> buf(count * sz);
+    std::vector<std::byte> buf;
+    try {
+      buf.resize(count * sz);
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr, "gradlink-bench worker %u: cannot allocate the %s buffer of the %s row "
+                   "(%s available)\n", worker.rank(), HumanSize(count * sz).c_str(),
+                   HumanSize(bytes).c_str(), GiB(AvailableMemory()).c_str());
+      return 1;
+    }
     std::vector<gl::TensorHandle> handles;
     std::vector<std::span<std::byte>> spans;
     for (uint64_t i = 0; i < c.tensors; ++i) {
@@ -430,6 +468,25 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (c.factor <= 1.0) {
     std::fprintf(stderr, "gradlink-bench: --stepfactor must be > 1\n");
+    return 2;
+  }
+  const std::optional<uint64_t> begin = ParseSizeChecked(c.begin), end = ParseSizeChecked(c.end);
+  if (!begin || !end) {
+    std::fprintf(stderr, "gradlink-bench: bad size '%s' (bytes, or with a K, M, G or T suffix)\n",
+                 (!begin ? c.begin : c.end).c_str());
+    return 2;
+  }
+  // Every worker holds one buffer of the largest row (plus small tiles): refuse before joining,
+  // so that no job is started only to lose its workers to an allocation failure.
+  const uint64_t workers_here = c.scheduler.empty() ? std::max<uint64_t>(c.workers, 1) : 1;
+  const uint64_t available = AvailableMemory();
+  if (available != 0 && *end > available / 2 / workers_here) {
+    std::fprintf(stderr,
+                 "gradlink-bench: -e/--maxbytes %s needs a %s buffer in each of %llu worker(s) "
+                 "here; this machine has %s available (MemAvailable), and gradlink-bench uses at "
+                 "most half of it: lower -e\n",
+                 c.end.c_str(), HumanSize(*end).c_str(), (unsigned long long)workers_here,
+                 GiB(available).c_str());
     return 2;
   }
   if (!c.scheduler.empty()) return RunWorker(c);

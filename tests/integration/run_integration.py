@@ -955,6 +955,30 @@ def case_scheduler_reaps_connections(h):
                       "space after %d connections" % (fds1 - fds0, (vm1 - vm0) >> 10, n))
 
 
+def case_bench_sizes(h):
+    """gradlink-bench asked for more than the machine holds (-e 1T), or for a size it cannot
+    read, exits 2 within 5 s naming the size and the memory available: no uncaught exception,
+    and as a worker of a job (--scheduler) before it tries to join (the address given here has
+    no scheduler: the error must be about the size, not the connection)."""
+    runs = [("local job, -e 1T", ["-b", "1T", "-e", "1T"], r"1T needs a 1024G buffer .* GiB available"),
+            ("worker, -e 1T", ["--scheduler", "127.0.0.1:1", "-b", "4K", "-e", "1T"],
+             r"1T needs a 1024G buffer in each of 1 worker.* GiB available"),
+            ("bad size", ["-b", "4K", "-e", "64X"], r"bad size '64X'")]
+    for label, argv, want in runs:
+        t0 = time.monotonic()
+        p = h.spawn("bench-" + label.replace(" ", "-").replace(",", ""),
+                    [h.bin("gradlink-bench")] + argv)
+        rc = h.wait(p, 10)
+        secs = time.monotonic() - t0
+        err = p.err()
+        if rc != 2 or not re.search(want, err) or "terminate" in err or "bad_alloc" in err:
+            h.dump_logs([p])
+            raise Failure("%s: rc %s (want 2), stderr %r (want /%s/)" % (label, rc, err, want))
+        if secs > 5:
+            raise Failure("%s: took %.1f s" % (label, secs))
+        print("ok   %-30s %5.2f s  %s" % (label, secs, err.strip()))
+
+
 CASES = {
     "matrix_w1": lambda h: case_matrix(h, 1),
     "matrix_w2": lambda h: case_matrix(h, 2),
@@ -976,6 +1000,7 @@ CASES = {
     "server_weights": case_server_weights,
     "split_header": case_split_header,
     "scheduler_reaps_connections": case_scheduler_reaps_connections,
+    "bench_sizes": case_bench_sizes,
 }
 
 
