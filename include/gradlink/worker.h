@@ -70,7 +70,9 @@ class TensorHandle {
 };
 
 struct PushPullOptions {
-  bool average = false;  // divide the sum by the number of workers
+  // Divide the sum by the number of workers. Integers: the exact sum divided, truncated toward
+  // zero (int32 sums are exact in the server's int64 accumulator; int64 sums wrap, as NCCL's).
+  bool average = false;
   int32_t priority = 0;  // higher goes first
 };
 

@@ -56,8 +56,36 @@ const T* As(const void* p) {
 
 
 DataType AccumulatorType(DataType t) {
-  return (t == DataType::kFloat16 || t == DataType::kBFloat16) ? DataType::kFloat32 : t;
+  switch (t) {
+    case DataType::kFloat16:
+    case DataType::kBFloat16: return DataType::kFloat32;
+    case DataType::kInt32: return DataType::kInt64;
+    default: return t;
+  }
 }
+
+namespace {
+
+// int32 accumulates in int64: a sum of up to 2^32 int32 values is exact there, so an average
+// is the exact quotient, and a plain sum, narrowed back to int32 (mod 2^32), is the same as
+// wrapping int32 arithmetic gives. Plain loops: GCC vectorizes the widening at -O2.
+void SumTwoI32(int64_t* __restrict acc, const int32_t* __restrict a, const int32_t* __restrict b,
+               size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] = int64_t{a[i]} + int64_t{b[i]};
+}
+void AccumulateI32(int64_t* __restrict acc, const int32_t* __restrict x, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] += x[i];
+}
+void LoadI32(int64_t* __restrict acc, const int32_t* __restrict x, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] = x[i];
+}
+// Narrowing as two's complement (mod 2^32), in place when out == acc (front to back: element
+// i of out ends before element i of acc, which is read first).
+void NarrowI32(int32_t* out, const int64_t* acc, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(static_cast<uint32_t>(acc[i]));
+}
+
+}  // namespace
 
 void SumTwo(DataType t, void* acc, const void* a, const void* b, size_t n) {
   if (n == 0) return;
@@ -69,9 +97,7 @@ void SumTwo(DataType t, void* acc, const void* a, const void* b, size_t n) {
     case DataType::kBFloat16:
       k.sum_bf16(As<float>(acc), As<uint16_t>(a), As<uint16_t>(b), n);
       return;
-    case DataType::kInt32:
-      k.sum_u32(As<uint32_t>(acc), As<uint32_t>(a), As<uint32_t>(b), n);
-      return;
+    case DataType::kInt32: SumTwoI32(As<int64_t>(acc), As<int32_t>(a), As<int32_t>(b), n); return;
     case DataType::kInt64:
       k.sum_u64(As<uint64_t>(acc), As<uint64_t>(a), As<uint64_t>(b), n);
       return;
@@ -87,7 +113,7 @@ void Accumulate(DataType t, void* acc, const void* x, size_t n) {
     case DataType::kFloat64: k.acc_f64(As<double>(acc), As<double>(x), n); return;
     case DataType::kFloat16: k.acc_f16(As<float>(acc), As<uint16_t>(x), n); return;
     case DataType::kBFloat16: k.acc_bf16(As<float>(acc), As<uint16_t>(x), n); return;
-    case DataType::kInt32: k.acc_u32(As<uint32_t>(acc), As<uint32_t>(x), n); return;
+    case DataType::kInt32: AccumulateI32(As<int64_t>(acc), As<int32_t>(x), n); return;
     case DataType::kInt64: k.acc_u64(As<uint64_t>(acc), As<uint64_t>(x), n); return;
   }
 }
@@ -97,9 +123,9 @@ void Load(DataType t, void* acc, const void* x, size_t n) {
   switch (t) {
     case DataType::kFloat16: Active().load_f16(As<float>(acc), As<uint16_t>(x), n); return;
     case DataType::kBFloat16: Active().load_bf16(As<float>(acc), As<uint16_t>(x), n); return;
+    case DataType::kInt32: LoadI32(As<int64_t>(acc), As<int32_t>(x), n); return;
     case DataType::kFloat32:
     case DataType::kFloat64:
-    case DataType::kInt32:
     case DataType::kInt64:
       if (acc != x) std::memcpy(acc, x, n * DataTypeSize(t));
       return;
@@ -133,9 +159,19 @@ void Store(DataType t, void* out, const void* acc, size_t n, uint32_t divisor) {
     case DataType::kBFloat16:
       k.store_bf16(As<uint16_t>(out), As<float>(acc), n, static_cast<float>(divisor));
       return;
+    case DataType::kInt32:
+      if (divisor == 1) {
+        NarrowI32(As<int32_t>(out), As<int64_t>(acc), n);
+      } else {
+        // The exact int64 sum divided, truncating toward zero: within int32's range.
+        int32_t* o = As<int32_t>(out);
+        const int64_t* a = As<int64_t>(acc);
+        const int64_t d = divisor;
+        for (size_t i = 0; i < n; ++i) o[i] = static_cast<int32_t>(a[i] / d);
+      }
+      return;
     case DataType::kFloat32:
     case DataType::kFloat64:
-    case DataType::kInt32:
     case DataType::kInt64:
       break;
   }
@@ -150,7 +186,7 @@ void Store(DataType t, void* out, const void* acc, size_t n, uint32_t divisor) {
     case DataType::kFloat64:
       k.div_f64(As<double>(out), As<double>(acc), n, static_cast<double>(divisor));
       return;
-    case DataType::kInt32: DivInt<int32_t>(out, acc, n, divisor); return;
+    case DataType::kInt32: return;  // above
     case DataType::kInt64: DivInt<int64_t>(out, acc, n, divisor); return;
     case DataType::kFloat16:
     case DataType::kBFloat16:

@@ -1,8 +1,10 @@
 // Element-wise reducers: the servers sum pushes with them, the same-host path sums with them.
 //
 // fp16 and bf16 accumulate in fp32 (the accumulator holds fp32) and are rounded back to their
-// own dtype (round to nearest even, NaN stays NaN) only in Store(). Integers wrap on overflow
-// (two's complement); an integer average truncates toward zero. Every function is a pure loop
+// own dtype (round to nearest even, NaN stays NaN) only in Store(). int32 accumulates in int64
+// (exact for up to 2^32 pushes): a plain sum is written back mod 2^32, the same as wrapping
+// int32 arithmetic; an average is the exact sum divided, so it never wraps. int64 wraps on
+// overflow (two's complement), as NCCL and Horovod do. Integer averages truncate toward zero. Every function is a pure loop
 // over n elements; results depend only on the inputs and their order, so summing pushes in rank
 // order gives bit-identical sums whatever order they arrived in.
 #pragma once
@@ -14,7 +16,8 @@
 
 namespace gradlink::reduce {
 
-// The accumulator's element type for wire dtype t: fp32 for fp16/bf16, otherwise t itself.
+// The accumulator's element type for wire dtype t: fp32 for fp16/bf16, int64 for int32,
+// otherwise t itself.
 DataType AccumulatorType(DataType t);
 
 // acc[i] = a[i] + b[i]. a and b hold wire dtype t, acc holds AccumulatorType(t).

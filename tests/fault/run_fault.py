@@ -755,13 +755,13 @@ def case_wireup(h, args):
         kind = kinds[i % len(kinds)]
         t0 = time.monotonic()
         outcome, detail = wireup_trial(h, i, kind, rng, args.wireup_workers, SERVERS)
-        print("#%02d %-16s %-5s %.1f s %s" % (i, kind, outcome, time.monotonic() - t0, detail))
-        tally.setdefault(kind, {}).setdefault(outcome, 0)
-        tally[kind][outcome] += 1
         if outcome == "abort" and B6_PATTERN.search(detail):
             known.append(i)
             if h.tolerate_known:
                 outcome = "KNOWN"
+        print("#%02d %-16s %-5s %.1f s %s" % (i, kind, outcome, time.monotonic() - t0, detail))
+        tally.setdefault(kind, {}).setdefault(outcome, 0)
+        tally[kind][outcome] += 1
         if outcome not in ("ok", "KNOWN"):
             failures.append(i)
     for kind in WIREUP_KINDS:

@@ -424,6 +424,25 @@ DtypeSpec<S, S> IntSpec(DataType t) {
           [](S e, S a) { return Same(e, a); }};
 }
 
+// int32 accumulates in int64: exact sums, written back mod 2^32 (a plain sum) or as the exact
+// quotient, truncated toward zero and then narrowed (an average).
+DtypeSpec<int32_t, int64_t> Int32Spec() {
+  return {DataType::kInt32,
+          RandomInt<int32_t>,
+          [](Gen& g) {
+            // Sums of a few int32 values, beyond int32 on both sides.
+            return int64_t{RandomInt<int32_t>(g)} * 3 + RandomInt<int32_t>(g);
+          },
+          [](int32_t x) { return int64_t{x}; },
+          WrapAdd<int64_t>,
+          [](int64_t a, uint32_t d) {
+            return static_cast<int32_t>(static_cast<uint32_t>(
+                static_cast<uint64_t>(d == 1 ? a : RefDivTrunc<int64_t>(a, d))));
+          },
+          [](int64_t e, int64_t a) { return Same(e, a); },
+          [](int32_t e, int32_t a) { return Same(e, a); }};
+}
+
 template <typename T>
 std::vector<T> Fill(size_t n, const std::function<T(Gen&)>& f, Gen& g) {
   std::vector<T> v(n);
@@ -537,7 +556,7 @@ TEST_P(ReduceTest, Fp32AllOps) { CheckAllOps(Fp32Spec(), 1); }
 TEST_P(ReduceTest, Fp64AllOps) { CheckAllOps(Fp64Spec(), 2); }
 TEST_P(ReduceTest, Fp16AllOps) { CheckAllOps(Fp16Spec(), 3); }
 TEST_P(ReduceTest, Bf16AllOps) { CheckAllOps(Bf16Spec(), 4); }
-TEST_P(ReduceTest, Int32AllOps) { CheckAllOps(IntSpec<int32_t>(DataType::kInt32), 5); }
+TEST_P(ReduceTest, Int32AllOps) { CheckAllOps(Int32Spec(), 5); }
 TEST_P(ReduceTest, Int64AllOps) { CheckAllOps(IntSpec<int64_t>(DataType::kInt64), 6); }
 
 // The same checks spelled out on specific values (every value repeated to fill vectors, tail
@@ -627,18 +646,30 @@ TEST_P(ReduceTest, Bf16Specials) {
   ExpectArray(Repeat(want, 5), out2.data(), SameBf16, "bf16 Store");
 }
 
+// int32 accumulates exactly in int64; the sum written back wraps (mod 2^32), as int32
+// arithmetic would. int64 wraps in its accumulator.
 TEST_P(ReduceTest, IntegerOverflowWraps) {
   constexpr int32_t kMax32 = std::numeric_limits<int32_t>::max();
   constexpr int32_t kMin32 = std::numeric_limits<int32_t>::min();
+  constexpr int64_t kMax32L = kMax32, kMin32L = kMin32;
+  ASSERT_EQ(AccumulatorType(DataType::kInt32), DataType::kInt64);
   const std::vector<int32_t> a = Repeat<int32_t>({kMax32, kMin32, -1, kMax32}, 5);
   const std::vector<int32_t> b = Repeat<int32_t>({1, -1, kMin32, kMax32}, 5);
-  std::vector<int32_t> acc(a.size());
+  std::vector<int64_t> acc(a.size());
   SumTwo(DataType::kInt32, acc.data(), a.data(), b.data(), a.size());
-  ExpectArray(Repeat<int32_t>({kMin32, kMax32, kMax32, -2}, 5), acc.data(),
-              [](int32_t e, int32_t x) { return Same(e, x); }, "int32 SumTwo");
+  ExpectArray(Repeat<int64_t>({kMax32L + 1, kMin32L - 1, kMin32L - 1, 2 * kMax32L}, 5),
+              acc.data(), [](int64_t e, int64_t x) { return Same(e, x); }, "int32 SumTwo");
   Accumulate(DataType::kInt32, acc.data(), b.data(), b.size());
-  ExpectArray(Repeat<int32_t>({kMin32 + 1, kMax32 - 1, -1, 2147483645}, 5), acc.data(),
-              [](int32_t e, int32_t x) { return Same(e, x); }, "int32 Accumulate");
+  ExpectArray(Repeat<int64_t>({kMax32L + 2, kMin32L - 2, 2 * kMin32L - 1, 3 * kMax32L}, 5),
+              acc.data(), [](int64_t e, int64_t x) { return Same(e, x); }, "int32 Accumulate");
+  std::vector<int32_t> out(a.size());
+  Store(DataType::kInt32, out.data(), acc.data(), acc.size(), 1);
+  ExpectArray(Repeat<int32_t>({kMin32 + 1, kMax32 - 1, -1, 2147483645}, 5), out.data(),
+              [](int32_t e, int32_t x) { return Same(e, x); }, "int32 sum stored");
+  std::vector<int64_t> loaded(a.size());
+  Load(DataType::kInt32, loaded.data(), a.data(), a.size());
+  ExpectArray(Repeat<int64_t>({kMax32L, kMin32L, -1, kMax32L}, 5), loaded.data(),
+              [](int64_t e, int64_t x) { return Same(e, x); }, "int32 Load");
 
   constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max();
   constexpr int64_t kMin64 = std::numeric_limits<int64_t>::min();
@@ -650,24 +681,37 @@ TEST_P(ReduceTest, IntegerOverflowWraps) {
               [](int64_t e, int64_t x) { return Same(e, x); }, "int64 SumTwo");
 }
 
+// An integer average is the exact sum divided, truncating toward zero: for int32 that includes
+// sums beyond int32 (the average of two INT32_MAX is INT32_MAX, not the -1 of a wrapped sum).
 TEST_P(ReduceTest, IntegerAverageTruncatesTowardZero) {
-  const std::vector<int32_t> a = Repeat<int32_t>(
-      {-7, 7, -1, 1, -8, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()},
-      3);
+  constexpr int64_t kMax32L = std::numeric_limits<int32_t>::max();
+  constexpr int64_t kMin32L = std::numeric_limits<int32_t>::min();
+  const std::vector<int64_t> a =
+      Repeat<int64_t>({-7, 7, -1, 1, -8, kMin32L, kMax32L, 2 * kMax32L, 2 * kMin32L}, 3);
   std::vector<int32_t> out(a.size());
   Store(DataType::kInt32, out.data(), a.data(), a.size(), 2);
-  ExpectArray(Repeat<int32_t>({-3, 3, 0, 0, -4, -1073741824, 1073741823}, 3), out.data(),
-              [](int32_t e, int32_t x) { return Same(e, x); }, "int32 /2");
+  ExpectArray(Repeat<int32_t>({-3, 3, 0, 0, -4, -1073741824, 1073741823,
+                               std::numeric_limits<int32_t>::max(),
+                               std::numeric_limits<int32_t>::min()},
+                              3),
+              out.data(), [](int32_t e, int32_t x) { return Same(e, x); }, "int32 /2");
+  // Pushed, summed and averaged as the servers do: two ranks of INT32_MAX average to INT32_MAX.
+  const std::vector<int32_t> top(9, std::numeric_limits<int32_t>::max());
+  std::vector<int64_t> acc(top.size());
+  SumTwo(DataType::kInt32, acc.data(), top.data(), top.data(), top.size());
+  Store(DataType::kInt32, out.data(), acc.data(), top.size(), 2);
+  for (size_t i = 0; i < top.size(); ++i) EXPECT_EQ(out[i], std::numeric_limits<int32_t>::max());
   const std::vector<int64_t> b =
       Repeat<int64_t>({-7, 7, -5, std::numeric_limits<int64_t>::min()}, 5);
   std::vector<int64_t> out64(b.size());
   Store(DataType::kInt64, out64.data(), b.data(), b.size(), 3);
   ExpectArray(Repeat<int64_t>({-2, 2, -1, -3074457345618258602}, 5), out64.data(),
               [](int64_t e, int64_t x) { return Same(e, x); }, "int64 /3");
-  // In place, divisor bigger than INT32_MAX.
-  std::vector<int32_t> c = {std::numeric_limits<int32_t>::min(), -5, 5};
-  Store(DataType::kInt32, c.data(), c.data(), c.size(), 3000000000u);
-  EXPECT_EQ(c, (std::vector<int32_t>{0, 0, 0}));
+  // Divisor bigger than INT32_MAX.
+  const std::vector<int64_t> c = {kMin32L, -5, 5};
+  std::vector<int32_t> c_out(c.size(), 7);
+  Store(DataType::kInt32, c_out.data(), c.data(), c.size(), 3000000000u);
+  EXPECT_EQ(c_out, (std::vector<int32_t>{0, 0, 0}));
 }
 
 TEST_P(ReduceTest, FloatAverageIsATrueDivision) {
@@ -692,10 +736,10 @@ TEST_P(ReduceTest, FloatAverageIsATrueDivision) {
 }
 
 TEST_P(ReduceTest, DivisorZeroIsAPlainSum) {
-  std::vector<int32_t> a = {5, -5, 7, 9, 11, 13, 15, 17, 19};
+  std::vector<int64_t> a = {5, -5, 7, 9, 11, 13, 15, 17, 19};
   std::vector<int32_t> out(a.size());
   Store(DataType::kInt32, out.data(), a.data(), a.size(), 0);
-  EXPECT_EQ(out, a);
+  EXPECT_EQ(out, (std::vector<int32_t>{5, -5, 7, 9, 11, 13, 15, 17, 19}));
   std::vector<float> f = {1.5f, -2.5f, 0.1f};
   std::vector<uint16_t> h(f.size());
   Store(DataType::kFloat16, h.data(), f.data(), f.size(), 0);
@@ -781,7 +825,8 @@ TEST(ReduceConversionTest, BFloat16) {
 TEST(ReduceConversionTest, AccumulatorType) {
   EXPECT_EQ(AccumulatorType(DataType::kFloat16), DataType::kFloat32);
   EXPECT_EQ(AccumulatorType(DataType::kBFloat16), DataType::kFloat32);
-  for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kInt32, DataType::kInt64}) {
+  EXPECT_EQ(AccumulatorType(DataType::kInt32), DataType::kInt64);
+  for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kInt64}) {
     EXPECT_EQ(AccumulatorType(t), t);
   }
 }

@@ -143,14 +143,16 @@ void ExpectedValue(DataType dtype, uint64_t tensor, uint32_t workers, uint64_t r
       return;
     }
     case DataType::kInt32: {
-      uint32_t acc = 0, x;
+      // Exact in int64; a sum wraps to int32 (mod 2^32), an average is the exact quotient.
+      int64_t acc = 0;
+      int32_t x;
       for (uint32_t r = 0; r < workers; ++r) {
         FillValue(dtype, tensor, r, round, i, v);
         std::memcpy(&x, v, 4);
         acc += x;
       }
-      int32_t res = static_cast<int32_t>(acc);
-      if (average) res = res / static_cast<int32_t>(workers);
+      if (average) acc /= static_cast<int64_t>(workers);
+      const int32_t res = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(acc)));
       std::memcpy(out, &res, 4);
       return;
     }
