@@ -1,4 +1,6 @@
 // gradlink-scheduler: the rendezvous and control process of one job.
+#include <sys/resource.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -21,6 +23,13 @@ int main(int argc, char** argv) {
   app.add_option("--job", o.job, "job name")->capture_default_str();
   app.add_option("--join-timeout-ms", join_timeout_ms, "time for every member to join")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  // One socket per member (thousands of them) plus strangers' connections: the soft limit of
+  // open files is often 1024; take what the hard limit allows.
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &nofile);
+  }
   o.join_timeout = std::chrono::milliseconds(join_timeout_ms);
 
   auto s = gradlink::Scheduler::Start(o);

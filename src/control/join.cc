@@ -1,5 +1,11 @@
 #include "control/join.h"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "common/log.h"
+
 #include "security/handshake.h"
 
 namespace gradlink {
@@ -54,7 +60,7 @@ Status Refused(const std::string& scheduler, const transport::Frame& f) {
 // The member's side of the handshake, on a fresh connection.
 Status Authenticate(transport::ControlChannel& channel, const std::string& scheduler,
                     uint32_t job_hash, const wire::RegisterMsg& reg, const std::string& secret,
-                    transport::Clock::time_point deadline) {
+                    transport::Clock::time_point deadline, bool* heard) {
   security::HandshakeBinding b;
   b.job_hash = job_hash;
   b.role = reg.role;
@@ -76,6 +82,7 @@ Status Authenticate(transport::ControlChannel& channel, const std::string& sched
   if (!sent.ok()) return Status(sent.code(), "lost the scheduler (" + scheduler + ") while authenticating: " + sent.message());
   while (!hs.done()) {
     auto f = channel.Receive(deadline);
+    if (f.ok()) *heard = true;
     if (!f.ok()) {
       if (f.status().code() == Code::kTimeout) {
         return Timeout("scheduler " + scheduler + " did not answer the authentication handshake");
@@ -97,19 +104,25 @@ Status Authenticate(transport::ControlChannel& channel, const std::string& sched
 
 }  // namespace
 
-Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
-                       const wire::RegisterMsg& reg, transport::Clock::time_point deadline,
-                       const std::optional<std::string>& secret) {
-  std::string host;
-  uint16_t port = 0;
-  GL_RETURN_IF_ERROR(transport::ParseHostPort(scheduler, &host, &port));
-  GL_ASSIGN_OR_RETURN(auto channel, transport::ControlChannel::Connect(host, port, deadline));
+namespace {
+
+// One attempt on one connection. `connected`: whether the connection was made; `heard`: whether
+// the scheduler sent anything on it.
+Result<Joined> JoinOnce(const std::string& scheduler, const std::string& host, uint16_t port,
+                        uint32_t job_hash, const wire::RegisterMsg& reg,
+                        transport::Clock::time_point connect_deadline,
+                        transport::Clock::time_point deadline,
+                        const std::optional<std::string>& secret, bool* connected,
+                        bool* heard) {
+  GL_ASSIGN_OR_RETURN(auto channel,
+                      transport::ControlChannel::Connect(host, port, connect_deadline));
+  *connected = true;
   // The channel's errors name only the address: say whom we lost.
   const auto lost = [&](const Status& s) {
     return Status(s.code(), "lost the scheduler (" + scheduler + ") while joining: " + s.message());
   };
   if (secret.has_value()) {
-    GL_RETURN_IF_ERROR(Authenticate(*channel, scheduler, job_hash, reg, *secret, deadline));
+    GL_RETURN_IF_ERROR(Authenticate(*channel, scheduler, job_hash, reg, *secret, deadline, heard));
   }
   wire::Header h;
   h.type = wire::MsgType::kRegister;
@@ -127,7 +140,10 @@ Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
       }
       continue;
     }
-    if (f.ok()) last_heard = transport::Clock::now();
+    if (f.ok()) {
+      last_heard = transport::Clock::now();
+      *heard = true;
+    }
     if (!f.ok()) {
       if (f.status().code() == Code::kTimeout) {
         return Timeout("the job did not start before the deadline (scheduler " + scheduler +
@@ -142,6 +158,40 @@ Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
     }
     GL_ASSIGN_OR_RETURN(wire::WelcomeMsg w, wire::DecodeWelcome(f->payload));
     return Joined{std::move(channel), std::move(w)};
+  }
+}
+
+}  // namespace
+
+// A connection the scheduler closes before it has sent anything on it was not refused (a
+// refusal is a kAbort naming the reason): it made room for newer connections (a scheduler full
+// of strangers' connections closes the oldest unregistered ones; scheduler_loop.cc AcceptAll).
+// Such a join is tried again, until the deadline. The scheduler is still there, so a new
+// connection is made at once; one refused for kReconnectLimit means it is gone: that fails.
+Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
+                       const wire::RegisterMsg& reg, transport::Clock::time_point deadline,
+                       const std::optional<std::string>& secret) {
+  constexpr auto kReconnectLimit = std::chrono::seconds(1);
+  std::string host;
+  uint16_t port = 0;
+  GL_RETURN_IF_ERROR(transport::ParseHostPort(scheduler, &host, &port));
+  auto backoff = std::chrono::milliseconds(10);
+  for (int attempt = 0;; ++attempt) {
+    bool connected = false, heard = false;
+    const auto connect_deadline =
+        attempt == 0 ? deadline : std::min(deadline, transport::Clock::now() + kReconnectLimit);
+    Result<Joined> j = JoinOnce(scheduler, host, port, job_hash, reg, connect_deadline, deadline,
+                                secret, &connected, &heard);
+    const Code code = j.ok() ? Code::kOk : j.status().code();
+    const bool closed_unheard =
+        connected && !heard && (code == Code::kPeerLost || code == Code::kUnavailable);
+    if (j.ok() || !closed_unheard || transport::Clock::now() + backoff >= deadline) return j;
+    if (attempt == 0 || attempt % 10 == 0) {
+      GL_LOG(kInfo) << "scheduler " << scheduler << " closed our connection before answering ("
+                    << j.status().message() << "); joining again";
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
   }
 }
 

@@ -48,6 +48,8 @@ inline constexpr auto kRegisterTimeout = 10s;
 inline constexpr auto kHandshakeTimeout = 4s;
 // Connections that have not registered yet, at most; more are closed at once.
 inline constexpr size_t kMaxUnregistered = 256;
+// ...and from one source address (so one host cannot hold all the slots).
+inline constexpr size_t kMaxUnregisteredPerAddress = 32;
 // Once a frame has begun, the rest of its header, and then its payload, may each take this long
 // (as ControlChannel::Receive allows).
 inline constexpr auto kFrameGrace = 5s;
@@ -178,6 +180,7 @@ class SchedulerImpl final : public Scheduler {
   uint32_t registered_workers_ = 0, registered_servers_ = 0, workers_left_ = 0;
   bool started_ = false;
   Clock::time_point started_at_, last_heartbeat_, accept_paused_until_;
+  uint64_t evicted_ = 0;  // unregistered connections closed to make room (AcceptAll)
   std::map<uint64_t, Declaration> decls_;
   std::map<uint64_t, std::set<uint32_t>> barriers_;
   Placer placer_;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "common/log.h"
@@ -141,9 +142,43 @@ void SchedulerImpl::Loop() {
   for (auto& c : conns_) c->link.Close();
 }
 
+namespace {
+
+// The host part of a peer name "host:port" ("[v6]:port" keeps its brackets).
+std::string SourceAddress(const std::string& peer) {
+  const size_t colon = peer.rfind(':');
+  return colon == std::string::npos ? peer : peer.substr(0, colon);
+}
+
+}  // namespace
+
+// Connections that have not registered hold a slot each (kMaxUnregistered in all,
+// kMaxUnregisteredPerAddress from one address). A new connection never waits for a slot: when
+// its address is at its cap, that address's oldest unregistered connection is closed; when all
+// slots are taken, the oldest of the address holding the most. Strangers that only connect can
+// then not shut members out: an honest member registers within milliseconds of connecting, and
+// to evict it a stranger needs more addresses than it has slots (members also retry a join
+// whose connection was closed before the scheduler said anything: control/join.cc).
 void SchedulerImpl::AcceptAll(Clock::time_point now) {
+  std::map<std::string, std::vector<Connection*>> waiting;  // unregistered, oldest first
   size_t unregistered = 0;
-  for (auto& c : conns_) unregistered += c->registered || c->link.closed() ? 0 : 1;
+  for (auto& c : conns_) {
+    if (c->registered || c->link.closed()) continue;
+    waiting[SourceAddress(c->link.peer_name())].push_back(c.get());
+    ++unregistered;
+  }
+  const auto evict = [&](std::vector<Connection*>& from) {
+    Connection* victim = from.front();
+    from.erase(from.begin());
+    --unregistered;
+    ++evicted_;
+    if (evicted_ <= 10 || evicted_ % 1000 == 0) {
+      GL_LOG(kWarn) << "scheduler: " << unregistered + 1 << " connections have not registered; "
+                    << "closing the oldest, " << victim->link.peer_name() << " (" << evicted_
+                    << " closed so far)";
+    }
+    victim->link.Close();
+  };
   for (int i = 0; i < kAcceptsPerPass; ++i) {
     auto ch = listener_->Accept(now);  // a deadline already passed: does not wait
     if (!ch.ok()) {
@@ -152,13 +187,18 @@ void SchedulerImpl::AcceptAll(Clock::time_point now) {
       accept_paused_until_ = now + kTick;  // out of fds, say: not in a tight loop
       return;
     }
-    if (unregistered >= kMaxUnregistered) {
-      GL_LOG(kWarn) << "scheduler: " << unregistered << " connections have not registered; "
-                    << "refusing " << (*ch)->peer_name();
-      continue;  // the channel closes with `ch`
-    }
     auto c = std::make_shared<Connection>(std::move(ch).value(), now);
+    std::vector<Connection*>& same = waiting[SourceAddress(c->link.peer_name())];
+    if (same.size() >= kMaxUnregisteredPerAddress) {
+      evict(same);
+    } else if (unregistered >= kMaxUnregistered) {
+      auto most = std::max_element(waiting.begin(), waiting.end(), [](const auto& a, const auto& b) {
+        return a.second.size() < b.second.size();
+      });
+      evict(most->second);
+    }
     if (opts_.secret.has_value()) c->handshake.emplace(*opts_.secret, job_hash_, /*epoch=*/0);
+    same.push_back(c.get());
     conns_.push_back(std::move(c));
     ++unregistered;
   }

@@ -979,6 +979,85 @@ def case_bench_sizes(h):
         print("ok   %-30s %5.2f s  %s" % (label, secs, err.strip()))
 
 
+def _stranger(port, source, garbage):
+    """A connection to the scheduler from `source` (another loopback address); with `garbage`,
+    it sends bytes that are no frame. None when the connection could not be made."""
+    sk = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sk.bind((source, 0))
+        sk.settimeout(2)
+        sk.connect(("127.0.0.1", port))
+        if garbage:
+            sk.sendall(bytes((i * 37 + len(source)) % 251 for i in range(64)))
+        return sk
+    except OSError:
+        sk.close()
+        return None
+
+
+def case_strangers(h):
+    """Strangers that only connect (1,000 idle connections: 500 from one address, 127.0.0.2,
+    and 2 from each of 250 others, 127.0.1.x) or send garbage (1,000 from ten addresses,
+    127.0.0.3 to .12, while the members join) cannot shut members out: a job of 2 workers and 1
+    server from 127.0.0.1 joins and sums exactly. (The scheduler held 256 slots for connections
+    that had not registered and refused members once strangers held them all.)"""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2600:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    t0 = time.monotonic()
+    job = "strangers"
+    sched, addr = h.start_scheduler(2, 1, extra=["--job", job, "--join-timeout-ms", "60000"])
+    port = int(addr.rsplit(":", 1)[1])
+    idle = [_stranger(port, "127.0.0.2", False) for _ in range(500)]
+    idle += [_stranger(port, "127.0.1.%d" % (1 + i // 2), False) for i in range(500)]
+    opened = sum(1 for s in idle if s is not None)
+    if opened < 900:
+        raise Failure("only %d of 1000 idle stranger connections could be made" % opened)
+    garbage_sent = [0]
+    stop = [False]
+
+    def garbage():
+        for i in range(1000):
+            if stop[0]:
+                return
+            sk = _stranger(port, "127.0.0.%d" % (3 + i % 10), True)
+            if sk is not None:
+                garbage_sent[0] += 1
+                sk.close()
+    import threading
+    args = ["-b", "4K", "-e", "256K", "-n", "3", "--job", job]
+    srv = h.start_servers(addr, 1, ["--job", job])
+    wk = [h.spawn("worker%d" % r, [h.bin("gradlink-bench"), "--scheduler", addr] + args)
+          for r in range(2)]
+    th = threading.Thread(target=garbage)  # after the spawns (the harness forks)
+    th.start()
+    procs = srv + wk + [sched]
+    try:
+        h.wait_all(wk, [0, 0], 60, "strangers")
+        for p in srv + [sched]:
+            if h.wait(p, 15) != 0:
+                raise Failure("%s exited with %d" % (p.name, p.rc()))
+    except Failure:
+        h.dump_logs(procs)
+        raise
+    finally:
+        stop[0] = True
+        th.join()
+        for sk in idle:
+            if sk is not None:
+                sk.close()
+        for p in procs:
+            h.kill(p)
+    rows = bench_rows(wk)
+    bad = [r for r in rows if r[3] != "OK"]
+    if not rows or bad:
+        raise Failure("rows not OK: %s" % (bad or "none"))
+    print("ok   %d idle + %d garbage stranger connections; job of 2 workers joined and summed "
+          "exactly (%d rows) in %.1f s" % (opened, garbage_sent[0], len(rows),
+                                           time.monotonic() - t0))
+
+
 CASES = {
     "matrix_w1": lambda h: case_matrix(h, 1),
     "matrix_w2": lambda h: case_matrix(h, 2),
@@ -1001,6 +1080,7 @@ CASES = {
     "split_header": case_split_header,
     "scheduler_reaps_connections": case_scheduler_reaps_connections,
     "bench_sizes": case_bench_sizes,
+    "strangers": case_strangers,
 }
 
 
