@@ -60,7 +60,9 @@ void SchedulerImpl::ConnectionLost(Connection& c, const Status& why) {
 
 Status SchedulerImpl::Handle(Connection& c, const Frame& f) {
   if (f.header.job != job_hash_) {
-    Refuse(c, InvalidArgument("this scheduler runs job '" + opts_.job + "'"));
+    Refuse(c, InvalidArgument("a member of another job (job hash " +
+                              std::to_string(f.header.job) + "): this scheduler runs job '" +
+                              opts_.job + "'"));
     return InvalidArgument("frame of another job (job hash " + std::to_string(f.header.job) +
                            ", expected '" + opts_.job + "')");
   }
@@ -121,7 +123,24 @@ Status SchedulerImpl::OnRegister(Connection& c, const Frame& f) {
   return Status::Ok();
 }
 
+void SchedulerImpl::NoteRefusal(const Connection& c, const std::string& why) {
+  constexpr size_t kMaxRefusalsNamed = 4;
+  if (started_) return;
+  ++refused_;
+  if (refusals_.size() < kMaxRefusalsNamed) refusals_.push_back(c.link.peer_name() + ": " + why);
+}
+
+std::string SchedulerImpl::RefusalsText() const {
+  if (refused_ == 0) return "";
+  std::string out = "; while it waited, the scheduler refused " + std::to_string(refused_) +
+                    (refused_ == 1 ? " member" : " members") + " (";
+  for (size_t i = 0; i < refusals_.size(); ++i) out += (i ? "; " : "") + refusals_[i];
+  if (refused_ > refusals_.size()) out += "; ...";
+  return out + ")";
+}
+
 void SchedulerImpl::Refuse(Connection& c, const Status& why) {
+  NoteRefusal(c, why.message());
   wire::Header h = MakeHeader(MsgType::kAbort);
   h.code = static_cast<uint8_t>(why.code());
   Send(c, h, wire::EncodeText(why.message()));
@@ -359,6 +378,7 @@ Status SchedulerImpl::OnGoodbye(Connection& c) {
 
 void SchedulerImpl::Finish(Status result) {
   if (finished()) return;
+  if (!result.ok() && !started_) result = Status(result.code(), result.message() + RefusalsText());
   if (!result.ok()) {
     GL_LOG(kWarn) << "scheduler: job '" << opts_.job << "' failed: " << result.ToString();
     abort_header_ = MakeHeader(MsgType::kAbort);

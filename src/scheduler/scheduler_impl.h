@@ -47,9 +47,9 @@ inline constexpr auto kRegisterTimeout = 10s;
 // (4 s, so that a stalled or slow peer is refused well within 5 s).
 inline constexpr auto kHandshakeTimeout = 4s;
 // Connections that have not registered yet, at most; more are closed at once.
-inline constexpr size_t kMaxUnregistered = 256;
+inline constexpr size_t kMaxUnregistered = 1024;
 // ...and from one source address (so one host cannot hold all the slots).
-inline constexpr size_t kMaxUnregisteredPerAddress = 32;
+inline constexpr size_t kMaxUnregisteredPerAddress = 256;
 // Once a frame has begun, the rest of its header, and then its payload, may each take this long
 // (as ControlChannel::Receive allows).
 inline constexpr auto kFrameGrace = 5s;
@@ -181,6 +181,13 @@ class SchedulerImpl final : public Scheduler {
   bool started_ = false;
   Clock::time_point started_at_, last_heartbeat_, accept_paused_until_;
   uint64_t evicted_ = 0;  // unregistered connections closed to make room (AcceptAll)
+  // Members refused before the job started (Refuse, AuthFailure): the first kMaxRefusalsNamed
+  // as "peer: why", and how many in all. A job that fails before it starts names them, so the
+  // members that were refused are blamed, not an honest member that gave up waiting.
+  std::vector<std::string> refusals_;
+  uint64_t refused_ = 0;
+  void NoteRefusal(const Connection& c, const std::string& why);
+  std::string RefusalsText() const;
   std::map<uint64_t, Declaration> decls_;
   std::map<uint64_t, std::set<uint32_t>> barriers_;
   Placer placer_;

@@ -232,7 +232,12 @@ void SchedulerImpl::OnFrame(Connection& c, const Frame& f, Clock::time_point now
   }
   Status s = Handle(c, f);
   if (s.ok()) return;
-  if (s.code() == Code::kProtocolError) protocol_errors_++;
+  if (s.code() == Code::kProtocolError) {
+    protocol_errors_++;
+    // Its frames decode: it speaks the protocol and hears why (a refusal is never silent, so a
+    // member tells it apart from a close that made room: control/join.cc).
+    Refuse(c, s);
+  }
   GL_LOG(kWarn) << "scheduler: closing " << c.link.peer_name() << ": " << s.ToString();
   c.link.CloseAfterFlush(now + kFlushBeforeClose);  // a refusal (kAbort) may be queued
   ConnectionLost(c, s);
@@ -280,6 +285,7 @@ void SchedulerImpl::Authenticate(Connection& c, const Frame& f, Clock::time_poin
 void SchedulerImpl::AuthFailure(Connection& c, const std::string& why, bool tell,
                                 Clock::time_point now) {
   auth_failures_++;
+  NoteRefusal(c, "authentication failed: " + why);
   GL_LOG(kWarn) << "scheduler: authentication failed for " << c.link.peer_name() << ": " << why
                 << "; closing";
   c.handshake.reset();

@@ -90,7 +90,8 @@ TEST(ManyMembersTest, AThousandWorkersJoinMeetAtABarrierAndLeave) {
     reg.pull_address = {std::byte{5}, std::byte{6}, std::byte{7}, std::byte{8}};
     ASSERT_TRUE(ch[i]->Send(Header(MsgType::kRegister, 0), wire::Encode(reg),
                             Clock::now() + 5s).ok());
-    // At most kMaxUnregistered (256) connections may wait for their kRegister to be read.
+    // At most kMaxUnregisteredPerAddress (256) connections from one address may wait for their
+    // kRegister to be read (more close the oldest of them).
     if (i % 100 == 99) std::this_thread::sleep_for(20ms);
   }
   uint64_t heartbeats = 0;

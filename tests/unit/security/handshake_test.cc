@@ -626,7 +626,15 @@ TEST(AuthJobTest, RegisterMustMatchTheAuthenticatedRoleAndRank) {
   reg.host = "liar";
   h.type = MsgType::kRegister;
   ASSERT_TRUE((*ch)->Send(h, wire::Encode(reg)).ok());
+  // It hears why (a kAbort naming the lie), then the connection closes.
   auto f = (*ch)->Receive(In(5s));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->header.type, MsgType::kAbort);
+  EXPECT_EQ(f->header.code, static_cast<uint8_t>(Code::kProtocolError));
+  auto why = wire::DecodeText(f->payload);
+  ASSERT_TRUE(why.ok());
+  EXPECT_NE(why->find("after authenticating as worker rank 0"), std::string::npos) << *why;
+  f = (*ch)->Receive(In(5s));
   EXPECT_FALSE(f.ok());
   EXPECT_EQ(f.status().code(), Code::kPeerLost) << f.status().ToString();
   EXPECT_EQ(sched->protocol_errors(), 1u);
