@@ -45,6 +45,33 @@ Status Liveness::Tick() {
   return Status::Ok();
 }
 
+HeartbeatPump::HeartbeatPump(transport::ControlChannel* channel, uint32_t job_hash,
+                             uint32_t sender) {
+  wire::Header h;
+  h.type = wire::MsgType::kHeartbeat;
+  h.job = job_hash;
+  h.sender = sender;
+  thread_ = std::thread([this, channel, h] {
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      lock.unlock();
+      // A failure is the control loop's to see (it sends and reads next): nothing to do here.
+      channel->Send(h, {}, transport::Clock::now() + std::chrono::milliseconds(100)).IgnoreError();
+      lock.lock();
+      cv_.wait_for(lock, transport::kHeartbeatInterval, [this] { return stop_; });
+    }
+  });
+}
+
+HeartbeatPump::~HeartbeatPump() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
 namespace {
 
 // The scheduler's kAbort: kAuthFailed when it refused us for authentication, else kAborted.

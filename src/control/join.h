@@ -1,7 +1,10 @@
 // What the server and the worker share: joining a job through the scheduler and creating lanes.
 #pragma once
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <optional>
 #include <string>
 
@@ -42,6 +45,24 @@ class Liveness {
   transport::ControlChannel* channel_;
   wire::Header heartbeat_;
   transport::Clock::time_point last_heard_, last_sent_;
+};
+
+// Sends the member's heartbeats from a thread of its own while the caller does something long
+// before its control loop runs (a server connecting to thousands of workers): the scheduler
+// must not take a busy member for a silent one. Only sends; reads nothing from the channel, so
+// nothing meant for the control loop is lost. Stops (and joins) on destruction.
+class HeartbeatPump {
+ public:
+  HeartbeatPump(transport::ControlChannel* channel, uint32_t job_hash, uint32_t sender);
+  ~HeartbeatPump();
+  HeartbeatPump(const HeartbeatPump&) = delete;
+  HeartbeatPump& operator=(const HeartbeatPump&) = delete;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 }  // namespace gradlink

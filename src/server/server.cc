@@ -70,6 +70,10 @@ class ServerImpl final : public Server {
     id_.store(joined.welcome.your_id, std::memory_order_relaxed);
     const uint32_t num_workers = joined.welcome.num_workers;
     worker_peers_.assign(num_workers, std::nullopt);
+    // Connecting to every worker takes a while with thousands of them: heartbeats go on
+    // meanwhile, or the scheduler takes this server for a hung one (kSilenceLimit).
+    std::optional<HeartbeatPump> pump;
+    pump.emplace(channel_.get(), job_hash_, joined.welcome.your_id);
     for (const wire::Member& m : joined.welcome.members) {
       if (m.role != wire::Role::kWorker) continue;
       const std::string name = "worker " + std::to_string(m.id) + " (" + m.host + ")";
@@ -83,6 +87,7 @@ class ServerImpl final : public Server {
                       << peer.status().ToString();
       }
     }
+    pump.reset();  // the control loop heartbeats from here on
     for (uint32_t i = 0; i < opts_.engine_threads; ++i) {
       engines_.push_back(std::make_unique<WorkQueue>());
     }
