@@ -57,6 +57,7 @@ Status ApplyEnvironment(ServerOptions* o) {
   if (!wire::IsValidServerWeight(n.weight)) {
     return InvalidArgument("GRADLINK_SERVER_WEIGHT: server " + wire::ServerWeightError(n.weight));
   }
+  GL_RETURN_IF_ERROR(Take("GRADLINK_CONNECT_TIMEOUT", env::Seconds, &n.connect_timeout));
   GL_RETURN_IF_ERROR(TakeSecret(&n.secret));
   *o = std::move(n);
   return Status::Ok();

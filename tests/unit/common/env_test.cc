@@ -95,6 +95,16 @@ TEST(EnvTest, ServerWeightMustBeANumberInRange) {
   EXPECT_EQ(o.weight, 0.5);
 }
 
+// The servers take the same join deadline as the workers (a fault test gives both 5 s).
+TEST(EnvTest, ServersTakeTheConnectTimeout) {
+  ScopedEnv t("GRADLINK_CONNECT_TIMEOUT", "5");
+  ServerOptions o;
+  ASSERT_TRUE(ApplyEnvironment(&o).ok());
+  EXPECT_EQ(o.connect_timeout, std::chrono::seconds(5));
+  ScopedEnv bad("GRADLINK_CONNECT_TIMEOUT", "soon");
+  EXPECT_EQ(ApplyEnvironment(&o).code(), Code::kInvalidArgument);
+}
+
 TEST(EnvTest, ASecretTooShortIsRefused) {
   ScopedEnv s("GRADLINK_SECRET", "short");
   SchedulerOptions o;
