@@ -14,6 +14,6 @@ for i in $(seq $W); do $BIN/gradlink-bench --scheduler $addr --job sc -b 4K -e 6
 fail=0; for p in ${pids[@]}; do wait $p || fail=$((fail+1)); done
 t1=$(date +%s.%N)
 wait $sp; src=$?
-echo "W=$W S=$S: workers failed $fail, scheduler rc $src, $(echo "$t1 - $t0" | bc) s"
+echo "W=$W S=$S: workers failed $fail, scheduler rc $src, $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s"
 grep -h -m2 "failed\|hung" $d/sched.err | cut -c1-200
 rm -rf $d
