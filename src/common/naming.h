@@ -24,6 +24,11 @@ inline std::string FormatShape(std::span<const uint64_t> shape) {
   return out + (shape.size() == 1 ? ",)" : ")");
 }
 
+// " shape (3, 4)" after a dtype[count] in a message; empty for no shape.
+inline std::string ShapeSuffix(std::span<const uint64_t> shape) {
+  return shape.empty() ? std::string() : " shape " + FormatShape(shape);
+}
+
 // The number of elements of `shape`; UINT64_MAX when the product overflows.
 inline uint64_t ShapeElements(std::span<const uint64_t> shape) {
   for (uint64_t d : shape) {

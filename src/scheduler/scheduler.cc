@@ -260,9 +260,6 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
       break;
     }
   }
-  auto shape_text = [](const std::vector<uint64_t>& shape) {
-    return shape.empty() ? std::string() : " shape " + FormatShape(shape);
-  };
   std::string disagree;
   for (const auto& [rank, hd] : decl.by_rank) {
     const auto& [h, d] = hd;
@@ -272,7 +269,7 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
       disagree += (disagree.empty() ? "" : ", ") + std::string("rank ") + std::to_string(rank) +
                   (d.name != d0.name ? " declared name '" + d.name + "' as " : " declared ") +
                   std::string(DataTypeName(static_cast<DataType>(h.dtype))) + "[" +
-                  std::to_string(h.count) + "]" + shape_text(d.shape) + " with " +
+                  std::to_string(h.count) + "]" + ShapeSuffix(d.shape) + " with " +
                   std::to_string(d.partition_bytes) + "-byte partitions";
     }
   }
@@ -293,7 +290,7 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
                              std::to_string(first->first) + " declared " +
                              std::string(DataTypeName(decl.dtype)) + "[" +
                              std::to_string(decl.count) + "]" +
-                             shape_text(first->second.second.shape) + " with " +
+                             ShapeSuffix(first->second.second.shape) + " with " +
                              std::to_string(decl.partition_bytes) + "-byte partitions, " +
                              disagree);
     }

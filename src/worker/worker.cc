@@ -117,14 +117,11 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
           !shape.empty() && !old.shape.empty() &&
           !std::equal(shape.begin(), shape.end(), old.shape.begin(), old.shape.end());
       if (old.dtype != dtype || old.count != count || shape_differs) {
-        auto shape_text = [](std::span<const uint64_t> s) {
-          return s.empty() ? std::string() : " shape " + FormatShape(s);
-        };
         return Mismatch("key " + KeyHex(key) + " '" + old.name + "' was declared as " +
                         std::string(DataTypeName(old.dtype)) + "[" + std::to_string(old.count) +
-                        "]" + shape_text(old.shape) + " on rank " + std::to_string(rank_) +
+                        "]" + ShapeSuffix(old.shape) + " on rank " + std::to_string(rank_) +
                         ", now as " + std::string(DataTypeName(dtype)) + "[" +
-                        std::to_string(count) + "]" + shape_text(shape));
+                        std::to_string(count) + "]" + ShapeSuffix(shape));
       }
       return TensorHandle(it->second);
     }

@@ -140,6 +140,7 @@ int ProbeShm() {
     while (Clock::now() < end) ucp_worker_progress(w);
     _exit(0);
   }
+  ::close(to_parent[1]);  // a child that dies early then ends the reads below (EOF)
   uint64_t n = 0;
   if (::read(to_parent[0], &n, sizeof(n)) != sizeof(n) || n > (1u << 20)) return 2;
   std::vector<char> remote(n);
