@@ -66,16 +66,9 @@ DataType AccumulatorType(DataType t) {
 
 namespace {
 
-// int32 accumulates in int64: a sum of up to 2^32 int32 values is exact there, so an average
-// is the exact quotient, and a plain sum, narrowed back to int32 (mod 2^32), is the same as
-// wrapping int32 arithmetic gives. Plain loops: GCC vectorizes the widening at -O2.
-void SumTwoI32(int64_t* __restrict acc, const int32_t* __restrict a, const int32_t* __restrict b,
-               size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] = int64_t{a[i]} + int64_t{b[i]};
-}
-void AccumulateI32(int64_t* __restrict acc, const int32_t* __restrict x, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] += x[i];
-}
+// int32 accumulates in int64 (the kernels' sum_i32/acc_i32): a sum of up to 2^32 int32 values
+// is exact there, so an average is the exact quotient, and a plain sum, narrowed back to int32
+// (mod 2^32), is what wrapping int32 arithmetic gives. Load and narrow run once per round.
 void LoadI32(int64_t* __restrict acc, const int32_t* __restrict x, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] = x[i];
 }
@@ -97,7 +90,7 @@ void SumTwo(DataType t, void* acc, const void* a, const void* b, size_t n) {
     case DataType::kBFloat16:
       k.sum_bf16(As<float>(acc), As<uint16_t>(a), As<uint16_t>(b), n);
       return;
-    case DataType::kInt32: SumTwoI32(As<int64_t>(acc), As<int32_t>(a), As<int32_t>(b), n); return;
+    case DataType::kInt32: k.sum_i32(As<int64_t>(acc), As<int32_t>(a), As<int32_t>(b), n); return;
     case DataType::kInt64:
       k.sum_u64(As<uint64_t>(acc), As<uint64_t>(a), As<uint64_t>(b), n);
       return;
@@ -113,7 +106,7 @@ void Accumulate(DataType t, void* acc, const void* x, size_t n) {
     case DataType::kFloat64: k.acc_f64(As<double>(acc), As<double>(x), n); return;
     case DataType::kFloat16: k.acc_f16(As<float>(acc), As<uint16_t>(x), n); return;
     case DataType::kBFloat16: k.acc_bf16(As<float>(acc), As<uint16_t>(x), n); return;
-    case DataType::kInt32: AccumulateI32(As<int64_t>(acc), As<int32_t>(x), n); return;
+    case DataType::kInt32: k.acc_i32(As<int64_t>(acc), As<int32_t>(x), n); return;
     case DataType::kInt64: k.acc_u64(As<uint64_t>(acc), As<uint64_t>(x), n); return;
   }
 }

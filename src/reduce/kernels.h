@@ -113,8 +113,9 @@ struct Kernels {
   void (*sum_f64)(double*, const double*, const double*, size_t);
   void (*acc_f64)(double*, const double*, size_t);
   void (*div_f64)(double*, const double*, size_t, double);  // out may equal acc
-  void (*sum_u32)(uint32_t*, const uint32_t*, const uint32_t*, size_t);
-  void (*acc_u32)(uint32_t*, const uint32_t*, size_t);
+  // int32 widens into an int64 accumulator (exact sums; reduce.h).
+  void (*sum_i32)(int64_t*, const int32_t*, const int32_t*, size_t);
+  void (*acc_i32)(int64_t*, const int32_t*, size_t);
   void (*sum_u64)(uint64_t*, const uint64_t*, const uint64_t*, size_t);
   void (*acc_u64)(uint64_t*, const uint64_t*, size_t);
   void (*sum_f16)(float*, const uint16_t*, const uint16_t*, size_t);
@@ -178,6 +179,16 @@ void AccU(T* __restrict acc, const T* __restrict x, size_t n) {
     for (size_t j = i; j < i + kBlock; ++j) acc[j] = static_cast<T>(acc[j] + x[j]);
   }
   for (; i < n; ++i) acc[i] = static_cast<T>(acc[i] + x[i]);
+}
+
+// int32 into int64: exact for two values, and for up to 2^32 accumulated ones (an int64
+// overflow would need more pushes than a job has workers).
+inline void SumWiden(int64_t* __restrict acc, const int32_t* __restrict a,
+                     const int32_t* __restrict b, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] = int64_t{a[i]} + int64_t{b[i]};
+}
+inline void AccWiden(int64_t* __restrict acc, const int32_t* __restrict x, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] += x[i];
 }
 
 // (Only the bf16 instances vectorize: the fp16 conversion is too branchy.)

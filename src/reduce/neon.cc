@@ -25,7 +25,7 @@ namespace gradlink::reduce::internal {
 // FCVTN and FADD return here, as it changes the scalar adds; the x86 conversion instructions
 // take their rounding from the instruction instead.
 struct NeonOps {
-  static constexpr size_t kBytes = 32, kF32 = 8, kF64 = 4, kI32 = 8, kI64 = 4;
+  static constexpr size_t kBytes = 32, kF32 = 8, kF64 = 4, kI64 = 4;
   using F32 = float32x4x2_t;
   using F64 = float64x2x2_t;
   using I = uint32x4x2_t;
@@ -65,9 +65,6 @@ struct NeonOps {
     uint32_t* q = static_cast<uint32_t*>(p);
     vst1q_u32(q, v.val[0]);
     vst1q_u32(q + 4, v.val[1]);
-  }
-  GL_NEON_INLINE static I AddI32(I a, I b) {
-    return {{vaddq_u32(a.val[0], b.val[0]), vaddq_u32(a.val[1], b.val[1])}};
   }
   GL_NEON_INLINE static uint32x4_t Add64(uint32x4_t a, uint32x4_t b) {
     return vreinterpretq_u32_u64(vaddq_u64(vreinterpretq_u64_u32(a), vreinterpretq_u64_u32(b)));

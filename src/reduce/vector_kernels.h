@@ -74,20 +74,6 @@ inline size_t HeadToAlign(const T* p, size_t n) {
       V::StoreF64(out + i, V::DivF64(V::LoadF64(acc + i), vd));                                    \
     scalar::Div(out + i, acc + i, n - i, d);                                                       \
   }                                                                                                \
-  TARGET void SumU32(uint32_t* acc, const uint32_t* a, const uint32_t* b, size_t n) {              \
-    size_t i = HeadToAlign<V::kBytes>(acc, n);                                                     \
-    scalar::SumU(acc, a, b, i);                                                                    \
-    for (; i + V::kI32 <= n; i += V::kI32)                                                         \
-      V::StoreI(acc + i, V::AddI32(V::LoadI(a + i), V::LoadI(b + i)));                             \
-    scalar::SumU(acc + i, a + i, b + i, n - i);                                                    \
-  }                                                                                                \
-  TARGET void AccU32(uint32_t* acc, const uint32_t* x, size_t n) {                                 \
-    size_t i = HeadToAlign<V::kBytes>(acc, n);                                                     \
-    scalar::AccU(acc, x, i);                                                                       \
-    for (; i + V::kI32 <= n; i += V::kI32)                                                         \
-      V::StoreI(acc + i, V::AddI32(V::LoadI(acc + i), V::LoadI(x + i)));                           \
-    scalar::AccU(acc + i, x + i, n - i);                                                           \
-  }                                                                                                \
   TARGET void SumU64(uint64_t* acc, const uint64_t* a, const uint64_t* b, size_t n) {              \
     size_t i = HeadToAlign<V::kBytes>(acc, n);                                                     \
     scalar::SumU(acc, a, b, i);                                                                    \
@@ -154,10 +140,13 @@ inline size_t HeadToAlign(const T* p, size_t n) {
     scalar::Store16<FROM_FLOAT>(out + i, acc + i, n - i, d);                                       \
   }
 
-#define GL_KERNEL_TABLE(ISA)                                                               \
-  constexpr Kernels kKernels = {ISA,     SumF32,  AccF32,  DivF32,   SumF64,  AccF64,  DivF64, \
-                                SumU32,  AccU32,  SumU64,  AccU64,   SumF16,  AccF16,  LoadF16, \
-                                StoreF16, SumBF16, AccBF16, LoadBF16, StoreBF16};
+// int32 (widened into int64) runs the portable loops on every ISA: GCC vectorizes them at -O2,
+// and copies compiled for AVX2/AVX-512 measured no faster (reduce_bench BM_Int32Accumulate).
+#define GL_KERNEL_TABLE(ISA)                                                                    \
+  constexpr Kernels kKernels = {ISA,      SumF32,           AccF32,           DivF32,  SumF64,  \
+                                AccF64,   DivF64,           scalar::SumWiden, scalar::AccWiden, \
+                                SumU64,   AccU64,           SumF16,           AccF16,  LoadF16, \
+                                StoreF16, SumBF16,          AccBF16,          LoadBF16, StoreBF16};
 
 #endif  // __x86_64__ || __aarch64__
 

@@ -15,9 +15,9 @@ namespace gradlink::reduce::internal {
 #define GL_AVX512_TARGET __attribute__((target("avx512f,avx2,f16c"), always_inline))
 
 // Every op of an ISA, under one name set, so that one kernel body (GL_DEFINE_VECTOR_KERNELS)
-// serves every ISA. kF32 floats (or kF64 doubles, or kI32/kI64 integers) per vector.
+// serves every ISA. kF32 floats (or kF64 doubles, or kI64 integers) per vector.
 struct Avx2Ops {
-  static constexpr size_t kBytes = 32, kF32 = 8, kF64 = 4, kI32 = 8, kI64 = 4;
+  static constexpr size_t kBytes = 32, kF32 = 8, kF64 = 4, kI64 = 4;
   using F32 = __m256;
   using F64 = __m256d;
   using I = __m256i;
@@ -40,7 +40,6 @@ struct Avx2Ops {
   GL_AVX2_TARGET static void StoreI(void* p, I v) {
     _mm256_storeu_si256(static_cast<__m256i*>(p), v);
   }
-  GL_AVX2_TARGET static I AddI32(I a, I b) { return _mm256_add_epi32(a, b); }
   GL_AVX2_TARGET static I AddI64(I a, I b) { return _mm256_add_epi64(a, b); }
 
   // kF32 halves <-> floats.
@@ -81,7 +80,7 @@ struct Avx2Ops {
 #endif
 
 struct Avx512Ops {
-  static constexpr size_t kBytes = 64, kF32 = 16, kF64 = 8, kI32 = 16, kI64 = 8;
+  static constexpr size_t kBytes = 64, kF32 = 16, kF64 = 8, kI64 = 8;
   using F32 = __m512;
   using F64 = __m512d;
   using I = __m512i;
@@ -100,7 +99,6 @@ struct Avx512Ops {
 
   GL_AVX512_TARGET static I LoadI(const void* p) { return _mm512_loadu_si512(p); }
   GL_AVX512_TARGET static void StoreI(void* p, I v) { _mm512_storeu_si512(p, v); }
-  GL_AVX512_TARGET static I AddI32(I a, I b) { return _mm512_add_epi32(a, b); }
   GL_AVX512_TARGET static I AddI64(I a, I b) { return _mm512_add_epi64(a, b); }
 
   GL_AVX512_TARGET static F32 LoadF16(const uint16_t* p) {
