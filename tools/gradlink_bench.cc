@@ -90,18 +90,6 @@ std::string GiB(uint64_t b) {
   return buf;
 }
 
-// What the kernel says can still be allocated without swapping (MemAvailable), 0 if unknown.
-uint64_t AvailableMemory() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (f >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return 0;
-}
-
 std::string HumanSize(uint64_t b) {
   char buf[32];
   if (b >= (1u << 30) && b % (1u << 30) == 0) std::snprintf(buf, sizeof(buf), "%lluG", (unsigned long long)(b >> 30));
@@ -285,7 +273,7 @@ int RunWorker(const Config& c) {
     } catch (const std::bad_alloc&) {
       std::fprintf(stderr, "gradlink-bench worker %u: cannot allocate the %s buffer of the %s row "
                    "(%s available)\n", worker.rank(), HumanSize(count * sz).c_str(),
-                   HumanSize(bytes).c_str(), GiB(AvailableMemory()).c_str());
+                   HumanSize(bytes).c_str(), GiB(gradlink::AvailableMemory()).c_str());
       return 1;
     }
     std::vector<gl::TensorHandle> handles;
@@ -479,7 +467,7 @@ int main(int argc, char** argv) {
   // Every worker holds one buffer of the largest row (plus small tiles): refuse before joining,
   // so that no job is started only to lose its workers to an allocation failure.
   const uint64_t workers_here = c.scheduler.empty() ? std::max<uint64_t>(c.workers, 1) : 1;
-  const uint64_t available = AvailableMemory();
+  const uint64_t available = gradlink::AvailableMemory();
   if (available != 0 && *end > available / 2 / workers_here) {
     std::fprintf(stderr,
                  "gradlink-bench: -e/--maxbytes %s needs a %s buffer in each of %llu worker(s) "

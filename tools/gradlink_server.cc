@@ -21,8 +21,21 @@ int main(int argc, char** argv) {
                  "placement weight: this server gets about weight/(sum of all servers' weights) "
                  "of the bytes; in [1e-6, 1e6] (default: $GRADLINK_SERVER_WEIGHT or 1)")
       ->capture_default_str();
+  std::string budget;
+  app.add_option("--memory-budget", budget,
+                 "most bytes of partition state this server holds, e.g. 8G; keys that would "
+                 "exceed it are refused (default: $GRADLINK_SERVER_MEMORY, else 3/4 of the "
+                 "available memory shared by this host's servers)");
   app.add_flag("--single-lane", o.single_lane, "answer pulls on the push lane (comparison mode)");
   CLI11_PARSE(app, argc, argv);
+  if (!budget.empty()) {
+    gradlink::Result<uint64_t> b = gradlink::ParseByteCount("--memory-budget", budget);
+    if (!b.ok()) {
+      std::fprintf(stderr, "gradlink-server: %s\n", b.status().ToString().c_str());
+      return 2;
+    }
+    o.memory_budget_bytes = *b;
+  }
   if (o.scheduler.empty()) {
     std::fprintf(stderr, "gradlink-server: no scheduler: pass --scheduler host:port or set GRADLINK_SCHEDULER\n");
     return 2;

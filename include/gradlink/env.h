@@ -18,7 +18,8 @@ namespace gradlink {
 
 // GRADLINK_JOB; the secret (GRADLINK_SECRET, else GRADLINK_SECRET_FILE's contents).
 Status ApplyEnvironment(SchedulerOptions* options);
-// GRADLINK_SCHEDULER, GRADLINK_JOB, GRADLINK_SERVER_WEIGHT, the secret.
+// GRADLINK_SCHEDULER, GRADLINK_JOB, GRADLINK_SERVER_WEIGHT, GRADLINK_SERVER_MEMORY,
+// GRADLINK_CONNECT_TIMEOUT (seconds), the secret.
 Status ApplyEnvironment(ServerOptions* options);
 // GRADLINK_SCHEDULER, GRADLINK_JOB, GRADLINK_RANK, GRADLINK_PARTITION_BYTES,
 // GRADLINK_MAX_BYTES_IN_FLIGHT, GRADLINK_MAX_BYTES_AHEAD, GRADLINK_SINGLE_LANE,
@@ -28,6 +29,15 @@ Status ApplyEnvironment(WorkerOptions* options);
 
 // The job secret alone: GRADLINK_SECRET, else the contents of GRADLINK_SECRET_FILE, else nullopt.
 Result<std::optional<std::string>> SecretFromEnvironment();
+// A byte count as the GRADLINK_* variables take it: digits, optionally K, M or G (binary
+// multiples). kInvalidArgument naming `what` and the value otherwise. For the tools' flags.
+Result<uint64_t> ParseByteCount(const std::string& what, const std::string& value);
+
+// What the kernel says can still be allocated without swapping (/proc/meminfo's MemAvailable),
+// in bytes; 0 when unknown. Servers report it when they join (their default memory budget is a
+// share of it); tools check sizes against it.
+uint64_t AvailableMemory();
+
 // A fresh random job secret (64 hex characters), for launchers to hand to a job's members.
 std::string GenerateSecret();
 

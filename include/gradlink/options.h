@@ -32,6 +32,12 @@ struct ServerOptions {
   // Placement weight: this server gets about weight / (sum of weights) of every key's bytes.
   // Finite, in [1e-6, 1e6], else Start() fails with kInvalidArgument.
   double weight = 1.0;
+  // The most bytes of partition state (staging, accumulators, results) this server may hold:
+  // the scheduler refuses a key whose partitions would take a server past its budget
+  // (kResourceExhausted on every worker, before any data moves). 0: three quarters of the
+  // machine's available memory when the server starts, split evenly between the job's servers
+  // on this host. What a server holds per byte: docs/operations.md, "Server memory".
+  uint64_t memory_budget_bytes = 0;
   std::chrono::milliseconds connect_timeout{30000};  // to join the job
   std::string host_name;  // how this process is named in errors; default: the hostname
   // The job secret; must match the scheduler's (both set, equal; or both unset).

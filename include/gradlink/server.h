@@ -24,6 +24,9 @@ struct ServerStats {
   uint64_t bytes_reduced = 0;      // bytes of pushes summed
   uint64_t protocol_errors = 0;    // bad frames (connection closed) and bad pushes (refused)
   uint64_t mismatches = 0;         // pushes that disagreed with the declaration or each other
+  // Bytes of partition state held now (staging, accumulators, results): what the memory budget
+  // (ServerOptions::memory_budget_bytes) bounds.
+  uint64_t bytes_held = 0;
 };
 
 class Server {

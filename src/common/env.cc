@@ -26,31 +26,38 @@ std::optional<std::string> GetSet(const char* name) {
   return std::string(v);
 }
 
-Result<std::optional<uint64_t>> Bytes(const char* name) {
-  const std::optional<std::string> v = GetSet(name);
-  if (!v) return std::optional<uint64_t>();
+Result<uint64_t> ParseBytes(const std::string& what, const std::string& v) {
   const char* want = "a byte count (digits, optionally K, M or G)";
   uint64_t n = 0;
   size_t i = 0;
-  for (; i < v->size() && (*v)[i] >= '0' && (*v)[i] <= '9'; ++i) {
-    const uint64_t d = static_cast<uint64_t>((*v)[i] - '0');
-    if (n > (std::numeric_limits<uint64_t>::max() - d) / 10) return Bad(name, *v, want);
+  for (; i < v.size() && v[i] >= '0' && v[i] <= '9'; ++i) {
+    const uint64_t d = static_cast<uint64_t>(v[i] - '0');
+    if (n > (std::numeric_limits<uint64_t>::max() - d) / 10) return Bad(what.c_str(), v, want);
     n = n * 10 + d;
   }
-  if (i == 0) return Bad(name, *v, want);
+  if (i == 0) return Bad(what.c_str(), v, want);
   int shift = 0;
-  if (i + 1 == v->size()) {
-    switch ((*v)[i]) {
+  if (i + 1 == v.size()) {
+    switch (v[i]) {
       case 'K': case 'k': shift = 10; break;
       case 'M': case 'm': shift = 20; break;
       case 'G': case 'g': shift = 30; break;
-      default: return Bad(name, *v, want);
+      default: return Bad(what.c_str(), v, want);
     }
-  } else if (i != v->size()) {
-    return Bad(name, *v, want);
+  } else if (i != v.size()) {
+    return Bad(what.c_str(), v, want);
   }
-  if (shift != 0 && n > (std::numeric_limits<uint64_t>::max() >> shift)) return Bad(name, *v, want);
-  return std::optional<uint64_t>(n << shift);
+  if (shift != 0 && n > (std::numeric_limits<uint64_t>::max() >> shift)) {
+    return Bad(what.c_str(), v, want);
+  }
+  return n << shift;
+}
+
+Result<std::optional<uint64_t>> Bytes(const char* name) {
+  const std::optional<std::string> v = GetSet(name);
+  if (!v) return std::optional<uint64_t>();
+  GL_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(name, *v));
+  return std::optional<uint64_t>(n);
 }
 
 Result<std::optional<int64_t>> Int(const char* name) {

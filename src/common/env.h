@@ -25,6 +25,8 @@ std::optional<std::string> GetSet(const char* name);
 
 // A byte count: digits, optionally K/M/G (binary: 4K = 4096). nullopt when unset.
 Result<std::optional<uint64_t>> Bytes(const char* name);
+// The same syntax for a value from elsewhere (a flag); `what` names it in the error.
+Result<uint64_t> ParseBytes(const std::string& what, const std::string& value);
 // A whole number (may be negative). nullopt when unset.
 Result<std::optional<int64_t>> Int(const char* name);
 // A finite number. nullopt when unset.

@@ -3,6 +3,7 @@
 #include "gradlink/env.h"
 
 #include <cstdint>
+#include <fstream>
 
 #include "common/env.h"
 #include "security/secret.h"
@@ -39,6 +40,20 @@ Result<std::optional<std::string>> SecretFromEnvironment() {
   return std::optional<std::string>(std::move(s->value));
 }
 
+Result<uint64_t> ParseByteCount(const std::string& what, const std::string& value) {
+  return env::ParseBytes(what, value);
+}
+
+uint64_t AvailableMemory() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  uint64_t kib = 0;
+  while (f >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
 std::string GenerateSecret() { return security::Generate().value; }
 
 Status ApplyEnvironment(SchedulerOptions* o) {
@@ -57,6 +72,7 @@ Status ApplyEnvironment(ServerOptions* o) {
   if (!wire::IsValidServerWeight(n.weight)) {
     return InvalidArgument("GRADLINK_SERVER_WEIGHT: server " + wire::ServerWeightError(n.weight));
   }
+  GL_RETURN_IF_ERROR(Take("GRADLINK_SERVER_MEMORY", env::Bytes, &n.memory_budget_bytes));
   GL_RETURN_IF_ERROR(Take("GRADLINK_CONNECT_TIMEOUT", env::Seconds, &n.connect_timeout));
   GL_RETURN_IF_ERROR(TakeSecret(&n.secret));
   *o = std::move(n);

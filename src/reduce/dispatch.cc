@@ -64,6 +64,14 @@ DataType AccumulatorType(DataType t) {
   }
 }
 
+uint64_t ServerBytesHeld(DataType t, uint64_t count, uint32_t workers) {
+  const unsigned __int128 wire = DataTypeSize(t);
+  const unsigned __int128 acc = DataTypeSize(AccumulatorType(t));
+  const unsigned __int128 per_element = workers * wire + 2 * acc + (acc != wire ? 2 * wire : 0);
+  const unsigned __int128 total = per_element * count;
+  return total > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(total);
+}
+
 namespace {
 
 // int32 accumulates in int64 (the kernels' sum_i32/acc_i32): a sum of up to 2^32 int32 values

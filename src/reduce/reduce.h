@@ -20,6 +20,13 @@ namespace gradlink::reduce {
 // otherwise t itself.
 DataType AccumulatorType(DataType t);
 
+// What a server holds for one partition of `count` elements of wire dtype t in a job of
+// `workers` workers once every rank has pushed it (server/partition_state.h): a staging buffer
+// per rank in the wire dtype, two accumulators (rounds r and r+1 overlap), and, where the
+// accumulator's type is wider than the wire dtype, two results in the wire dtype. The scheduler
+// admits keys against the servers' memory budgets with it; saturates at UINT64_MAX.
+uint64_t ServerBytesHeld(DataType t, uint64_t count, uint32_t workers);
+
 // acc[i] = a[i] + b[i]. a and b hold wire dtype t, acc holds AccumulatorType(t).
 void SumTwo(DataType t, void* acc, const void* a, const void* b, size_t n);
 

@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "common/naming.h"
+#include "reduce/reduce.h"
 #include "scheduler/scheduler_impl.h"
 
 namespace gradlink {
@@ -179,6 +180,20 @@ Status SchedulerImpl::StartJob() {
     weights.push_back(c->reg.weight);
   }
   placer_ = Placer(weights);
+  // Memory budgets: a server's own, else three quarters of what its host had available, split
+  // between the job's servers on that host (a test, or servers beside training processes).
+  std::map<std::string, uint32_t, std::less<>> servers_on_host;
+  for (Connection* c : servers) ++servers_on_host[std::string(MachineOf(c->reg.host))];
+  budget_.assign(servers.size(), UINT64_MAX);
+  held_.assign(servers.size(), 0);
+  for (Connection* c : servers) {
+    if (c->reg.memory_budget != 0) {
+      budget_[c->id] = c->reg.memory_budget;
+    } else if (c->reg.available_memory != 0) {
+      budget_[c->id] =
+          c->reg.available_memory / 4 * 3 / servers_on_host.find(MachineOf(c->reg.host))->second;
+    }
+  }
   size_t next = 0;
   for (Connection* c : unranked) {
     while (workers[next] != nullptr) ++next;
@@ -221,8 +236,14 @@ Status SchedulerImpl::StartJob() {
                      c->reg.host + ") " + FormatWeight(c->reg.weight);
     }
   }
+  std::string budgets = "; memory budgets:";
+  for (Connection* c : servers) {
+    budgets += (c->id == 0 ? " server " : ", server ") + std::to_string(c->id) + " " +
+               (budget_[c->id] == UINT64_MAX ? std::string("unlimited (memory unknown)")
+                                             : std::to_string(budget_[c->id] >> 20) + " MiB");
+  }
   GL_LOG(kInfo) << "scheduler: job '" << opts_.job << "' started with " << opts_.num_workers
-                << " workers and " << opts_.num_servers << " servers" << weight_list;
+                << " workers and " << opts_.num_servers << " servers" << weight_list << budgets;
   return Status::Ok();
 }
 
@@ -294,17 +315,19 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
                              std::to_string(decl.partition_bytes) + "-byte partitions, " +
                              disagree);
     }
-    GL_LOG(kWarn) << "scheduler: " << decl.status.ToString();
-    decl.assign_header = MakeHeader(MsgType::kAssign);
-    decl.assign_header.key = key;
-    decl.assign_header.code = static_cast<uint8_t>(decl.status.code());
-    decl.assign_payload = Share(wire::EncodeText(decl.status.message()));
-    SendToWorkers(decl.assign_header, decl.assign_payload);
+    RefuseKey(key, decl);
     return Status::Ok();
   }
   wire::AssignMsg a;
   a.name = decl.name;
+  const Placer before = placer_;
   a.partitions = placer_.Plan(decl.dtype, decl.count, decl.partition_bytes);
+  if (Status admitted = Admit(keyhex, decl, a.partitions); !admitted.ok()) {
+    placer_ = before;  // the refused key takes no room
+    decl.status = std::move(admitted);
+    RefuseKey(key, decl);
+    return Status::Ok();
+  }
   decl.assign_header = MakeHeader(MsgType::kAssign);
   decl.assign_header.key = key;
   decl.assign_header.dtype = h0.dtype;
@@ -313,6 +336,39 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
   // Servers first: a worker may push as soon as it has the plan.
   const auto now = Clock::now();
   for (auto& [id, s] : servers_) s->link.Send(decl.assign_header, {}, decl.assign_payload, now);
+  return Status::Ok();
+}
+
+void SchedulerImpl::RefuseKey(uint64_t key, Declaration& decl) {
+  GL_LOG(kWarn) << "scheduler: " << decl.status.ToString();
+  decl.assign_header = MakeHeader(MsgType::kAssign);
+  decl.assign_header.key = key;
+  decl.assign_header.code = static_cast<uint8_t>(decl.status.code());
+  decl.assign_payload = Share(wire::EncodeText(decl.status.message()));
+  SendToWorkers(decl.assign_header, decl.assign_payload);
+}
+
+Status SchedulerImpl::Admit(const std::string& keyhex, const Declaration& decl,
+                            const std::vector<wire::PartitionPlan>& plan) {
+  std::vector<uint64_t> need(held_.size(), 0);
+  for (const wire::PartitionPlan& p : plan) {
+    const uint64_t bytes = reduce::ServerBytesHeld(decl.dtype, p.count, opts_.num_workers);
+    need[p.server] = bytes > UINT64_MAX - need[p.server] ? UINT64_MAX : need[p.server] + bytes;
+  }
+  for (uint32_t s = 0; s < need.size(); ++s) {
+    if (need[s] > budget_[s] || held_[s] > budget_[s] - need[s]) {
+      const Connection& server = *servers_.at(s);
+      const uint64_t tensor_bytes = decl.count * DataTypeSize(decl.dtype);
+      return ResourceExhausted(
+          "key " + keyhex + " '" + decl.name + "': " +
+          std::string(DataTypeName(decl.dtype)) + "[" + std::to_string(decl.count) + "] (" +
+          std::to_string(tensor_bytes) + " bytes) needs " + std::to_string(need[s]) +
+          " bytes on " + MemberName(server) + ", which holds " + std::to_string(held_[s]) +
+          " bytes of its " + std::to_string(budget_[s]) +
+          "-byte memory budget (gradlink-server --memory-budget, GRADLINK_SERVER_MEMORY)");
+    }
+  }
+  for (uint32_t s = 0; s < need.size(); ++s) held_[s] += need[s];
   return Status::Ok();
 }
 

@@ -191,6 +191,15 @@ class SchedulerImpl final : public Scheduler {
   std::map<uint64_t, Declaration> decls_;
   std::map<uint64_t, std::set<uint32_t>> barriers_;
   Placer placer_;
+  // Per server id: its memory budget (ServerOptions::memory_budget_bytes, or the default share
+  // of its host's memory) and the bytes its planned partitions hold (reduce::ServerBytesHeld).
+  std::vector<uint64_t> budget_, held_;
+  // kResourceExhausted naming the tensor, its bytes and the first server whose budget `plan`
+  // would exceed; OK when every server can hold its share (then held_ counts it).
+  Status Admit(const std::string& keyhex, const Declaration& decl,
+               const std::vector<wire::PartitionPlan>& plan);
+  // decl.status is the key's failure: every worker gets it in place of the plan.
+  void RefuseKey(uint64_t key, Declaration& decl);
   // A failed job's kAbort for the servers, held until the workers' is out (or this deadline).
   std::optional<Clock::time_point> server_abort_due_;
   wire::Header abort_header_;

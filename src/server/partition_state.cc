@@ -66,7 +66,7 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
     return Mismatch(failure_);
   }
   std::vector<std::byte>& buf = staging_[rank];
-  if (buf.size() != wire_bytes_) buf.resize(wire_bytes_);  // once, kept for later rounds
+  Hold(buf, wire_bytes_);
   stage_[rank] = Stage::kReceiving;
   return std::span<std::byte>(buf);
 }
@@ -120,7 +120,7 @@ std::optional<Completion> PartitionState::Progress() {
 
   std::vector<std::byte>& acc = acc_[slot];
   if (last > first) {
-    if (acc.size() != acc_bytes_) acc.resize(acc_bytes_);
+    Hold(acc, acc_bytes_);
     uint32_t r = first;
     if (r == 0) {
       if (num_workers_ == 1) {
@@ -165,7 +165,7 @@ std::optional<Completion> PartitionState::Progress() {
       c.result = acc;
     } else {
       std::vector<std::byte>& out = out_[slot];
-      if (out.size() != wire_bytes_) out.resize(wire_bytes_);
+      Hold(out, wire_bytes_);
       reduce::Store(dtype_, out.data(), acc.data(), count_, divisor);
       c.result = out;
     }
@@ -179,6 +179,12 @@ std::optional<Completion> PartitionState::Progress() {
     if (gone_[r]) FailRankLocked(r);
   }
   return c;
+}
+
+void PartitionState::Hold(std::vector<std::byte>& buf, size_t bytes) {
+  if (buf.size() == bytes) return;
+  held_.fetch_add(bytes - buf.size(), std::memory_order_relaxed);  // buffers only grow
+  buf.resize(bytes);
 }
 
 void PartitionState::FailRankLocked(uint32_t rank) {

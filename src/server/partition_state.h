@@ -12,6 +12,7 @@
 // flags only; the sums run outside it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -76,6 +77,10 @@ class PartitionState {
 
   uint64_t round() const;
 
+  // Bytes of buffers this partition holds now (staging, accumulators, results); any thread. At
+  // most reduce::ServerBytesHeld(dtype, count, workers): the figure the scheduler admits by.
+  uint64_t bytes_held() const { return held_.load(std::memory_order_relaxed); }
+
  private:
   enum class Stage : uint8_t { kFree, kReceiving, kStaged, kSummed, kFailed };
 
@@ -85,6 +90,8 @@ class PartitionState {
   uint32_t SummableEndLocked() const;
   bool RoundOverLocked() const;
   void FailRankLocked(uint32_t rank);
+  // Sizes `buf` to `bytes` (once: buffers are kept for later rounds) and counts it in held_.
+  void Hold(std::vector<std::byte>& buf, size_t bytes);
 
   const uint64_t key_;
   const uint32_t partition_;
@@ -109,6 +116,7 @@ class PartitionState {
   std::vector<std::vector<std::byte>> staging_;  // per rank, wire dtype
   std::vector<std::byte> acc_[2];                // accumulator dtype
   std::vector<std::byte> out_[2];                // wire dtype, only where it differs from acc
+  std::atomic<uint64_t> held_{0};
 };
 
 }  // namespace gradlink::server

@@ -13,6 +13,7 @@
 #include "server/partition_state.h"
 #include "control/join.h"
 #include "server/start_on.h"
+#include "gradlink/env.h"
 
 namespace gradlink {
 namespace {
@@ -65,6 +66,8 @@ class ServerImpl final : public Server {
     reg.push_address = push_lane_->address();
     reg.pull_address = reply_lane().address();
     reg.weight = opts_.weight;
+    reg.memory_budget = opts_.memory_budget_bytes;
+    reg.available_memory = AvailableMemory();
     GL_ASSIGN_OR_RETURN(Joined joined, JoinJob(opts_.scheduler, job_hash_, reg, deadline, opts_.secret));
     channel_ = std::move(joined.channel);
     id_.store(joined.welcome.your_id, std::memory_order_relaxed);
@@ -146,6 +149,8 @@ class ServerImpl final : public Server {
     s.protocol_errors = protocol_errors_.load() + push_lane_->stats().protocol_errors +
                         (pull_lane_ ? pull_lane_->stats().protocol_errors : 0);
     s.mismatches = mismatches_.load();
+    std::shared_lock<std::shared_mutex> lock(parts_mu_);
+    for (const auto& [id, part] : parts_) s.bytes_held += part->bytes_held();
     return s;
   }
 
@@ -452,7 +457,7 @@ class ServerImpl final : public Server {
   std::thread control_;
   std::vector<std::unique_ptr<WorkQueue>> engines_;
 
-  std::shared_mutex parts_mu_;
+  mutable std::shared_mutex parts_mu_;
   std::map<std::pair<uint64_t, uint32_t>, std::unique_ptr<PartitionState>> parts_;
 
   std::atomic<bool> stopped_{false};

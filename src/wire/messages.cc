@@ -44,6 +44,8 @@ std::vector<std::byte> Encode(const RegisterMsg& m) {
   w.Bytes(m.push_address);
   w.Bytes(m.pull_address);
   w.U64(std::bit_cast<uint64_t>(m.weight));
+  w.U64(m.memory_budget);
+  w.U64(m.available_memory);
   return w.Take();
 }
 
@@ -53,7 +55,8 @@ Result<RegisterMsg> DecodeRegister(std::span<const std::byte> b) {
   uint64_t weight_bits;
   if (!GetRole(r, &m.role) || !r.I32(&m.requested_rank) || !r.Str(&m.host, kMaxNameLength) ||
       !r.Bytes(&m.push_address, kMaxAddressLength) ||
-      !r.Bytes(&m.pull_address, kMaxAddressLength) || !r.U64(&weight_bits) || !r.Done()) {
+      !r.Bytes(&m.pull_address, kMaxAddressLength) || !r.U64(&weight_bits) || !r.U64(&m.memory_budget) ||
+      !r.U64(&m.available_memory) || !r.Done()) {
     return Bad("register message");
   }
   if (m.requested_rank < -1) return Bad("register message (negative rank)");

@@ -44,6 +44,12 @@ struct RegisterMsg {
   // weights (ServerOptions::weight). Workers send 1.0; the scheduler ignores theirs. Decoding
   // refuses a value that is not finite or lies outside [kMinServerWeight, kMaxServerWeight].
   double weight = 1.0;
+  // Servers: the most bytes of partition state this server may hold (ServerOptions::
+  // memory_budget_bytes); 0: not set, the scheduler gives it a share of `available_memory`.
+  uint64_t memory_budget = 0;
+  // Servers: what the kernel said could be allocated (MemAvailable) when the server started;
+  // 0: unknown. Workers send 0.
+  uint64_t available_memory = 0;
 };
 
 struct Member {

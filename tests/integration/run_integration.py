@@ -316,7 +316,7 @@ def register_payload(role=1, rank=-1, host="intruder", push=b"", pull=b"", weigh
     def blob(b):
         return struct.pack("<I", len(b)) + b
     return (struct.pack("<Bi", role, rank) + blob(host.encode()) + blob(push) + blob(pull) +
-            struct.pack("<d", weight))
+            struct.pack("<dQQ", weight, 0, 0))
 
 
 def frame(type_, payload=b"", **kw):
@@ -1058,6 +1058,119 @@ def case_strangers(h):
                                            time.monotonic() - t0))
 
 
+def _rss(pid):
+    """Resident bytes of process `pid` (VmRSS), 0 once it is gone."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _mem_available():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def case_server_memory(h):
+    """Admission control against the servers' memory budgets, with the real binaries.
+    (1) gradlink-server --memory-budget 96M, 2 workers of gradlink-bench pushing 16 MiB fp32
+    tensors as fast as they can (a server holds 4 bytes per byte there: 64 MiB): every element
+    exact, and the server's RSS above its idle RSS, sampled every 5 ms, stays under 96 MiB.
+    (2) The same server asked for 32 MiB (128 MiB held): both workers fail with
+    kResourceExhausted naming the tensor, its bytes and the budget, and the server's RSS does
+    not grow by even one tensor (no data moved). (3) Two servers on one host with no budget set:
+    the scheduler gives each 3/8 of the memory available (3/4, split between the two)."""
+    import threading
+    budget = 96 << 20
+    for label, size, want_rc in (("16M under a 96M budget", "16M", 0),
+                                 ("32M over a 96M budget", "32M", 1)):
+        job = "it-memory"
+        sched, addr = h.start_scheduler(2, 1, extra=["--job", job])
+        srv = h.start_servers(addr, 1, ["--job", job, "--memory-budget", "96M"])
+        # Idle: joined UCX and the scheduler, before any worker exists.
+        time.sleep(1.0)
+        idle = _rss(srv[0].pid)
+        peak = [idle]
+        done = [False]
+
+        def sample():
+            while not done[0]:
+                peak[0] = max(peak[0], _rss(srv[0].pid))
+                time.sleep(0.005)
+        args = ["-b", size, "-e", size, "-n", "60", "--warmup", "2", "--job", job]
+        wk = [h.spawn("worker%d" % r, [h.bin("gradlink-bench"), "--scheduler", addr] + args)
+              for r in range(2)]
+        th = threading.Thread(target=sample)
+        th.start()
+        procs = srv + wk + [sched]
+        try:
+            h.wait_all(wk, [want_rc, want_rc], 90, label)
+            if want_rc == 0:
+                for p in srv + [sched]:
+                    if h.wait(p, 15) != 0:
+                        raise Failure("%s exited with %d" % (p.name, p.rc()))
+        except Failure:
+            h.dump_logs(procs)
+            raise
+        finally:
+            done[0] = True
+            th.join()
+            for p in procs:
+                h.kill(p)
+        grew = peak[0] - idle
+        if want_rc == 0:
+            rows = bench_rows(wk)
+            if len(rows) != 1 or rows[0][3] != "OK":
+                raise Failure("%s: rows %s" % (label, rows))
+            if grew >= budget:
+                raise Failure("%s: server RSS grew %.1f MiB over idle (%.1f MiB), budget 96 MiB"
+                              % (label, grew / 2**20, idle / 2**20))
+        else:
+            want = (r"kResourceExhausted: key 0x[0-9a-f]+ '[^']+': fp32\[8388608\] "
+                    r"\(33554432 bytes\) needs 134217728 bytes on server 0 .* of its "
+                    r"100663296-byte memory budget")
+            for p in wk:
+                if not re.search(want, p.err()):
+                    h.dump_logs(procs)
+                    raise Failure("%s: %s said %r, want /%s/" % (label, p.name, p.err(), want))
+            if grew >= 32 << 20:
+                raise Failure("%s: server RSS grew %.1f MiB: data moved" % (label, grew / 2**20))
+        print("ok   %-26s server RSS idle %6.1f MiB, peak +%5.1f MiB (budget 96 MiB)"
+              % (label, idle / 2**20, grew / 2**20))
+
+    # (3) The default budget: 3/4 of MemAvailable, split between the servers of one host.
+    os_env = {"GRADLINK_LOG_LEVEL": "info"}
+    sched, addr = h.start_scheduler(1, 2, extra=["--job", "it-default-budget"], env=os_env)
+    avail = _mem_available()
+    srv = h.start_servers(addr, 2, ["--job", "it-default-budget"])
+    wk = [h.spawn("worker0", [h.bin("gradlink-bench"), "--scheduler", addr, "-b", "4K", "-e",
+                              "4K", "-n", "2", "--job", "it-default-budget"])]
+    try:
+        h.wait_all(wk, [0], 60, "default budget")
+        h.wait(sched, 15)
+    finally:
+        for p in srv + wk + [sched]:
+            h.kill(p)
+    m = re.search(r"memory budgets: server 0 (\d+) MiB, server 1 (\d+) MiB", sched.err())
+    if not m:
+        h.dump_logs([sched])
+        raise Failure("the scheduler logged no memory budgets")
+    want = avail * 3 / 8 / 2**20
+    for got in (int(m.group(1)), int(m.group(2))):
+        if abs(got - want) > 0.1 * want:
+            raise Failure("default budget %d MiB, want about %.0f MiB (3/8 of %.0f MiB available)"
+                          % (got, want, avail / 2**20))
+    print("ok   default budgets %s MiB and %s MiB: 3/8 of %.0f MiB available each"
+          % (m.group(1), m.group(2), avail / 2**20))
+
+
 CASES = {
     "matrix_w1": lambda h: case_matrix(h, 1),
     "matrix_w2": lambda h: case_matrix(h, 2),
@@ -1081,6 +1194,7 @@ CASES = {
     "scheduler_reaps_connections": case_scheduler_reaps_connections,
     "bench_sizes": case_bench_sizes,
     "strangers": case_strangers,
+    "server_memory": case_server_memory,
 }
 
 

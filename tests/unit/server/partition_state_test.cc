@@ -5,6 +5,7 @@
 // fp16/bf16, averaging, refusal of stale, early and duplicate pushes, mismatched pushes failing
 // the whole round for every rank, and the double-buffered accumulator.
 #include "server/partition_state.h"
+#include "reduce/reduce.h"
 
 #include <gtest/gtest.h>
 
@@ -243,6 +244,38 @@ TEST(PartitionStateTest, ProgressOnlyAtTheEnd) {
   std::optional<Completion> c = h.state().Progress();
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(FromBytes<float>(c->result)[0], 0.0f);  // (1e8 + 1) - 1e8 in fp32
+}
+
+// ---- What a partition holds: the figure the scheduler admits keys by --------------------------
+
+TEST(PartitionStateTest, HoldsExactlyServerBytesHeldOnceBothSlotsAreUsed) {
+  constexpr uint64_t kCount = 37;
+  for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                     DataType::kBFloat16, DataType::kInt32, DataType::kInt64}) {
+    for (uint32_t workers : {1u, 2u, 5u}) {
+      SCOPED_TRACE(std::string(DataTypeName(t)) + " x " + std::to_string(workers));
+      Harness h(t, kCount, workers);
+      EXPECT_EQ(h.state().bytes_held(), 0u);  // nothing until a push comes
+      const std::vector<std::vector<std::byte>> pushes(
+          workers, std::vector<std::byte>(kCount * DataTypeSize(t)));
+      // Rounds 0 and 1 use both accumulator slots; round 2 reuses slot 0 and grows nothing.
+      for (uint64_t round = 0; round < 3; ++round) {
+        Done d = RunRound(h, round, pushes, Iota(workers));
+        ASSERT_TRUE(d.c.status.ok()) << d.c.status.ToString();
+        ReleaseSlot(h.state(), d.c, workers);
+        if (round == 0) {
+          EXPECT_LT(h.state().bytes_held(), reduce::ServerBytesHeld(t, kCount, workers));
+        }
+      }
+      EXPECT_EQ(h.state().bytes_held(), reduce::ServerBytesHeld(t, kCount, workers));
+    }
+  }
+  // By hand, for 2 workers: fp32 holds 2 staging + 2 accumulators; fp16 2 staging (2 bytes), 2
+  // fp32 accumulators and 2 fp16 results; int32 2 staging, 2 int64 accumulators, 2 results.
+  EXPECT_EQ(reduce::ServerBytesHeld(DataType::kFloat32, 1, 2), 16u);
+  EXPECT_EQ(reduce::ServerBytesHeld(DataType::kFloat16, 1, 2), 16u);
+  EXPECT_EQ(reduce::ServerBytesHeld(DataType::kInt32, 1, 2), 32u);
+  EXPECT_EQ(reduce::ServerBytesHeld(DataType::kFloat32, uint64_t{1} << 62, 64), UINT64_MAX);
 }
 
 TEST(PartitionStateTest, Fp64SumIsRankOrder) {

@@ -48,6 +48,7 @@ struct JobConfig {
   uint64_t fusion_threshold_bytes = 256u << 10;
   // Placement weight of each server (by index); empty: every server has the default weight.
   std::vector<double> server_weights;
+  uint64_t server_memory_budget = 0;  // ServerOptions::memory_budget_bytes of every server
   // The order the servers start in (indices), each `server_start_gap` after the one before, so
   // that they register in that order; empty: all at once. Workers start after the servers.
   std::vector<size_t> server_start_order;

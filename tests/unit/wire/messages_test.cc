@@ -164,15 +164,31 @@ TEST(MessagesTest, RegisterCarriesTheServerWeight) {
     RegisterMsg m = SampleRegister();
     m.weight = w;
     const std::vector<std::byte> enc = Encode(m);
-    // The last 8 bytes: the weight's IEEE 754 bits, little-endian.
+    // The 8 bytes before the two memory fields: the weight's IEEE 754 bits, little-endian.
     uint64_t bits = 0;
-    for (int i = 0; i < 8; ++i) bits |= uint64_t(enc[enc.size() - 8 + i]) << (8 * i);
+    for (int i = 0; i < 8; ++i) bits |= uint64_t(enc[enc.size() - 24 + i]) << (8 * i);
     EXPECT_EQ(bits, std::bit_cast<uint64_t>(w));
     Result<RegisterMsg> d = DecodeRegister(enc);
     ASSERT_TRUE(d.ok()) << w << ": " << d.status().ToString();
     EXPECT_EQ(d->weight, w);
   }
   EXPECT_EQ(RegisterMsg{}.weight, 1.0);
+}
+
+TEST(MessagesTest, RegisterCarriesTheServerMemory) {
+  for (uint64_t budget : {uint64_t{0}, uint64_t{1}, uint64_t{64} << 20, ~uint64_t{0}}) {
+    RegisterMsg m = SampleRegister();
+    m.memory_budget = budget;
+    m.available_memory = ~budget;
+    Result<RegisterMsg> d = DecodeRegister(Encode(m));
+    ASSERT_TRUE(d.ok()) << budget << ": " << d.status().ToString();
+    EXPECT_EQ(d->memory_budget, budget);
+    EXPECT_EQ(d->available_memory, ~budget);
+  }
+  // A register message from before the memory fields (weight last) is malformed, not misread.
+  std::vector<std::byte> old = Encode(SampleRegister());
+  old.resize(old.size() - 16);
+  ExpectBad(DecodeRegister(old), "register without the memory fields");
 }
 
 TEST(MessagesTest, RegisterRejectsBadWeights) {

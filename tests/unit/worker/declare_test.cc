@@ -244,5 +244,61 @@ TEST(JobTest, TensorWithTooManyPartitionsFailsCleanly) {
   EXPECT_TRUE(s2.ok()) << s2.ToString();
 }
 
+// ---- admission: the servers' memory budgets ----------------------------------------------
+
+TEST(JobTest, TensorOverTheServersMemoryBudgetIsRefusedOnEveryRankBeforeAnyDataMoves) {
+  // fp32 with 2 workers: a server holds 2 staging + 2 accumulator bytes per byte of tensor, 16
+  // bytes per element (reduce::ServerBytesHeld). The budget holds exactly 10000 elements.
+  constexpr uint64_t kElements = 10000;
+  JobConfig config;
+  config.workers = 2;
+  config.servers = 1;
+  config.server_memory_budget = kElements * 16;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  auto run = [&](const std::string& name, uint64_t count) {
+    std::vector<Status> result(config.workers);
+    OnEveryWorker(config.workers, [&](uint32_t rank) {
+      auto t = job.worker(rank).Declare(name, DataType::kFloat32, count);
+      if (!t.ok()) {
+        result[rank] = t.status();
+        return;
+      }
+      std::vector<std::byte>& buf = job.Buffer(count * 4);
+      FillTensor(DataType::kFloat32, 0, rank, 0, buf);
+      result[rank] = job.worker(rank).PushPull(*t, buf).Wait(In(kOpTimeout));
+      if (result[rank].ok()) {
+        EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, buf));
+      }
+    });
+    return result;
+  };
+  // One element more than the budget holds: every rank is refused, naming the tensor, its
+  // bytes and the budget, and the server never held a byte of it.
+  for (const Status& s : run("over", kElements + 1)) {
+    EXPECT_EQ(s.code(), Code::kResourceExhausted) << s.ToString();
+    EXPECT_NE(s.message().find("'over'"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("(40004 bytes)"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("160016 bytes on server 0"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("holds 0 bytes of its 160000-byte memory budget"),
+              std::string::npos) << s.ToString();
+  }
+  EXPECT_EQ(job.server(0).stats().bytes_held, 0u);
+  EXPECT_EQ(job.server(0).stats().rounds_completed, 0u);
+  // Exactly the budget: admitted and summed.
+  for (const Status& s : run("edge", kElements)) EXPECT_TRUE(s.ok()) << s.ToString();
+  // Nothing more fits; the refusal counts what is held.
+  for (const Status& s : run("one-more", 1)) {
+    EXPECT_EQ(s.code(), Code::kResourceExhausted) << s.ToString();
+    EXPECT_NE(s.message().find("holds 160000 bytes of its 160000-byte"), std::string::npos)
+        << s.ToString();
+  }
+  // The refused keys took no room and the job goes on: "edge" runs again, and with both of its
+  // rounds' accumulators in use the server holds exactly what was admitted.
+  for (const Status& s : run("edge", kElements)) EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(job.server(0).stats().bytes_held, kElements * 16);
+  job.FinishCleanly();
+}
+
 }  // namespace
 }  // namespace gradlink
