@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all setup build test test-arm demo bench compare bench-reduce netcluster fuzz test-asan test-tsan clean
+.PHONY: all setup build test test-arm demo bench bench-scale compare bench-reduce netcluster fuzz test-asan test-tsan clean
 
 all: build
 
@@ -31,6 +31,13 @@ demo: build
 # push_pull bandwidth sweep like nccl-tests (2 workers, 2 servers), every element checked.
 bench: build
 	$(BUILD)/bin/gradlink-bench -w 2 -s 2 -b 4K -e 64M -f 4 -n 10
+
+# Scale: one job of 256 gradlink-bench workers x 4 servers as processes (every element checked),
+# then the scheduler's control plane alone with 1,000 and 4,000 members (join, 100 key plans,
+# 10 barriers, shutdown); bench/RESULTS.md, "Scale".
+bench-scale: build
+	bench/scale_job.sh $(BUILD)/bin 256 4
+	$(BUILD)/bin/control_plane_bench 1000 4000
 
 # gradlink (shm and TCP modes, 1 and 2 servers) against Open MPI's MPI_Allreduce and Gloo's
 # all_reduce, 2 ranks on this host, 3 interleaved repeats

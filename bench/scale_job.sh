@@ -17,3 +17,4 @@ wait $sp; src=$?
 echo "W=$W S=$S: workers failed $fail, scheduler rc $src, $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s"
 grep -h -m2 "failed\|hung" $d/sched.err | cut -c1-200
 rm -rf $d
+[ $fail -eq 0 ] && [ $src -eq 0 ]

@@ -16,6 +16,10 @@ int main(int argc, char** argv) {
   }
   app.add_option("--scheduler", o.scheduler, "scheduler host:port (default: $GRADLINK_SCHEDULER)");
   app.add_option("--job", o.job, "job name (default: $GRADLINK_JOB or 'default')");
+  app.add_option("--id", o.id,
+                 "server id to claim, 0..servers-1 (default: $GRADLINK_SERVER_ID, else the "
+                 "scheduler assigns one)")
+      ->check(CLI::Range(-1, 1 << 30));
   app.add_option("--engine-threads", o.engine_threads, "summing threads")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--weight", o.weight,
                  "placement weight: this server gets about weight/(sum of all servers' weights) "

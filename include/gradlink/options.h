@@ -27,6 +27,10 @@ struct SchedulerOptions {
 struct ServerOptions {
   std::string scheduler;        // REQUIRES: "host:port" of the scheduler
   std::string job = "default";  // must equal the scheduler's
+  // Server id to claim (0 .. servers - 1), as a worker claims a rank: launchers give each
+  // server its own so that their names and the scheduler's agree; -1: the scheduler assigns
+  // the free ids, heaviest weight first.
+  int32_t id = -1;
   uint32_t engine_threads = 2;  // threads that sum pushes, sharded by key; >= 1
   bool single_lane = false;     // answer pulls on the push lane (comparison mode)
   // Placement weight: this server gets about weight / (sum of weights) of every key's bytes.

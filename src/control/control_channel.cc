@@ -64,19 +64,37 @@ void ControlChannel::Close() {
 
 Result<std::unique_ptr<ControlChannel>> ControlChannel::Connect(const std::string& host,
                                                                 uint16_t port,
-                                                                Clock::time_point deadline) {
+                                                                Clock::time_point deadline,
+                                                                Clock::duration refused_grace) {
   GL_ASSIGN_OR_RETURN(sockaddr_in addr, Resolve(host, port));
   const std::string name = host + ":" + std::to_string(port);
   std::string last_error;
+  bool refused = false;  // every attempt since refused_since was refused
+  Clock::time_point refused_since;
   while (true) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Unavailable(Errno("socket"));
     if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
       return std::make_unique<ControlChannel>(fd, name);
     }
-    last_error = std::strerror(errno);
+    const int err = errno;
+    last_error = std::strerror(err);
     ::close(fd);
-    if (Clock::now() >= deadline) {
+    const auto now = Clock::now();
+    if (err != ECONNREFUSED) {
+      refused = false;
+    } else if (!refused) {
+      refused = true;
+      refused_since = now;
+    } else if (now - refused_since >= refused_grace) {
+      return Unavailable(
+          "nothing listens at " + name + " (every connection refused for " +
+          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - refused_since)
+                             .count()) +
+          " ms): no gradlink job is running there; it has ended, or its scheduler was not "
+          "started (or GRADLINK_SCHEDULER names the wrong address)");
+    }
+    if (now >= deadline) {
       return Unavailable("cannot connect to scheduler at " + name + ": " + last_error);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -226,7 +244,10 @@ Result<std::unique_ptr<Listener>> Listener::Listen(const std::string& host, uint
                                         "? pick another with --port, or 0 for a free one)"
                                   : ""));
   }
-  if (::listen(fd, 256) != 0) {
+  // A backlog for thousands of members joining at once: a connection the full backlog drops
+  // is retried by TCP only after a second (the SYN timeout), which made 1,000 members take 1 s
+  // to join and 4,000 about 5 s. The kernel caps it at net.core.somaxconn (4096 by default).
+  if (::listen(fd, 4096) != 0) {
     std::string err = std::strerror(errno);
     ::close(fd);
     return Unavailable("listen on port " + std::to_string(port) + ": " + err);

@@ -25,6 +25,10 @@ using Clock = std::chrono::steady_clock;
 // its closed connection.
 inline constexpr auto kHeartbeatInterval = std::chrono::milliseconds(500);
 inline constexpr auto kSilenceLimit = std::chrono::milliseconds(3000);
+// A scheduler address that refuses every connection this long has no job behind it (it ended,
+// or was never started): a member joining says so instead of retrying to its connect timeout.
+// Long enough for launchers that start members and the scheduler together.
+inline constexpr auto kRefusedGrace = std::chrono::seconds(5);
 
 struct Frame {
   wire::Header header;
@@ -39,9 +43,12 @@ class ControlChannel {
   ControlChannel(const ControlChannel&) = delete;
   ControlChannel& operator=(const ControlChannel&) = delete;
 
-  // Connects to host:port, retrying refused connections until `deadline`.
-  static Result<std::unique_ptr<ControlChannel>> Connect(const std::string& host, uint16_t port,
-                                                         Clock::time_point deadline);
+  // Connects to host:port, retrying refused connections until `deadline`, or until they have
+  // been refused for `refused_grace` without a break: then kUnavailable saying that nothing
+  // listens there.
+  static Result<std::unique_ptr<ControlChannel>> Connect(
+      const std::string& host, uint16_t port, Clock::time_point deadline,
+      Clock::duration refused_grace = Clock::duration::max());
 
   // Sends one frame (h.payload_bytes is set from payload). kPeerLost when the peer is gone,
   // kTimeout when the socket stays full past the deadline.

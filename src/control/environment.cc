@@ -73,6 +73,14 @@ Status ApplyEnvironment(ServerOptions* o) {
     return InvalidArgument("GRADLINK_SERVER_WEIGHT: server " + wire::ServerWeightError(n.weight));
   }
   GL_RETURN_IF_ERROR(Take("GRADLINK_SERVER_MEMORY", env::Bytes, &n.memory_budget_bytes));
+  GL_ASSIGN_OR_RETURN(std::optional<int64_t> id, env::Int("GRADLINK_SERVER_ID"));
+  if (id) {
+    if (*id < -1 || *id > INT32_MAX) {
+      return InvalidArgument("GRADLINK_SERVER_ID=" + std::to_string(*id) +
+                             " is not a server id (-1 for any, else 0 to 2147483647)");
+    }
+    n.id = static_cast<int32_t>(*id);
+  }
   GL_RETURN_IF_ERROR(Take("GRADLINK_CONNECT_TIMEOUT", env::Seconds, &n.connect_timeout));
   GL_RETURN_IF_ERROR(TakeSecret(&n.secret));
   *o = std::move(n);

@@ -142,7 +142,8 @@ Result<Joined> JoinOnce(const std::string& scheduler, const std::string& host, u
                         const std::optional<std::string>& secret, bool* connected,
                         bool* heard) {
   GL_ASSIGN_OR_RETURN(auto channel,
-                      transport::ControlChannel::Connect(host, port, connect_deadline));
+                      transport::ControlChannel::Connect(host, port, connect_deadline,
+                                                         transport::kRefusedGrace));
   *connected = true;
   // The channel's errors name only the address: say whom we lost.
   const auto lost = [&](const Status& s) {

@@ -5,24 +5,27 @@
 namespace gradlink::scheduler {
 
 Placer::Placer(std::vector<double> weights)
-    : load_(weights.size(), 0), weight_(std::move(weights)) {
+    : load_(weights.size(), 0),
+      cost_(weights.size(), 0),
+      parts_(weights.size(), 0),
+      weight_(std::move(weights)) {
   uniform_ = std::all_of(weight_.begin(), weight_.end(),
                          [&](double w) { return w == weight_.front(); });
 }
 
 uint32_t Placer::LeastLoaded() const {
   if (uniform_) {
-    return static_cast<uint32_t>(std::min_element(load_.begin(), load_.end()) - load_.begin());
+    return static_cast<uint32_t>(std::min_element(cost_.begin(), cost_.end()) - cost_.begin());
   }
-  // Loads stay below 2^64 and weights in [1e-6, 1e6], so each ratio is finite. Ratios within a
+  // Costs stay below 2^64 and weights in [1e-6, 1e6], so each ratio is finite. Ratios within a
   // relative 1e-12 of each other are a tie, which the lowest id wins: 3/0.3 and 1/0.1 differ in
   // their last bit, and weights {0.1, 0.3} must plan like {1, 3}. The same inputs give the same
   // doubles, so the choice is deterministic.
   constexpr double kTie = 1 - 1e-12;
   uint32_t best = 0;
-  double best_ratio = static_cast<double>(load_[0]) / weight_[0];
-  for (uint32_t i = 1; i < load_.size(); ++i) {
-    const double ratio = static_cast<double>(load_[i]) / weight_[i];
+  double best_ratio = static_cast<double>(cost_[0]) / weight_[0];
+  for (uint32_t i = 1; i < cost_.size(); ++i) {
+    const double ratio = static_cast<double>(cost_[i]) / weight_[i];
     if (ratio < best_ratio * kTie) {
       best = i;
       best_ratio = ratio;
@@ -42,6 +45,8 @@ std::vector<wire::PartitionPlan> Placer::Plan(DataType dtype, uint64_t count,
     p.count = std::min(per_part, count - offset);
     p.server = LeastLoaded();
     load_[p.server] += p.count * size;
+    cost_[p.server] += p.count * size + kPartitionCostBytes;
+    ++parts_[p.server];
     plan.push_back(p);
   }
   return plan;

@@ -1,5 +1,5 @@
-// Cutting tensors into partitions and placing them on servers, balanced by bytes per unit of
-// server weight.
+// Cutting tensors into partitions and placing them on servers, balanced by bytes (plus a fixed
+// charge per partition) per unit of server weight.
 #pragma once
 
 #include <cstdint>
@@ -13,15 +13,25 @@ namespace gradlink::scheduler {
 // Places partitions on servers. Deterministic: depends only on the weights and the sequence of
 // Plan() calls, which the scheduler makes in one order for the whole job.
 //
-// Server i has weight w_i > 0 (ServerOptions::weight) and should hold w_i / sum(w) of all bytes.
-// Each partition goes to the server with the smallest load_i / w_i, ties to the lowest id. So a
-// server never holds more than its share of all bytes placed so far plus one partition (it was
-// at or below its share when it got its last one); with equal weights this is plain
-// least-loaded-by-bytes placement.
+// A partition costs its bytes plus kPartitionCostBytes: a server's work per message (a receive,
+// a wake-up, a reply to every worker) besides its bytes. Server i has weight w_i > 0
+// (ServerOptions::weight) and should carry w_i / sum(w) of the cost. Each partition goes to the
+// server with the smallest cost_i / w_i, ties to the lowest id. So a server never carries more
+// than its share of the cost so far plus one partition's (it was at or below its share when it
+// got its last one). With equal weights this is least-loaded placement, by bytes for large
+// partitions and by count for small ones: 200,000 small keys after a large one spread over the
+// servers instead of all filling the one server the large one left short (by bytes alone they
+// did, up to a partition's worth of them).
 class Placer {
  public:
+  // About what a server core spends on one message's fixed work at its rate per byte (~12 us at
+  // ~1.4 GB/s per core, bench/RESULTS.md): 0.4% of a default 4 MiB partition.
+  static constexpr uint64_t kPartitionCostBytes = 16 << 10;
+
   // Every server weighs 1.0.
-  explicit Placer(uint32_t num_servers) : load_(num_servers, 0), weight_(num_servers, 1.0) {}
+  explicit Placer(uint32_t num_servers)
+      : load_(num_servers, 0), cost_(num_servers, 0), parts_(num_servers, 0),
+        weight_(num_servers, 1.0) {}
   // One weight per server id; each must satisfy wire::IsValidServerWeight (the scheduler only
   // takes weights it decoded, which checks them).
   explicit Placer(std::vector<double> weights);
@@ -32,14 +42,18 @@ class Placer {
   std::vector<wire::PartitionPlan> Plan(DataType dtype, uint64_t count, uint64_t partition_bytes);
 
   const std::vector<uint64_t>& load_bytes() const { return load_; }
+  const std::vector<uint64_t>& load_cost() const { return cost_; }  // bytes + charges
+  const std::vector<uint64_t>& partitions() const { return parts_; }
   const std::vector<double>& weights() const { return weight_; }
 
  private:
   uint32_t LeastLoaded() const;
 
-  std::vector<uint64_t> load_;
+  std::vector<uint64_t> load_;   // bytes per server
+  std::vector<uint64_t> cost_;   // bytes + kPartitionCostBytes per partition
+  std::vector<uint64_t> parts_;  // partitions per server
   std::vector<double> weight_;
-  // All weights equal: compare bytes exactly, as integers.
+  // All weights equal: compare costs exactly, as integers.
   bool uniform_ = true;
 };
 

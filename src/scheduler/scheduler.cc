@@ -108,11 +108,11 @@ Status SchedulerImpl::OnRegister(Connection& c, const Frame& f) {
                               " " + RoleName(reg.role) + "s"));
     return InvalidArgument("a " + RoleName(reg.role) + " too many");
   }
-  if (reg.role == Role::kWorker && reg.requested_rank >= 0 &&
-      static_cast<uint32_t>(reg.requested_rank) >= opts_.num_workers) {
-    Refuse(c, InvalidArgument("rank " + std::to_string(reg.requested_rank) + " out of range for " +
-                              std::to_string(opts_.num_workers) + " workers"));
-    return InvalidArgument("rank out of range");
+  if (reg.requested_rank >= 0 && static_cast<uint32_t>(reg.requested_rank) >= want) {
+    const std::string what = reg.role == Role::kWorker ? "rank " : "server id ";
+    Refuse(c, InvalidArgument(what + std::to_string(reg.requested_rank) + " out of range for " +
+                              std::to_string(want) + " " + RoleName(reg.role) + "s"));
+    return InvalidArgument(what + "out of range");
   }
   c.registered = true;
   c.role = reg.role;
@@ -149,36 +149,42 @@ void SchedulerImpl::Refuse(Connection& c, const Status& why) {
 
 // Everyone is here: assign ids, send the address book.
 Status SchedulerImpl::StartJob() {
-  std::vector<Connection*> workers(opts_.num_workers, nullptr), servers;
-  std::vector<Connection*> unranked;
+  std::vector<Connection*> workers(opts_.num_workers, nullptr), servers(opts_.num_servers, nullptr);
+  std::vector<Connection*> unranked, unnumbered;
   for (auto& c : conns_) {
     if (!c->registered || c->left) continue;
-    if (c->role == Role::kServer) {
-      servers.push_back(c.get());
-    } else if (c->reg.requested_rank >= 0) {
+    std::vector<Connection*>& by_id = c->role == Role::kServer ? servers : workers;
+    if (c->reg.requested_rank >= 0) {
       const auto r = static_cast<uint32_t>(c->reg.requested_rank);
-      if (workers[r] != nullptr) {
-        Finish(InvalidArgument("two workers asked for rank " + std::to_string(r) + ": " +
-                               workers[r]->reg.host + " and " + c->reg.host));
+      if (by_id[r] != nullptr) {
+        Finish(InvalidArgument("two " + RoleName(c->role) + "s asked for " +
+                               (c->role == Role::kServer ? "server id " : "rank ") +
+                               std::to_string(r) + ": " + by_id[r]->reg.host + " and " +
+                               c->reg.host));
         return Status::Ok();
       }
       c->id = r;
-      workers[r] = c.get();
+      by_id[r] = c.get();
     } else {
-      unranked.push_back(c.get());
+      (c->role == Role::kServer ? unnumbered : unranked).push_back(c.get());
     }
   }
-  // Server ids: heaviest weight first, then in connection order. The plan then depends only
-  // on the weights, not on which server connected first (servers of equal weight are
-  // interchangeable); with equal weights the ids are in connection order.
-  std::stable_sort(servers.begin(), servers.end(), [](const Connection* a, const Connection* b) {
-    return a->reg.weight > b->reg.weight;
-  });
-  std::vector<double> weights;
-  for (Connection* c : servers) {
-    c->id = static_cast<uint32_t>(weights.size());
-    weights.push_back(c->reg.weight);
+  // Servers that claimed no id (gradlink-run gives each its own, so that its names and the
+  // scheduler's agree) take the free ones heaviest weight first, then in connection order: the
+  // plan then depends only on the weights, not on which server connected first (servers of
+  // equal weight are interchangeable); with equal weights the ids are in connection order.
+  std::stable_sort(unnumbered.begin(), unnumbered.end(),
+                   [](const Connection* a, const Connection* b) {
+                     return a->reg.weight > b->reg.weight;
+                   });
+  size_t free_id = 0;
+  for (Connection* c : unnumbered) {
+    while (servers[free_id] != nullptr) ++free_id;
+    c->id = static_cast<uint32_t>(free_id);
+    servers[free_id] = c;
   }
+  std::vector<double> weights;
+  for (Connection* c : servers) weights.push_back(c->reg.weight);
   placer_ = Placer(weights);
   // Memory budgets: a server's own, else three quarters of what its host had available, split
   // between the job's servers on that host (a test, or servers beside training processes).
@@ -219,14 +225,29 @@ Status SchedulerImpl::StartJob() {
   // The address book is the same for everyone and O(members): encoded once and shared by every
   // member's queue, or thousands of members would queue O(members^2) bytes. your_id is the
   // first field of the encoding (4 bytes little-endian, wire/messages.cc): each member's own.
-  std::vector<std::byte> all = wire::Encode(w);
-  const Payload book = Share(std::vector<std::byte>(all.begin() + 4, all.end()));
+  const auto share_book = [](const wire::WelcomeMsg& m) {
+    std::vector<std::byte> all = wire::Encode(m);
+    return Share(std::vector<std::byte>(all.begin() + 4, all.end()));
+  };
+  const Payload server_book = share_book(w);
+  // Workers connect to servers only, so their book leaves out the other workers' lane
+  // addresses (hundreds of bytes each over UCX): it keeps every worker's host name (the
+  // same-host path groups by it) and worker 0's push address (it names the run's shared
+  // segment). With 4,000 members that makes each worker's welcome several times smaller.
+  for (wire::Member& m : w.members) {
+    if (m.role != Role::kWorker) continue;
+    m.pull_address.clear();
+    if (m.id != 0) m.push_address.clear();
+  }
+  const Payload worker_book = share_book(w);
   for (auto& c : conns_) {
     if (!c->registered) continue;
     (c->role == Role::kWorker ? workers_ : servers_)[c->id] = c;
     std::array<std::byte, 4> id;
     for (size_t i = 0; i < id.size(); ++i) id[i] = std::byte((c->id >> (8 * i)) & 0xFF);
-    c->link.Send(MakeHeader(MsgType::kWelcome), id, book, now);
+    c->link.Send(MakeHeader(MsgType::kWelcome), id,
+                 c->role == Role::kWorker ? worker_book : server_book, now);
+    c->welcome_queued = true;
   }
   std::string weight_list;
   if (std::any_of(weights.begin(), weights.end(), [](double x) { return x != 1.0; })) {
@@ -236,14 +257,15 @@ Status SchedulerImpl::StartJob() {
                      c->reg.host + ") " + FormatWeight(c->reg.weight);
     }
   }
-  std::string budgets = "; memory budgets:";
+  std::string budgets = "scheduler: memory budgets:";
   for (Connection* c : servers) {
     budgets += (c->id == 0 ? " server " : ", server ") + std::to_string(c->id) + " " +
                (budget_[c->id] == UINT64_MAX ? std::string("unlimited (memory unknown)")
                                              : std::to_string(budget_[c->id] >> 20) + " MiB");
   }
   GL_LOG(kInfo) << "scheduler: job '" << opts_.job << "' started with " << opts_.num_workers
-                << " workers and " << opts_.num_servers << " servers" << weight_list << budgets;
+                << " workers and " << opts_.num_servers << " servers" << weight_list;
+  GL_LOG(kInfo) << budgets;
   return Status::Ok();
 }
 

@@ -74,6 +74,7 @@ struct Connection {
   std::optional<security::ServerHandshake> handshake;
   bool registered = false;
   bool left = false;  // said goodbye
+  bool welcome_queued = false;  // its kWelcome is not yet all written
   // With a job secret: what the member proved in the handshake; kRegister must agree.
   wire::Role auth_role = wire::Role::kWorker;
   int32_t auth_rank = -1;
@@ -176,6 +177,8 @@ class SchedulerImpl final : public Scheduler {
 
   // Loop thread only.
   std::vector<std::shared_ptr<Connection>> conns_;
+  // The connections of conns_ that had not registered when last seen (AcceptAll prunes it).
+  std::vector<std::weak_ptr<Connection>> unregistered_;
   std::map<uint32_t, std::shared_ptr<Connection>> workers_, servers_;
   uint32_t registered_workers_ = 0, registered_servers_ = 0, workers_left_ = 0;
   bool started_ = false;

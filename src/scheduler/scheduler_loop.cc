@@ -160,11 +160,17 @@ std::string SourceAddress(const std::string& peer) {
 // to evict it a stranger needs more addresses than it has slots (members also retry a join
 // whose connection was closed before the scheduler said anything: control/join.cc).
 void SchedulerImpl::AcceptAll(Clock::time_point now) {
+  // Only the connections that have not registered, not all of conns_: with thousands of members
+  // a scan of every connection per accepted one made joining quadratic.
+  std::erase_if(unregistered_, [](const std::weak_ptr<Connection>& w) {
+    const auto c = w.lock();
+    return c == nullptr || c->registered || c->link.closed();
+  });
   std::map<std::string, std::vector<Connection*>> waiting;  // unregistered, oldest first
   size_t unregistered = 0;
-  for (auto& c : conns_) {
-    if (c->registered || c->link.closed()) continue;
-    waiting[SourceAddress(c->link.peer_name())].push_back(c.get());
+  for (const auto& w : unregistered_) {
+    Connection* c = w.lock().get();  // conns_ holds it
+    waiting[SourceAddress(c->link.peer_name())].push_back(c);
     ++unregistered;
   }
   const auto evict = [&](std::vector<Connection*>& from) {
@@ -199,6 +205,7 @@ void SchedulerImpl::AcceptAll(Clock::time_point now) {
     }
     if (opts_.secret.has_value()) c->handshake.emplace(*opts_.secret, job_hash_, /*epoch=*/0);
     same.push_back(c.get());
+    unregistered_.push_back(c);
     conns_.push_back(std::move(c));
     ++unregistered;
   }
@@ -316,6 +323,14 @@ void SchedulerImpl::OnTimers(Clock::time_point now) {
   if (started_) {
     for (auto& c : conns_) {
       if (!c->registered || c->left) continue;
+      if (c->welcome_queued) {
+        // Busy, not silent: its welcome (O(members) bytes) is still being written to it, and a
+        // member that does not read it is failed by CheckConnection. Its silence counts from
+        // when the scheduler has written all of it.
+        if (c->link.queued_bytes() != 0) continue;
+        c->welcome_queued = false;
+        c->last_heard = std::max(c->last_heard, now);
+      }
       if (now - c->last_heard > transport::kSilenceLimit) {
         Finish(PeerLost(MemberName(*c) + " sent nothing for " +
                         std::to_string(Ms(now - c->last_heard)) + " ms: hung or cut off"));

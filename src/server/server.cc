@@ -62,6 +62,7 @@ class ServerImpl final : public Server {
 
     wire::RegisterMsg reg;
     reg.role = wire::Role::kServer;
+    reg.requested_rank = opts_.id < 0 ? -1 : opts_.id;
     reg.host = opts_.host_name.empty() ? LocalHostName() : opts_.host_name;
     reg.push_address = push_lane_->address();
     reg.pull_address = reply_lane().address();

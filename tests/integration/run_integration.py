@@ -1058,6 +1058,15 @@ def case_strangers(h):
                                            time.monotonic() - t0))
 
 
+def case_scale_128(h):
+    """128 gradlink-bench workers and 4 gradlink-server processes, all real, in one job: it joins
+    (every server connects to 128 workers while heartbeating), and every element of every round
+    of 4K..64K is exact on every worker. (192 workers x 4 failed when a server connected to
+    every worker before it heartbeat; bench/scale_job.sh runs 256 x 4.)"""
+    bench_job(h, 128, 4, "4K", "64K", factor=4.0, iters=2, warmup=1, timeout=150,
+              label="128 workers x 4 servers, 4K..64K, every element checked")
+
+
 def _rss(pid):
     """Resident bytes of process `pid` (VmRSS), 0 once it is gone."""
     try:
@@ -1195,6 +1204,7 @@ CASES = {
     "bench_sizes": case_bench_sizes,
     "strangers": case_strangers,
     "server_memory": case_server_memory,
+    "scale_128": case_scale_128,
 }
 
 

@@ -45,6 +45,15 @@ def test_connect_to_nothing_is_unavailable_in_bounded_time(gradlink):
     assert time.monotonic() - t0 < 10
 
 
+def test_joining_an_address_where_no_job_runs_fails_fast_saying_so(gradlink):
+    # The default connect timeout is 30 s; an address that refuses every connection for 5 s
+    # (kRefusedGrace) has no job behind it: init() after the job ended says so.
+    t0 = time.monotonic()
+    with pytest.raises(gradlink.UnavailableError, match="no gradlink job is running there"):
+        gradlink.Worker("127.0.0.1:1")
+    assert time.monotonic() - t0 < 12
+
+
 def test_worker_options_come_from_the_environment_through_the_cpp_mapping(gradlink, monkeypatch):
     # A malformed variable is refused by name before anything connects.
     monkeypatch.setenv("GRADLINK_PARTITION_BYTES", "4 MiB")

@@ -288,6 +288,33 @@ TEST(ListenerTest, ConnectToNothingFailsAtTheDeadline) {
   EXPECT_LT(Clock::now() - start, 3s);
 }
 
+TEST(ListenerTest, ConnectGivesUpOnAnAddressThatRefusesForTheGrace) {
+  Result<std::unique_ptr<Listener>> l = Listener::Listen("127.0.0.1", 0);
+  ASSERT_TRUE(l.ok());
+  const uint16_t port = (*l)->port();
+  (*l)->Close();
+  const auto start = Clock::now();
+  auto c = ControlChannel::Connect("127.0.0.1", port, In(60s), 400ms);
+  const auto took = Clock::now() - start;
+  EXPECT_EQ(c.status().code(), Code::kUnavailable) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("no gradlink job is running there"), std::string::npos)
+      << c.status().ToString();
+  EXPECT_GE(took, 400ms);
+  EXPECT_LT(took, 5s);  // not the 60 s deadline
+  // A listener that appears within the grace is found.
+  std::unique_ptr<Listener> late;
+  std::thread t([&] {
+    std::this_thread::sleep_for(200ms);
+    auto relisten = Listener::Listen("127.0.0.1", port);
+    if (relisten.ok()) late = std::move(relisten).value();
+  });
+  auto d = ControlChannel::Connect("127.0.0.1", port, In(10s), 2s);
+  t.join();
+  if (late) {  // (else another process took the port meanwhile)
+    EXPECT_TRUE(d.ok()) << d.status().ToString();
+  }
+}
+
 TEST(ParseHostPortTest, SplitsAndRefuses) {
   std::string host;
   uint16_t port = 0;

@@ -141,7 +141,8 @@ TEST(PlacementTest, LoadBytesAccountForEveryPartition) {
   EXPECT_EQ(std::accumulate(expected.begin(), expected.end(), uint64_t{0}), total);
 }
 
-TEST(PlacementTest, BalancesBytesAcrossServers) {
+TEST(PlacementTest, BalancesCostAcrossServers) {
+  constexpr uint64_t kCharge = Placer::kPartitionCostBytes;
   for (uint32_t servers : {1u, 2u, 3u, 5u, 8u}) {
     for (uint64_t pb : {4096ull, 65536ull, 1ull << 20}) {
       Placer placer(servers);
@@ -151,15 +152,40 @@ TEST(PlacementTest, BalancesBytesAcrossServers) {
         // Mostly small tensors, some big ones spanning many partitions.
         const uint64_t count = (rng() % 4 == 0) ? rng() % 2000000 : rng() % 3000;
         placer.Plan(t, count, pb);
-        const auto& load = placer.load_bytes();
-        const auto [mn, mx] = std::minmax_element(load.begin(), load.end());
-        // Greedy least-loaded placement: the most loaded server was the least loaded when it got
-        // its last partition, and no partition exceeds partition_bytes.
-        ASSERT_LE(*mx - *mn, pb) << servers << " servers, " << pb << "-byte partitions, after "
-                                 << i + 1 << " tensors";
+        const auto& cost = placer.load_cost();
+        const auto [mn, mx] = std::minmax_element(cost.begin(), cost.end());
+        // Greedy least-cost placement: the costliest server was the cheapest when it got its
+        // last partition, which costs at most partition_bytes plus the charge.
+        ASSERT_LE(*mx - *mn, pb + kCharge) << servers << " servers, " << pb
+                                           << "-byte partitions, after " << i + 1 << " tensors";
+        // Bytes then differ by at most that plus the charges of the partitions counts differ by.
+        const auto& bytes = placer.load_bytes();
+        const auto& parts = placer.partitions();
+        for (uint32_t a = 0; a < servers; ++a) {
+          for (uint32_t b = 0; b < servers; ++b) {
+            ASSERT_EQ(cost[a], bytes[a] + kCharge * parts[a]);
+            if (bytes[a] > bytes[b]) {
+              const uint64_t more_parts = parts[b] > parts[a] ? parts[b] - parts[a] : 0;
+              ASSERT_LE(bytes[a] - bytes[b], pb + kCharge + kCharge * more_parts);
+            }
+          }
+        }
       }
     }
   }
+}
+
+TEST(PlacementTest, SmallKeysAfterALargeOneSpreadByCount) {
+  // A tensor of 1.5 partitions leaves server 1 a half partition (2 MiB) short. By bytes alone,
+  // the next 20,000 one-element keys (80 KB in all) would all go to server 1.
+  Placer placer(2);
+  placer.Plan(DataType::kFloat32, 3 << 19, 4 << 20);
+  ASSERT_EQ(placer.load_bytes(), (std::vector<uint64_t>{4 << 20, 2 << 20}));
+  for (int i = 0; i < 20000; ++i) placer.Plan(DataType::kFloat32, 1, 4 << 20);
+  const auto& parts = placer.partitions();
+  // The 2 MiB gap costs 2 MiB / (16 KiB + 4 B) = 128 charges; then the keys alternate.
+  EXPECT_NEAR(static_cast<double>(parts[1]) - static_cast<double>(parts[0]), 128.0, 2.0);
+  EXPECT_GE(parts[0], 9900u);
 }
 
 TEST(PlacementTest, IsDeterministic) {
@@ -257,6 +283,8 @@ std::vector<double> IdealShares(const std::vector<double>& w, double total) {
 }
 
 TEST(WeightedPlacementTest, WeightsOneAndThreeGiveAQuarterAndThreeQuarters) {
+  // Shares are of the cost: bytes plus Placer::kPartitionCostBytes per partition.
+  constexpr uint64_t kCharge = Placer::kPartitionCostBytes;
   for (uint64_t pb : {4ull, 1000ull, 4096ull, 1ull << 20}) {
     Placer placer(std::vector<double>{1, 3});
     std::mt19937_64 rng(pb);
@@ -267,19 +295,19 @@ TEST(WeightedPlacementTest, WeightsOneAndThreeGiveAQuarterAndThreeQuarters) {
       const uint64_t per_part = std::max<uint64_t>(1, pb / 4);
       const uint64_t count = rng() % 3 == 0 ? rng() % (300 * per_part) : 1 + rng() % 5000;
       for (const auto& p : placer.Plan(DataType::kFloat32, count, pb)) {
-        largest = std::max(largest, p.count * 4);
+        largest = std::max(largest, p.count * 4 + kCharge);
+        total += double(p.count * 4 + kCharge);
       }
-      total += double(count) * 4;
       const auto ideal = IdealShares({1, 3}, total);
       for (int s = 0; s < 2; ++s) {
         // Two servers: each within one partition of its share (a quarter, three quarters).
-        ASSERT_LE(std::fabs(double(placer.load_bytes()[s]) - ideal[s]), double(largest))
+        ASSERT_LE(std::fabs(double(placer.load_cost()[s]) - ideal[s]), double(largest))
             << "server " << s << " after " << i + 1 << " tensors, " << pb << "-byte partitions";
       }
     }
-    // With this many bytes, one partition is a small fraction of the whole.
+    // With this many partitions, one is a small fraction of the whole.
     if (pb <= 4096) {
-      EXPECT_NEAR(double(placer.load_bytes()[0]) / total, 0.25, 1e-3) << pb;
+      EXPECT_NEAR(double(placer.load_cost()[0]) / total, 0.25, 1e-3) << pb;
     }
   }
 }
@@ -314,13 +342,15 @@ TEST(WeightedPlacementTest, ManySmallPartitionsOnMixedWeights) {
 }
 
 TEST(WeightedPlacementTest, RandomWeightsAndSizesStayWithinOnePartitionAboveTheShare) {
+  // Shares are of the cost: bytes plus Placer::kPartitionCostBytes per partition.
+  constexpr uint64_t kCharge = Placer::kPartitionCostBytes;
   std::mt19937_64 rng(2024);
   for (int trial = 0; trial < 60; ++trial) {
     const uint32_t n = 2 + rng() % 7;
     std::vector<double> w(n);
     for (double& x : w) x = std::exp(std::uniform_real_distribution<double>(-3, 3)(rng));
     Placer placer(w);
-    std::vector<uint64_t> expected(n, 0), last_part(n, 0);
+    std::vector<uint64_t> bytes(n, 0), expected(n, 0), last_part(n, 0);
     double total = 0;
     uint64_t largest = 0;
     for (int i = 0; i < 200; ++i) {
@@ -330,12 +360,15 @@ TEST(WeightedPlacementTest, RandomWeightsAndSizesStayWithinOnePartitionAboveTheS
       auto plan = placer.Plan(t, count, pb);
       ExpectTiling(plan, count, std::max<uint64_t>(1, pb / DataTypeSize(t)), n);
       for (const auto& p : plan) {
-        expected[p.server] += p.count * DataTypeSize(t);
-        last_part[p.server] = p.count * DataTypeSize(t);
-        largest = std::max(largest, p.count * DataTypeSize(t));
+        const uint64_t cost = p.count * DataTypeSize(t) + kCharge;
+        bytes[p.server] += p.count * DataTypeSize(t);
+        expected[p.server] += cost;
+        last_part[p.server] = cost;
+        largest = std::max(largest, cost);
+        total += double(cost);
       }
-      total += double(count * DataTypeSize(t));
-      ASSERT_EQ(placer.load_bytes(), expected);
+      ASSERT_EQ(placer.load_bytes(), bytes);
+      ASSERT_EQ(placer.load_cost(), expected);
       const auto ideal = IdealShares(w, total);
       for (uint32_t s = 0; s < n; ++s) {
         const double load = double(expected[s]);

@@ -162,6 +162,46 @@ TEST(WeightedJobTest, MixedPlacementWeights) {
   CheckWeightedJob({0.1, 0.3, 0.1, 0.3}, {0, 2, 1, 3});
 }
 
+TEST(WeightedJobTest, ServersThatClaimIdsGetThemWhateverTheirWeightsAndOrder) {
+  // gradlink-run gives server i id i, so that its "server i" is the scheduler's. The claims win
+  // over "heaviest first": the light server claims 0 and connects last; sums stay exact.
+  JobConfig config;
+  config.workers = 2;
+  config.servers = 3;
+  config.job = "claimed-ids";
+  config.partition_bytes = 4096;
+  config.server_weights = {1, 3, 2};
+  config.server_ids = {0, 2, 1};
+  config.server_start_order = {1, 2, 0};
+  config.server_start_gap = 100ms;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  for (size_t i = 0; i < config.servers; ++i) {
+    EXPECT_EQ(job.server(i).id(), static_cast<uint32_t>(config.server_ids[i])) << "server " << i;
+  }
+  RunRounds(job, {{"a", DataType::kFloat32, 30000}, {"b", DataType::kInt64, 7000}}, 2);
+  job.FinishCleanly();
+}
+
+TEST(WeightedJobTest, AServerIdOutOfRangeIsRefusedNamingIt) {
+  SchedulerOptions so;
+  so.num_workers = 1;
+  so.num_servers = 2;
+  so.join_timeout = kConnectTimeout;
+  auto sched = Scheduler::Start(so);
+  ASSERT_TRUE(sched.ok()) << sched.status().ToString();
+  wire::RegisterMsg reg;
+  reg.role = wire::Role::kServer;
+  reg.requested_rank = 2;
+  reg.host = "misnumbered";
+  Result<Joined> j = JoinJob("127.0.0.1:" + std::to_string((*sched)->port()),
+                             wire::JobHash("default"), reg, In(3s));
+  ASSERT_FALSE(j.ok());
+  EXPECT_NE(j.status().message().find("server id 2 out of range for 2 servers"),
+            std::string::npos) << j.status().ToString();
+  (*sched)->Stop();
+}
+
 TEST(WeightedJobTest, InvalidWeightIsRefusedBeforeJoining) {
   for (double w : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity(),
                    -std::numeric_limits<double>::infinity(), 1e-7, 2e6}) {

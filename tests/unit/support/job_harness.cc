@@ -68,6 +68,7 @@ void Job::Start(const JobConfig& config) {
       o.host_name = "server-host-" + std::to_string(i);
       if (!config.server_weights.empty()) o.weight = config.server_weights[i];
       o.memory_budget_bytes = config.server_memory_budget;
+      if (!config.server_ids.empty()) o.id = config.server_ids[i];
       Result<std::unique_ptr<Server>> s = StartServerOn(o, fabric_);
       if (s.ok()) servers_[i] = std::move(s).value();
       else errors[i] = s.status();
