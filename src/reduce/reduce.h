@@ -20,9 +20,10 @@ namespace gradlink::reduce {
 // otherwise t itself.
 DataType AccumulatorType(DataType t);
 
-// What a server holds for one partition of `count` elements of wire dtype t in a job of
+// The most a server holds for one partition of `count` elements of wire dtype t in a job of
 // `workers` workers once every rank has pushed it (server/partition_state.h): a staging buffer
-// per rank in the wire dtype, two accumulators (rounds r and r+1 overlap), and, where the
+// per rank in the wire dtype (rank 0's is usually not needed where the accumulator has the
+// wire dtype, but may be), two accumulators (rounds r and r+1 overlap), and, where the
 // accumulator's type is wider than the wire dtype, two results in the wire dtype. The scheduler
 // admits keys against the servers' memory budgets with it; saturates at UINT64_MAX.
 uint64_t ServerBytesHeld(DataType t, uint64_t count, uint32_t workers);

@@ -65,9 +65,16 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
     *run_engine = true;
     return Mismatch(failure_);
   }
-  std::vector<std::byte>& buf = staging_[rank];
-  Hold(buf, wire_bytes_);
   stage_[rank] = Stage::kReceiving;
+  // Rank 0 comes first in the sum, so where the accumulator has the wire dtype its push can land
+  // in the accumulator itself (acc = s0; acc += s1 gives the same bits as acc = s0 + s1): one
+  // staging buffer fewer per partition. Not while round-2's result is still going out of that
+  // accumulator: then rank 0 is staged like the others.
+  const uint32_t slot = static_cast<uint32_t>(round_ % 2);
+  const bool direct = rank == 0 && acc_bytes_ == wire_bytes_ && sends_pending_[slot] == 0;
+  if (rank == 0) direct_ = direct;
+  std::vector<std::byte>& buf = direct ? acc_[slot] : staging_[rank];
+  Hold(buf, direct ? acc_bytes_ : wire_bytes_);
   return std::span<std::byte>(buf);
 }
 
@@ -110,19 +117,23 @@ bool PartitionState::RoundOverLocked() const {
 std::optional<Completion> PartitionState::Progress() {
   uint32_t slot;
   uint32_t first, last;  // ranks [first, last) to add now
+  bool direct;           // rank 0's push is in the accumulator
   {
     std::lock_guard<std::mutex> lock(mu_);
     slot = static_cast<uint32_t>(round_ % 2);
     if (sends_pending_[slot] != 0) return std::nullopt;  // round-2's result still going out
     first = next_;
     last = SummableEndLocked();
+    direct = direct_;
   }
 
   std::vector<std::byte>& acc = acc_[slot];
   if (last > first) {
     Hold(acc, acc_bytes_);
     uint32_t r = first;
-    if (r == 0) {
+    if (r == 0 && direct) {
+      r = 1;  // rank 0's push is in the accumulator already
+    } else if (r == 0) {
       if (num_workers_ == 1) {
         reduce::Load(dtype_, acc.data(), staging_[0].data(), count_);
         r = 1;
@@ -171,6 +182,7 @@ std::optional<Completion> PartitionState::Progress() {
     }
   }
   sends_pending_[slot] = num_workers_;
+  direct_ = false;
   ++round_;
   next_ = 0;
   failure_.clear();

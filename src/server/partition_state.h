@@ -1,7 +1,9 @@
 // The round state machine of one (key, partition) on a server.
 //
 // Each worker rank has one staging buffer: a worker pushes round r+1 only after it has pulled
-// round r, so at most one push per rank is ever outstanding. The accumulator is double-buffered
+// round r, so at most one push per rank is ever outstanding. Where the accumulator has the wire
+// dtype (fp32, fp64, int64), rank 0's push lands in the accumulator itself and needs none,
+// unless round r-2's result is still being sent from that accumulator. The accumulator is double-buffered
 // by round parity: round r's result may still be on its way to slow workers while round r+1 is
 // being summed. Summation is in rank order: acc = s0 + s1, then acc += s2, ... so the result is
 // bit-identical whatever order pushes arrive in.
@@ -78,7 +80,8 @@ class PartitionState {
   uint64_t round() const;
 
   // Bytes of buffers this partition holds now (staging, accumulators, results); any thread. At
-  // most reduce::ServerBytesHeld(dtype, count, workers): the figure the scheduler admits by.
+  // most reduce::ServerBytesHeld(dtype, count, workers), the figure the scheduler admits by;
+  // one staging buffer less while rank 0's pushes land in the accumulator.
   uint64_t bytes_held() const { return held_.load(std::memory_order_relaxed); }
 
  private:
@@ -112,6 +115,7 @@ class PartitionState {
   std::vector<bool> gone_;         // per rank: left the job
   uint32_t next_ = 0;              // ranks [0, next_) are in the accumulator
   uint32_t sends_pending_[2] = {0, 0};
+  bool direct_ = false;            // rank 0's push of round_ landed in acc_[round_ % 2]
 
   std::vector<std::vector<std::byte>> staging_;  // per rank, wire dtype
   std::vector<std::byte> acc_[2];                // accumulator dtype

@@ -1090,9 +1090,9 @@ def _mem_available():
 def case_server_memory(h):
     """Admission control against the servers' memory budgets, with the real binaries.
     (1) gradlink-server --memory-budget 96M, 2 workers of gradlink-bench pushing 16 MiB fp32
-    tensors as fast as they can (a server holds 4 bytes per byte there: 64 MiB): every element
-    exact, and the server's RSS above its idle RSS, sampled every 5 ms, stays under 96 MiB.
-    (2) The same server asked for 32 MiB (128 MiB held): both workers fail with
+    tensors as fast as they can (a server holds at most 4 bytes per byte there, 64 MiB, and
+    usually 3): every element exact, and the server's RSS above its idle RSS, sampled every
+    5 ms, stays under 96 MiB. (2) The same server asked for 32 MiB (up to 128 MiB): both fail with
     kResourceExhausted naming the tensor, its bytes and the budget, and the server's RSS does
     not grow by even one tensor (no data moved). (3) Two servers on one host with no budget set:
     the scheduler gives each 3/8 of the memory available (3/4, split between the two)."""

@@ -248,6 +248,44 @@ TEST(PartitionStateTest, ProgressOnlyAtTheEnd) {
 
 // ---- What a partition holds: the figure the scheduler admits keys by --------------------------
 
+TEST(PartitionStateTest, RankZeroIntoTheAccumulatorOrStagedGivesTheSameBits) {
+  // 3 workers, order-sensitive fp32 values. Rounds 0 and 1 find their accumulator free (rank
+  // 0's push lands in it); round 2 comes while round 0's result is still being sent from slot
+  // 0, so rank 0 is staged. All three sums must be the rank-order reference, bit for bit.
+  constexpr uint32_t kW = 3;
+  constexpr size_t kN = 64;
+  const auto vals = OrderSensitiveF32(kW, kN);
+  std::vector<std::vector<std::byte>> pushes;
+  for (const auto& v : vals) pushes.push_back(AsBytes(v));
+  std::vector<float> ref(kN);
+  for (size_t i = 0; i < kN; ++i) ref[i] = (vals[0][i] + vals[1][i]) + vals[2][i];
+  Harness h(DataType::kFloat32, kN, kW);
+  Done d0 = RunRound(h, 0, pushes, {2, 0, 1});
+  Done d1 = RunRound(h, 1, pushes, {0, 1, 2});
+  ReleaseSlot(h.state(), d1.c, kW);
+  const uint64_t before = h.state().bytes_held();
+  EXPECT_EQ(before, (2 /*staging 1, 2*/ + 2 /*accumulators*/) * kN * 4);
+  // Round 2: slot 0 still sends round 0's result.
+  for (uint32_t r : {1u, 0u, 2u}) ASSERT_TRUE(h.Push(r, 2, pushes[r]).ok());
+  EXPECT_EQ(h.state().bytes_held(), before + kN * 4);  // rank 0 staged
+  EXPECT_FALSE(h.state().Progress().has_value());      // waits for slot 0
+  ReleaseSlot(h.state(), d0.c, kW);
+  std::optional<Completion> c2 = h.state().Progress();
+  ASSERT_TRUE(c2.has_value());
+  ASSERT_TRUE(c2->status.ok()) << c2->status.ToString();
+  for (const Done* d : {&d0, &d1}) {
+    ASSERT_TRUE(d->c.status.ok());
+    const auto got = FromBytes<float>(d->result);
+    for (size_t i = 0; i < kN; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(ref[i])) << i;
+    }
+  }
+  const auto got2 = FromBytes<float>(c2->result);
+  for (size_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(got2[i]), std::bit_cast<uint32_t>(ref[i])) << i;
+  }
+}
+
 TEST(PartitionStateTest, HoldsExactlyServerBytesHeldOnceBothSlotsAreUsed) {
   constexpr uint64_t kCount = 37;
   for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
@@ -267,7 +305,11 @@ TEST(PartitionStateTest, HoldsExactlyServerBytesHeldOnceBothSlotsAreUsed) {
           EXPECT_LT(h.state().bytes_held(), reduce::ServerBytesHeld(t, kCount, workers));
         }
       }
-      EXPECT_EQ(h.state().bytes_held(), reduce::ServerBytesHeld(t, kCount, workers));
+      // Every round found its accumulator free, so where it has the wire dtype rank 0's pushes
+      // landed in it and rank 0 has no staging buffer.
+      const bool direct = reduce::AccumulatorType(t) == t;
+      EXPECT_EQ(h.state().bytes_held(), reduce::ServerBytesHeld(t, kCount, workers) -
+                                            (direct ? kCount * DataTypeSize(t) : 0));
     }
   }
   // By hand, for 2 workers: fp32 holds 2 staging + 2 accumulators; fp16 2 staging (2 bytes), 2

@@ -293,10 +293,11 @@ TEST(JobTest, TensorOverTheServersMemoryBudgetIsRefusedOnEveryRankBeforeAnyDataM
     EXPECT_NE(s.message().find("holds 160000 bytes of its 160000-byte"), std::string::npos)
         << s.ToString();
   }
-  // The refused keys took no room and the job goes on: "edge" runs again, and with both of its
-  // rounds' accumulators in use the server holds exactly what was admitted.
+  // The refused keys took no room and the job goes on: "edge" runs again. With both of its
+  // rounds' accumulators in use the server holds what was admitted but rank 0's staging (its
+  // pushes landed in the accumulators, each free when they came): 12 bytes per element of 16.
   for (const Status& s : run("edge", kElements)) EXPECT_TRUE(s.ok()) << s.ToString();
-  EXPECT_EQ(job.server(0).stats().bytes_held, kElements * 16);
+  EXPECT_EQ(job.server(0).stats().bytes_held, kElements * 12);
   job.FinishCleanly();
 }
 
