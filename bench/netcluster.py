@@ -613,9 +613,10 @@ def parse_gradlink_table(text):
 
 def run_gradlink(cl, bin_dir, workers, servers, sizes, iters, warmup, partition=None,
                  max_in_flight=None, single_lane=False, timeout=None, extra_env=None,
-                 max_ahead=None):
+                 max_ahead=None, worker_args=(), worker_procs=None):
     """One gradlink job: gradlink-bench workers on the hosts `workers` (list of host indices),
     gradlink-servers at `servers` (list of (host, weight or None)), the scheduler on workers[0].
+    `worker_args` go to every gradlink-bench; `worker_procs`, a list, gets the workers' Procs.
     Returns {size: (mean_us, min_us)} from rank 0's table (every element checked)."""
     b, e = sizes[0], sizes[-1]
     f = sizes[1] / sizes[0] if len(sizes) > 1 else 2.0
@@ -647,8 +648,11 @@ def run_gradlink(cl, bin_dir, workers, servers, sizes, iters, warmup, partition=
             argv += ["--max-ahead", str(max_ahead)]
         if single_lane:
             argv.append("--single-lane")
+        argv += list(worker_args)
         wk.append(cl.spawn(host, "worker%d" % i, argv, env))
     procs += wk
+    if worker_procs is not None:
+        worker_procs.extend(wk)
     cl.wait_all(procs, timeout or run_time_limit(sizes, iters, warmup, cl.rate_bps), "gradlink job")
     rows = {}
     for p in wk:

@@ -197,12 +197,15 @@ int RunWorker(const Config& c) {
   o.local_chunk_bytes = c.local_chunk;
   o.fusion_buffer_bytes = c.no_fusion ? 0 : c.fusion_buffer_bytes;
   o.fusion_threshold_bytes = c.fusion_threshold_bytes;
-  auto secret = gl::SecretFromEnvironment();
-  if (!secret.ok()) {
-    std::fprintf(stderr, "gradlink-bench worker: %s\n", secret.status().ToString().c_str());
+  // From the environment: the secret and the host (GRADLINK_HOST); the data-path settings come
+  // from the flags, whose defaults are WorkerOptions'.
+  gl::WorkerOptions from_env;
+  if (gl::Status env = gl::ApplyEnvironment(&from_env); !env.ok()) {
+    std::fprintf(stderr, "gradlink-bench worker: %s\n", env.ToString().c_str());
     return 2;
   }
-  if (secret->has_value()) o.secret = **secret;
+  o.secret = from_env.secret;
+  o.host_name = from_env.host_name;
   auto w = gl::Worker::Connect(o);
   if (!w.ok()) {
     std::fprintf(stderr, "gradlink-bench worker: %s\n", w.status().ToString().c_str());

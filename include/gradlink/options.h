@@ -43,7 +43,10 @@ struct ServerOptions {
   // on this host. What a server holds per byte: docs/operations.md, "Server memory".
   uint64_t memory_budget_bytes = 0;
   std::chrono::milliseconds connect_timeout{30000};  // to join the job
-  std::string host_name;  // how this process is named in errors; default: the hostname
+  // The host this process is on: workers whose host names agree share a machine (the same-host
+  // path). Also how it is named in errors. Default: the hostname, with the network namespace
+  // where it is not the machine's own, and the pid ("vm/1234"); GRADLINK_HOST sets it.
+  std::string host_name;
   // The job secret; must match the scheduler's (both set, equal; or both unset).
   std::optional<std::string> secret;
 };
@@ -74,7 +77,10 @@ struct WorkerOptions {
   std::chrono::milliseconds connect_timeout{30000};  // to join the job
   // PushPullHandle::Wait() without a deadline waits this long, then returns kTimeout.
   std::chrono::milliseconds operation_timeout{300000};
-  std::string host_name;  // how this process is named in errors; default: the hostname
+  // The host this process is on: workers whose host names agree share a machine (the same-host
+  // path). Also how it is named in errors. Default: the hostname, with the network namespace
+  // where it is not the machine's own, and the pid ("vm/1234"); GRADLINK_HOST sets it.
+  std::string host_name;
   // The job secret; must match the scheduler's (both set, equal; or both unset).
   std::optional<std::string> secret;
 };

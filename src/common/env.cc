@@ -1,5 +1,8 @@
 #include "common/env.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -18,6 +21,18 @@ std::optional<std::string> Get(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return std::nullopt;
   return std::string(v);
+}
+
+std::vector<std::string> Listed(std::string_view prefix) {
+  std::vector<std::string> out;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string_view kv(*e);
+    const size_t eq = kv.find('=');
+    if (eq == std::string_view::npos || kv.substr(0, prefix.size()) != prefix) continue;
+    out.push_back(std::string(kv.substr(0, eq)) + "='" + std::string(kv.substr(eq + 1)) + "'");
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::optional<std::string> GetSet(const char* name) {

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "gradlink/status.h"
 
@@ -20,6 +22,10 @@ namespace gradlink::env {
 std::optional<std::string> Get(const char* name);
 // The variable's value, empty included; nullopt only when it is unset.
 std::optional<std::string> GetSet(const char* name);
+
+// "NAME='value'" for every variable whose name starts with `prefix` (for errors that can only
+// say which of them might be wrong: UCX's refusal of its configuration), sorted by name.
+std::vector<std::string> Listed(std::string_view prefix);
 
 // The parsers below take a set but empty variable for a malformed value (not for an unset one).
 

@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace gradlink {
@@ -44,11 +45,31 @@ inline uint64_t ShapeElements(std::span<const uint64_t> shape) {
   return n;
 }
 
-// "machine/pid": how a process names itself in the address book (unless told otherwise).
+// The inode of this process's network namespace when it is not the machine's own (a process
+// started with `ip netns exec`: an emulated host); 0 when it is. The machine's own is PID 1's
+// when that can be read, else the initial namespace, whose inode Linux fixes at 0xEFFFFFF9
+// (PROC_NET_INIT_INO). Where neither tells (an old kernel in a container), every process of the
+// container names the same namespace: still one host, with a longer name.
+inline uint64_t OwnNetworkNamespace() {
+  constexpr uint64_t kInitialNetworkNamespace = 0xEFFFFFF9;
+  struct stat self {}, init {};
+  if (::stat("/proc/self/ns/net", &self) != 0) return 0;
+  const uint64_t own = static_cast<uint64_t>(self.st_ino);
+  if (::stat("/proc/1/ns/net", &init) == 0) return own == init.st_ino ? 0 : own;
+  return own == kInitialNetworkNamespace ? 0 : own;
+}
+
+// "machine/pid": how a process names itself in the address book unless told otherwise
+// (WorkerOptions::host_name, GRADLINK_HOST). The machine part is what decides which workers
+// share a host (the same-host path): the host name, and the network namespace where it is not
+// the machine's own ("vm~netns4026532441/1234"), since the namespaces of one machine share its
+// host name but not its network: workers in two of them are two hosts.
 inline std::string LocalHostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
-  return std::string(buf) + "/" + std::to_string(getpid());
+  std::string name(buf);
+  if (const uint64_t ns = OwnNetworkNamespace(); ns != 0) name += "~netns" + std::to_string(ns);
+  return name + "/" + std::to_string(getpid());
 }
 
 // The machine part of an address-book host name ("machine/pid", or a name given by the user,

@@ -68,6 +68,7 @@ Status ApplyEnvironment(ServerOptions* o) {
   ServerOptions n = *o;
   GL_RETURN_IF_ERROR(TakeString("GRADLINK_SCHEDULER", &n.scheduler));
   GL_RETURN_IF_ERROR(TakeString("GRADLINK_JOB", &n.job));
+  GL_RETURN_IF_ERROR(TakeString("GRADLINK_HOST", &n.host_name));
   GL_RETURN_IF_ERROR(Take("GRADLINK_SERVER_WEIGHT", env::Number, &n.weight));
   if (!wire::IsValidServerWeight(n.weight)) {
     return InvalidArgument("GRADLINK_SERVER_WEIGHT: server " + wire::ServerWeightError(n.weight));
@@ -91,6 +92,7 @@ Status ApplyEnvironment(WorkerOptions* o) {
   WorkerOptions n = *o;
   GL_RETURN_IF_ERROR(TakeString("GRADLINK_SCHEDULER", &n.scheduler));
   GL_RETURN_IF_ERROR(TakeString("GRADLINK_JOB", &n.job));
+  GL_RETURN_IF_ERROR(TakeString("GRADLINK_HOST", &n.host_name));
   GL_ASSIGN_OR_RETURN(std::optional<int64_t> rank, env::Int("GRADLINK_RANK"));
   if (rank) {
     if (*rank < -1 || *rank > INT32_MAX) {

@@ -45,6 +45,9 @@ Status WorkerImpl::OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_po
   };
   GL_ASSIGN_OR_RETURN(std::shared_ptr<LocalReduce> local, LocalReduce::Open(lo));
   if (!local) return Status::Ok();  // no room in /dev/shm: the servers (Open warned)
+  GL_LOG(kInfo) << "worker " << rank_ << ": same-host path on (" << size_
+                << " workers on host " << MachineOf(*host) << ", " << opts_.local_arena_bytes
+                << "-byte segment)";
   std::lock_guard lock(mu_);  // FailAll (the control thread) reads it
   local_ = std::move(local);
   if (!failure_.ok()) local_->Fail(failure_);

@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "common/naming.h"
 #include "control/join.h"
+#include "gradlink/env.h"
 #include "worker/worker_impl.h"
 
 namespace gradlink {
@@ -18,14 +19,46 @@ namespace {
 
 constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 46;
 
+// Settings that cannot work are refused before anything connects, naming the setting (and
+// its variable, for those a launcher may have set): partition 0, a window that cannot hold one
+// partition, sizes beyond what the machine could hold.
+Status CheckOptions(const WorkerOptions& o) {
+  const auto bytes = [](uint64_t b) { return std::to_string(b) + " bytes"; };
+  if (o.partition_bytes == 0) {
+    return InvalidArgument("partition_bytes (GRADLINK_PARTITION_BYTES) must be positive");
+  }
+  if (o.partition_bytes > kMaxTensorBytes) {
+    return InvalidArgument("partition_bytes (GRADLINK_PARTITION_BYTES) of " +
+                           bytes(o.partition_bytes) + " is more than any tensor can hold");
+  }
+  if (o.max_bytes_in_flight < o.partition_bytes) {
+    return InvalidArgument("max_bytes_in_flight (GRADLINK_MAX_BYTES_IN_FLIGHT) of " +
+                           bytes(o.max_bytes_in_flight) + " cannot hold one partition of " +
+                           bytes(o.partition_bytes) + " (partition_bytes)");
+  }
+  if (const uint64_t memory = AvailableMemory(); memory != 0) {
+    for (const auto& [name, value] :
+         {std::pair<const char*, uint64_t>{"max_bytes_ahead (GRADLINK_MAX_BYTES_AHEAD)",
+                                           o.max_bytes_ahead},
+          {"max_bytes_in_flight (GRADLINK_MAX_BYTES_IN_FLIGHT)", o.max_bytes_in_flight}}) {
+      // A value beyond what the machine holds is a typo, not a bound.
+      if (value > memory) {
+        return InvalidArgument(std::string(name) + " of " + bytes(value) +
+                               " is more than this machine's " + bytes(memory) + " available");
+      }
+    }
+  }
+  if (o.fusion_buffer_bytes > kMaxTensorBytes) {
+    return InvalidArgument("fusion_buffer_bytes of " + std::to_string(o.fusion_buffer_bytes) +
+                           " is too large");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status WorkerImpl::Init() {
-  if (opts_.partition_bytes == 0) return InvalidArgument("partition_bytes must be positive");
-  if (opts_.fusion_buffer_bytes > kMaxTensorBytes) {
-    return InvalidArgument("fusion_buffer_bytes of " + std::to_string(opts_.fusion_buffer_bytes) +
-                           " is too large");
-  }
+  GL_RETURN_IF_ERROR(CheckOptions(opts_));
   const auto deadline = Clock::now() + opts_.connect_timeout;
   GL_ASSIGN_OR_RETURN(fabric_, FabricOrUcx(std::move(fabric_)));
   GL_ASSIGN_OR_RETURN(push_lane_, fabric_->CreateLane("worker push lane"));

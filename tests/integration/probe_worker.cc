@@ -48,7 +48,7 @@ struct Args {
   int rounds = 3;
   int tensors = 500;
   uint64_t partition_bytes = 4096;
-  uint64_t max_in_flight = 256 * 1024;
+  uint64_t max_in_flight = 0;  // 0: max(256 KiB, partition_bytes)
   uint64_t count = 100000;
   bool dtype_mismatch = false;
   bool same_issue_order = false;
@@ -151,7 +151,10 @@ std::unique_ptr<gl::Worker> Connect(const Args& a) {
   o.job = a.job;
   o.rank = a.rank;
   o.partition_bytes = a.partition_bytes;
-  o.max_bytes_in_flight = a.max_in_flight;
+  // The window holds at least one partition (a smaller one is refused): 256 KiB or one
+  // partition, unless --max-in-flight says otherwise.
+  o.max_bytes_in_flight = a.max_in_flight != 0 ? a.max_in_flight
+                                               : std::max<uint64_t>(256 * 1024, a.partition_bytes);
   o.connect_timeout = std::chrono::seconds(a.wait_s);
   auto w = gl::Worker::Connect(o);
   if (!w.ok()) {

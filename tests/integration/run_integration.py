@@ -979,6 +979,35 @@ def case_bench_sizes(h):
         print("ok   %-30s %5.2f s  %s" % (label, secs, err.strip()))
 
 
+def case_bad_settings(h):
+    """Settings that cannot work are refused by name before anything connects (the address
+    given has no scheduler: the error must be about the setting): a malformed UCX size (UCX's
+    own error says only "Invalid parameter"), a malformed GRADLINK_* byte count, a window that
+    cannot hold one partition."""
+    runs = [("UCX_TCP_RCVBUF=64q", {"UCX_TCP_RCVBUF": "64q"}, [],
+             r"kInvalidArgument: .*UCX refused its configuration; set in the environment: "
+             r".*UCX_TCP_RCVBUF='64q'"),
+            ("GRADLINK_MAX_BYTES_AHEAD=1 MiB", {"GRADLINK_MAX_BYTES_AHEAD": "1 MiB"}, [],
+             r"GRADLINK_MAX_BYTES_AHEAD='1 MiB' is not a byte count"),
+            ("window below a partition", {}, ["--partition-bytes", str(8 << 20), "--max-in-flight", str(1 << 20)],
+             r"max_bytes_in_flight \(GRADLINK_MAX_BYTES_IN_FLIGHT\) of 1048576 bytes cannot "
+             r"hold one partition of 8388608 bytes")]
+    for label, env, extra, want in runs:
+        t0 = time.monotonic()
+        p = h.spawn("bench-" + re.sub(r"[^A-Za-z0-9]+", "-", label),
+                    [h.bin("gradlink-bench"), "--scheduler", "127.0.0.1:1", "-b", "4K", "-e", "4K"]
+                    + extra, env=env)
+        rc = h.wait(p, 10)
+        secs = time.monotonic() - t0
+        err = p.err()
+        if rc == 0 or not re.search(want, err):
+            h.dump_logs([p])
+            raise Failure("%s: rc %s, stderr %r (want /%s/)" % (label, rc, err, want))
+        if secs > 5:
+            raise Failure("%s: took %.1f s" % (label, secs))
+        print("ok   %-32s %5.2f s  %s" % (label, secs, err.strip().splitlines()[-1][:150]))
+
+
 def _stranger(port, source, garbage):
     """A connection to the scheduler from `source` (another loopback address); with `garbage`,
     it sends bytes that are no frame. None when the connection could not be made."""
@@ -1205,6 +1234,7 @@ CASES = {
     "strangers": case_strangers,
     "server_memory": case_server_memory,
     "scale_128": case_scale_128,
+    "bad_settings": case_bad_settings,
 }
 
 

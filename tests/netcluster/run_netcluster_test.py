@@ -8,6 +8,10 @@
            of every result is exact (gradlink-bench checks against the closed-form sum), the
            links carried at least the bytes that had to cross them (UCX really went over TCP on
            the veth, not shared memory), and nothing is left afterwards.
+  hosts    which workers share a host: two namespaces of one machine are two hosts (the
+           same-host path stays off, and the bytes cross the shaped links), two workers in one
+           namespace are one (the same-host path is on, nothing goes to the servers), and
+           GRADLINK_HOST groups workers deliberately (two namespaces named alike are one host).
   cleanup  everything is removed when the body fails, on SIGTERM and on SIGINT of a running
            harness (namespaces and the processes inside), and `--cleanup` removes the leftovers
            of a killed run but not the namespaces of a running one.
@@ -124,6 +128,49 @@ def case_smoke(a):
     expect(not left, "namespaces left after the cluster closed: %s" % left)
 
 
+def case_hosts(a):
+    sizes = [1 << 20, 4 << 20]
+    iters, warmup = 3, 1
+    payload = sum(sizes) * (iters + warmup)  # what a worker pushes (sends) in a job
+    env = {"GRADLINK_LOG_LEVEL": "info"}
+    arena = ["--local-arena", str(64 << 20)]
+    with nc.Cluster(2, 1e9) as cl:
+        def job(label, workers, server_host, extra_env=None):
+            wk = []
+            before = [cl.link_bytes(h)[0] for h in range(2)]
+            e = dict(env)
+            e.update(extra_env or {})
+            nc.run_gradlink(cl, a.bin_dir, workers, [(server_host, None)], sizes, iters, warmup,
+                            worker_args=arena, worker_procs=wk, extra_env=e, timeout=60)
+            sent = [cl.link_bytes(h)[0] - before[h] for h in range(2)]
+            logs = [p.err() for p in wk]
+            print("%s: links sent %s bytes" % (label, sent))
+            return sent, logs
+
+        # Two namespaces, one host name: two hosts. Worker 1's pushes cross to the server.
+        sent, logs = job("workers in two namespaces", [0, 1], 0)
+        for i, log in enumerate(logs):
+            expect("same-host path off (workers on several hosts)" in log,
+                   "worker %d in namespace %d did not say the same-host path is off:\n%s" % (
+                       i, i, log[-2000:]))
+        expect(sent[1] >= payload, "host 1 sent %d bytes, less than its %d of pushes: the "
+               "workers summed through shared memory across namespaces" % (sent[1], payload))
+        # Two workers in one namespace: one host, summed through shared memory.
+        sent, logs = job("two workers in one namespace", [0, 0], 1)
+        for i, log in enumerate(logs):
+            expect("same-host path on (2 workers on host" in log,
+                   "worker %d did not take the same-host path:\n%s" % (i, log[-2000:]))
+        expect(sent[0] < payload // 10, "host 0 sent %d bytes with the same-host path on "
+               "(the pushes are %d)" % (sent[0], payload))
+        # GRADLINK_HOST groups deliberately: two namespaces named alike are one host.
+        sent, logs = job("two namespaces, GRADLINK_HOST=box", [0, 1], 0, {"GRADLINK_HOST": "box"})
+        for i, log in enumerate(logs):
+            expect("same-host path on (2 workers on host box" in log,
+                   "worker %d with GRADLINK_HOST=box did not take the same-host path:\n%s" % (
+                       i, log[-2000:]))
+        expect(sent[1] < payload // 10, "host 1 sent %d bytes with the same-host path on" % sent[1])
+
+
 def harness_cmd(*args):
     return [sys.executable, HARNESS] + list(args)
 
@@ -231,7 +278,7 @@ def case_cleanup(a):
             nc.remove_namespace(ns)
 
 
-CASES = {"smoke": case_smoke, "cleanup": case_cleanup}
+CASES = {"smoke": case_smoke, "hosts": case_hosts, "cleanup": case_cleanup}
 
 
 def main():

@@ -47,7 +47,7 @@ Result<std::unique_ptr<Fabric>> CreateUcxFabric() {
   // ucp_config_read picks up UCX_TLS, UCX_NET_DEVICES etc. from the environment.
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
-  if (s != UCS_OK) return Unavailable(std::string("ucx: ucp_config_read: ") + ucx::UcsError(s));
+  if (s != UCS_OK) return ucx::StartError(s, "ucx: ucp_config_read");
 
   ucp_params_t params{};
   params.field_mask =
@@ -61,7 +61,7 @@ Result<std::unique_ptr<Fabric>> CreateUcxFabric() {
   ucp_config_release(config);
   if (s != UCS_OK) {
     context->context = nullptr;
-    return Unavailable(std::string("ucx: ucp_init: ") + ucx::UcsError(s));
+    return ucx::StartError(s, "ucx: ucp_init");
   }
   return std::unique_ptr<Fabric>(new ucx::UcxFabric(std::move(context)));
 }

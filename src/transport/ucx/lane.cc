@@ -54,7 +54,7 @@ Result<std::unique_ptr<Lane>> UcxLane::Create(std::shared_ptr<UcxContext> contex
   ucs_status_t s = ucp_worker_create(lane->context_->context, &wp, &lane->worker_);
   if (s != UCS_OK) {
     lane->worker_ = nullptr;
-    return Unavailable("ucx lane '" + lane->name_ + "': ucp_worker_create: " + UcsError(s));
+    return StartError(s, "ucx lane '" + lane->name_ + "': ucp_worker_create");
   }
   // From here on the destructor cleans up whatever is set.
 

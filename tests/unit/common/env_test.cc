@@ -105,6 +105,29 @@ TEST(EnvTest, ServersTakeTheConnectTimeout) {
   EXPECT_EQ(ApplyEnvironment(&o).code(), Code::kInvalidArgument);
 }
 
+TEST(EnvTest, ServersTakeTheirIdMemoryBudgetAndHost) {
+  ScopedEnv i("GRADLINK_SERVER_ID", "3"), m("GRADLINK_SERVER_MEMORY", "96M"),
+      h("GRADLINK_HOST", "rack2-node7");
+  ServerOptions o;
+  ASSERT_TRUE(ApplyEnvironment(&o).ok());
+  EXPECT_EQ(o.id, 3);
+  EXPECT_EQ(o.memory_budget_bytes, uint64_t{96} << 20);
+  EXPECT_EQ(o.host_name, "rack2-node7");
+  WorkerOptions w;
+  ASSERT_TRUE(ApplyEnvironment(&w).ok());
+  EXPECT_EQ(w.host_name, "rack2-node7");
+  for (const char* bad : {"-2", "4294967296", "one"}) {
+    ScopedEnv b("GRADLINK_SERVER_ID", bad);
+    ServerOptions x;
+    const Status st = ApplyEnvironment(&x);
+    EXPECT_EQ(st.code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("GRADLINK_SERVER_ID"), std::string::npos) << st.ToString();
+  }
+  ScopedEnv b("GRADLINK_SERVER_MEMORY", "96 MiB");
+  ServerOptions x;
+  EXPECT_EQ(ApplyEnvironment(&x).code(), Code::kInvalidArgument);
+}
+
 TEST(EnvTest, ASecretTooShortIsRefused) {
   ScopedEnv s("GRADLINK_SECRET", "short");
   SchedulerOptions o;

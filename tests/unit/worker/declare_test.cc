@@ -244,6 +244,47 @@ TEST(JobTest, TensorWithTooManyPartitionsFailsCleanly) {
   EXPECT_TRUE(s2.ok()) << s2.ToString();
 }
 
+// ---- options that cannot work ---------------------------------------------------------------
+
+TEST(JobTest, NonsensicalOptionsAreRefusedNamingTheSettingBeforeConnecting) {
+  struct Case {
+    const char* what;
+    void (*set)(WorkerOptions&);
+    const char* names;
+  };
+  const Case cases[] = {
+      {"partition 0", [](WorkerOptions& o) { o.partition_bytes = 0; },
+       "partition_bytes (GRADLINK_PARTITION_BYTES) must be positive"},
+      {"window below a partition",
+       [](WorkerOptions& o) {
+         o.partition_bytes = 8u << 20;
+         o.max_bytes_in_flight = 1u << 20;
+       },
+       "max_bytes_in_flight (GRADLINK_MAX_BYTES_IN_FLIGHT) of 1048576 bytes cannot hold one "
+       "partition of 8388608 bytes"},
+      {"lead beyond memory", [](WorkerOptions& o) { o.max_bytes_ahead = uint64_t{1} << 60; },
+       "max_bytes_ahead (GRADLINK_MAX_BYTES_AHEAD) of 1152921504606846976 bytes is more than"},
+      {"partition beyond any tensor", [](WorkerOptions& o) {
+         o.partition_bytes = uint64_t{1} << 50;
+         o.max_bytes_in_flight = uint64_t{1} << 50;
+       },
+       "partition_bytes (GRADLINK_PARTITION_BYTES) of 1125899906842624 bytes is more than"},
+  };
+  for (const Case& c : cases) {
+    WorkerOptions o;
+    o.scheduler = "127.0.0.1:1";  // never contacted: the options are checked first
+    o.connect_timeout = 10s;
+    c.set(o);
+    const auto start = Clock::now();
+    auto w = Worker::Connect(o);
+    ASSERT_FALSE(w.ok()) << c.what;
+    EXPECT_EQ(w.status().code(), Code::kInvalidArgument) << c.what << ": " << w.status().ToString();
+    EXPECT_NE(w.status().message().find(c.names), std::string::npos)
+        << c.what << ": " << w.status().ToString();
+    EXPECT_LT(Clock::now() - start, 1s) << c.what;
+  }
+}
+
 // ---- admission: the servers' memory budgets ----------------------------------------------
 
 TEST(JobTest, TensorOverTheServersMemoryBudgetIsRefusedOnEveryRankBeforeAnyDataMoves) {

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "gradlink/env.h"
 #include "gradlink/worker.h"
 #include "unit/support/job_harness.h"
 #include "unit/support/reference.h"
@@ -153,13 +154,14 @@ TEST(JobTest, LeadLimitScalesWithTheServersAnOpSpans) {
   job.FinishCleanly();
 }
 
-// A limit too big to multiply by the servers saturates: no partition is held (2^63 x 2 wrapped
-// to 0 would send one partition at a time).
-TEST(JobTest, HugeLeadLimitSaturates) {
+// About the largest lead a worker accepts (half the available memory; more than all of it is
+// refused, declare_test) holds nothing back. (The lead times the servers saturates: 2^63 x 2
+// wrapped to 0 once sent one partition at a time; such a lead is now refused before that.)
+TEST(JobTest, HugeLeadLimitHoldsNothingBack) {
   JobConfig config;
   config.servers = 2;
   config.partition_bytes = 4096;
-  config.max_bytes_ahead = uint64_t{1} << 63;
+  config.max_bytes_ahead = AvailableMemory() != 0 ? AvailableMemory() / 2 : uint64_t{1} << 62;
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(config));
   RunRounds(job, {{"big", DataType::kFloat32, 16 * 1024}}, 2);
