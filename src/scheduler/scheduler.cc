@@ -429,6 +429,14 @@ Status SchedulerImpl::OnBarrier(Connection& c, const Frame& f) {
 }
 
 Status SchedulerImpl::OnGoodbye(Connection& c) {
+  if (!started_) {
+    // Gone before the job started: its place is free again (StartJob numbers only the members
+    // present, and would find a hole where it registered).
+    --(c.role == Role::kWorker ? registered_workers_ : registered_servers_);
+    c.registered = false;
+    c.link.Close();
+    return Status::Ok();
+  }
   c.left = true;
   if (c.role == Role::kServer && started_ && !finished()) {
     // Its partitions have no other home: every worker would wait on them.

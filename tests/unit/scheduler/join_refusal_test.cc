@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "control/control_channel.h"
 #include "gradlink/scheduler.h"
@@ -87,6 +88,49 @@ TEST(JoinRefusalTest, TheJobThatNeverStartsNamesTheRefusedMembers) {
   Status result = (*sched)->Wait(Clock::now() + 5s);
   EXPECT_EQ(result.code(), Code::kTimeout) << result.ToString();
   EXPECT_NE(result.message().find("refused 2 members"), std::string::npos) << result.ToString();
+}
+
+// A member that says goodbye before the job starts frees its place: another takes its rank (or
+// a server its id), and the job starts with the members present. (Before, the scheduler kept
+// counting the one that left and numbered a hole where it had been.)
+TEST(JoinRefusalTest, AMemberThatLeavesBeforeTheStartIsReplaced) {
+  SchedulerOptions so;
+  so.job = "replaced";
+  so.num_workers = 2;
+  so.num_servers = 2;
+  so.join_timeout = 10s;
+  auto sched = Scheduler::Start(so);
+  ASSERT_TRUE(sched.ok()) << sched.status().ToString();
+  const uint16_t port = (*sched)->port();
+  wire::Header bye;
+  bye.type = MsgType::kGoodbye;
+  bye.job = wire::JobHash("replaced");
+  for (wire::Role role : {wire::Role::kWorker, wire::Role::kServer}) {
+    auto gone = Register(port, "replaced", role, 0);
+    ASSERT_NE(gone, nullptr);
+    ASSERT_TRUE(gone->Send(bye, {}, Clock::now() + 5s).ok());
+    auto f = gone->Receive(Clock::now() + 5s);  // the scheduler closes it
+    EXPECT_FALSE(f.ok() && f->header.type == MsgType::kWelcome);
+  }
+  std::vector<std::unique_ptr<ControlChannel>> members;
+  members.push_back(Register(port, "replaced", wire::Role::kWorker, 0));
+  members.push_back(Register(port, "replaced", wire::Role::kWorker, 1));
+  members.push_back(Register(port, "replaced", wire::Role::kServer, 0));
+  members.push_back(Register(port, "replaced", wire::Role::kServer, 1));
+  for (size_t i = 0; i < members.size(); ++i) {
+    ASSERT_NE(members[i], nullptr);
+    Result<transport::Frame> f = members[i]->Receive(Clock::now() + 5s);
+    while (f.ok() && f->header.type == MsgType::kHeartbeat) {
+      f = members[i]->Receive(Clock::now() + 5s);
+    }
+    ASSERT_TRUE(f.ok()) << "member " << i << ": " << f.status().ToString();
+    ASSERT_EQ(f->header.type, MsgType::kWelcome) << "member " << i;
+    auto w = wire::DecodeWelcome(f->payload);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    EXPECT_EQ(w->your_id, i % 2) << "member " << i;
+    EXPECT_EQ(w->members.size(), 4u);
+  }
+  (*sched)->Stop();
 }
 
 }  // namespace
