@@ -210,6 +210,19 @@ class PyWorker {
     d["protocol_errors"] = s.protocol_errors;
     d["partitions_held"] = s.partitions_held;
     d["peak_bytes_ahead"] = s.peak_bytes_ahead;
+    const gl::WorkerStats::InForce& f = s.in_force;
+    py::dict in_force;
+    in_force["partition_bytes"] = f.partition_bytes;
+    in_force["max_bytes_in_flight"] = f.max_bytes_in_flight;
+    in_force["max_bytes_ahead"] = f.max_bytes_ahead;
+    in_force["fusion_buffer_bytes"] = f.fusion_buffer_bytes;
+    in_force["fusion_threshold_bytes"] = f.fusion_threshold_bytes;
+    in_force["local_arena_bytes"] = f.local_arena_bytes;
+    in_force["same_host_path"] = f.same_host_path;
+    in_force["single_lane"] = f.single_lane;
+    in_force["host"] = f.host;
+    in_force["ucx"] = f.ucx;
+    d["in_force"] = in_force;
     return d;
   }
 

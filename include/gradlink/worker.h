@@ -114,6 +114,23 @@ struct WorkerStats {
   // and the most bytes one operation has had pushed (or queued to push) and not answered.
   uint64_t partitions_held = 0;
   uint64_t peak_bytes_ahead = 0;
+
+  // The settings in force for this worker (also logged at info level once it has joined):
+  // WorkerOptions' values as given or defaulted, whether the same-host path is on, the host the
+  // worker counts as, and the UCX_* variables set in the environment ("NAME='value'"; the rest
+  // of UCX's configuration is its defaults).
+  struct InForce {
+    uint64_t partition_bytes = 0;
+    uint64_t max_bytes_in_flight = 0;
+    uint64_t max_bytes_ahead = 0;  // 0: no limit
+    uint64_t fusion_buffer_bytes = 0;
+    uint64_t fusion_threshold_bytes = 0;
+    uint64_t local_arena_bytes = 0;  // as asked; same_host_path says whether it is used
+    bool same_host_path = false;
+    bool single_lane = false;
+    std::string host;
+    std::vector<std::string> ucx;
+  } in_force;
 };
 
 // The pending result of one PushPull or PushPullGroup. Cheap to copy.

@@ -13,6 +13,9 @@ def test_prefixes_and_environment(run_job, tmp_path):
         gl.init()
         print("env", os.environ["GRADLINK_RANK"], os.environ["GRADLINK_WORKERS"],
               os.environ["GRADLINK_SERVERS"], gl.rank(), gl.size(), gl.local_rank())
+        f = gl.stats()["in_force"]
+        print("in_force", f["partition_bytes"], f["max_bytes_in_flight"], f["same_host_path"],
+              f["host"] != "", "UCX_TLS='tcp'" in f["ucx"])
         print("to stderr", file=sys.stderr)
         print("no newline at the end", end="")
         # Every server has reached every worker once a push_pull that has partitions on all of
@@ -23,9 +26,14 @@ def test_prefixes_and_environment(run_job, tmp_path):
         import torch
         gl.push_pull(torch.zeros(4), name="done")
     """))
-    job = run_job(3, 2, [str(script)], timeout=60, env={"GRADLINK_PARTITION_BYTES": "4"})
+    job = run_job(3, 2, [str(script)], timeout=60,
+                  env={"GRADLINK_PARTITION_BYTES": "4", "UCX_TLS": "tcp"})
     assert job.rc == 0, job.explain()
     for r in range(3):
+        # The settings in force, as the worker's stats give them: the variable's partition, the
+        # default window, no same-host path (not asked for), and the UCX variable set.
+        assert "in_force 4 33554432 False True True" in job.lines("[worker %d]" % r), \
+            job.explain()
         assert "env %d 3 2 %d 3 %d" % (r, r, r) in job.lines("[worker %d]" % r), job.explain()
         assert "to stderr" in job.lines("[worker %d]" % r)
         assert "no newline at the end" in job.lines("[worker %d]" % r)

@@ -224,5 +224,41 @@ TEST(JobTest, Barrier) {
   job.FinishCleanly();
 }
 
+// ---- the settings in force -------------------------------------------------------------
+
+TEST(JobTest, StatsGiveTheSettingsInForce) {
+  ::setenv("UCX_GRADLINK_TEST_MARK", "42", 1);
+  JobConfig config;
+  config.workers = 2;
+  config.partition_bytes = 2048;
+  config.max_bytes_in_flight = 1 << 20;
+  config.max_bytes_ahead = 8192;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  for (uint32_t r = 0; r < config.workers; ++r) {
+    const WorkerStats::InForce f = job.worker(r).Stats().in_force;
+    EXPECT_EQ(f.partition_bytes, 2048u);
+    EXPECT_EQ(f.max_bytes_in_flight, 1u << 20);
+    EXPECT_EQ(f.max_bytes_ahead, 8192u);
+    EXPECT_EQ(f.fusion_buffer_bytes, config.fusion_buffer_bytes);
+    EXPECT_FALSE(f.same_host_path);
+    EXPECT_FALSE(f.host.empty());
+    EXPECT_NE(std::find(f.ucx.begin(), f.ucx.end(), "UCX_GRADLINK_TEST_MARK='42'"), f.ucx.end());
+  }
+  job.FinishCleanly();
+  ::unsetenv("UCX_GRADLINK_TEST_MARK");
+  // With the same-host path asked for and every worker on one host, it is in force.
+  JobConfig local = config;
+  local.local_arena_bytes = 8 << 20;
+  Job job2;
+  ASSERT_NO_FATAL_FAILURE(job2.Start(local));
+  for (uint32_t r = 0; r < local.workers; ++r) {
+    const WorkerStats::InForce f = job2.worker(r).Stats().in_force;
+    EXPECT_TRUE(f.same_host_path) << "rank " << r;
+    EXPECT_EQ(f.local_arena_bytes, 8u << 20);
+  }
+  job2.FinishCleanly();
+}
+
 }  // namespace
 }  // namespace gradlink
