@@ -94,11 +94,21 @@ Status WorkerImpl::Init() {
     server_names_[m.id] = std::move(name);
   }
   control_ = std::thread([this] { ControlLoop(); });
-  host_ = reg.host;
   // After the control thread: it keeps the heartbeats going (and hears a failed job) while
   // the workers wait for each other's segment.
   GL_RETURN_IF_ERROR(OpenLocalPath(joined.welcome, deadline));
-  const WorkerStats::InForce f = InForce();
+  // Fixed from here on: Stats() copies it, and nothing rereads the options or the environment.
+  WorkerStats::InForce& f = in_force_;
+  f.partition_bytes = opts_.partition_bytes;
+  f.max_bytes_in_flight = opts_.max_bytes_in_flight;
+  f.max_bytes_ahead = opts_.max_bytes_ahead;
+  f.fusion_buffer_bytes = opts_.fusion_buffer_bytes;
+  f.fusion_threshold_bytes = opts_.fusion_threshold_bytes;
+  f.local_arena_bytes = opts_.local_arena_bytes;
+  f.same_host_path = local_ != nullptr;
+  f.single_lane = opts_.single_lane;
+  f.host = reg.host;
+  f.ucx = env::Listed("UCX_");
   std::string ucx;
   for (const std::string& v : f.ucx) ucx += " " + v;
   GL_LOG(kInfo) << "worker " << rank_ << " in force: partition_bytes " << f.partition_bytes
@@ -106,24 +116,10 @@ Status WorkerImpl::Init() {
                 << f.max_bytes_ahead << (f.max_bytes_ahead == 0 ? " (no limit)" : "")
                 << ", fusion_buffer_bytes " << f.fusion_buffer_bytes
                 << ", fusion_threshold_bytes " << f.fusion_threshold_bytes << ", same-host path "
-                << (f.same_host_path ? "on" : "off") << ", " << (f.single_lane ? "one lane" : "two lanes")
-                << ", host " << f.host << ", UCX:" << (ucx.empty() ? " its defaults" : ucx);
+                << (f.same_host_path ? "on" : "off") << ", "
+                << (f.single_lane ? "one lane" : "two lanes") << ", host " << f.host
+                << ", UCX:" << (ucx.empty() ? " its defaults" : ucx);
   return Status::Ok();
-}
-
-WorkerStats::InForce WorkerImpl::InForce() const {
-  WorkerStats::InForce f;
-  f.partition_bytes = opts_.partition_bytes;
-  f.max_bytes_in_flight = opts_.max_bytes_in_flight;
-  f.max_bytes_ahead = opts_.max_bytes_ahead;
-  f.fusion_buffer_bytes = opts_.fusion_buffer_bytes;
-  f.fusion_threshold_bytes = opts_.fusion_threshold_bytes;
-  f.local_arena_bytes = opts_.local_arena_bytes;
-  f.single_lane = opts_.single_lane;
-  f.host = host_;
-  f.ucx = env::Listed("UCX_");
-  f.same_host_path = local_ != nullptr;  // set in Init(), before any caller has the worker
-  return f;
 }
 
 Result<TensorHandle> WorkerImpl::Declare(std::string_view name, DataType dtype, uint64_t count) {
@@ -226,8 +222,8 @@ WorkerStats WorkerImpl::Stats() const {
   s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
   s.partitions_held = counters_->partitions_held.load(std::memory_order_relaxed);
   s.peak_bytes_ahead = counters_->peak_bytes_ahead.load(std::memory_order_relaxed);
-  s.in_force = InForce();
-  if (s.in_force.same_host_path) s.bytes_copied_local = local_->bytes_copied();
+  s.in_force = in_force_;
+  if (local_) s.bytes_copied_local = local_->bytes_copied();
   for (const Lane* lane : {push_lane_.get(), pull_lane_.get()}) {
     if (lane == nullptr) continue;
     const transport::LaneStats ls = lane->stats();

@@ -76,8 +76,6 @@ class WorkerImpl final : public Worker {
                                const PushPullOptions& options) override;
 
   WorkerStats Stats() const override;
-  // The settings in force (WorkerStats::in_force); valid once Init() has returned.
-  WorkerStats::InForce InForce() const;
 
   Status Barrier(Clock::time_point deadline) override;
 
@@ -293,7 +291,7 @@ class WorkerImpl final : public Worker {
   std::shared_ptr<transport::Fabric> fabric_;
   std::unique_ptr<transport::Lane> push_lane_, pull_lane_;
   std::shared_ptr<LocalReduce> local_;  // the same-host path; null when off
-  std::string host_;  // the host name it registered with; set in Init()
+  WorkerStats::InForce in_force_;  // set at the end of Init(), then read-only
   Receiver receiver_{this};
   // By server id; written in Init() before the control thread starts and before any op exists
   // (lane callbacks that may run during Init read neither), then read-only.
