@@ -8,14 +8,17 @@ checked by each system; a wrong value or a failed run fails the comparison).
                 [--results bench/RESULTS.md [--history FILE] | --no-results]
 
 Systems (--systems takes these names; all by default):
-  gradlink-shm-1s  gradlink-bench -w N -s 1, GRADLINK_UCX_ERROR_MODE=none (UCX shared memory)
+  gradlink-default gradlink-bench -w N -s 1 with no flags: what a user gets. Every worker is on
+                   this host, so they sum through the same-host path (shared memory; the
+                   server is started but idle), unpinned
+  gradlink-local   the same with --bind: each worker pinned to one CPU, as mpirun pins its
+                   ranks by default
+  gradlink-shm-1s  the servers' path (--local-arena 0), GRADLINK_UCX_ERROR_MODE=none (UCX
+                   shared memory)
   gradlink-shm-2s  the same with 2 servers
-  gradlink-tcp-1s  gradlink-bench -w N -s 1 in its default mode (peer error handling; UCX 1.13
-                   then has no shared memory transport, so it runs over TCP loopback)
+  gradlink-tcp-1s  the servers' path (--local-arena 0) in UCX's default mode (peer error
+                   handling; UCX 1.13 then has no shared memory transport: TCP loopback)
   gradlink-tcp-2s  the same with 2 servers
-  gradlink-local   gradlink-bench -w N -s 1 --local-arena 64M --bind: the same-host path (the
-                   workers sum through shared memory; the server is started but idle), each
-                   worker pinned to one CPU as mpirun pins its ranks by default
   mpi-shm          build/bin/mpi_allreduce under mpirun -np N, --mca pml ob1 --mca btl self,vader
   mpi-tcp          the same with --mca btl self,tcp --mca btl_tcp_if_include lo
   gloo             bench/baselines/gloo_allreduce.py --local N (torch.distributed, 127.0.0.1)
@@ -126,14 +129,20 @@ class System:
 
 
 SHM = {"GRADLINK_UCX_ERROR_MODE": "none"}
+SERVERS_PATH = ["--local-arena", "0"]
 SYSTEMS = [
-    System("gradlink-shm-1s", "gradlink", "gradlink, 1 server, UCX shared memory (GRADLINK_UCX_ERROR_MODE=none)", 1, SHM),
-    System("gradlink-shm-2s", "gradlink", "gradlink, 2 servers, UCX shared memory (GRADLINK_UCX_ERROR_MODE=none)", 2, SHM),
-    System("gradlink-tcp-1s", "gradlink", "gradlink, 1 server, default mode (UCX over TCP loopback)", 1),
-    System("gradlink-tcp-2s", "gradlink", "gradlink, 2 servers, default mode (UCX over TCP loopback)", 2),
-    System("gradlink-local", "gradlink", "gradlink, the same-host path: workers sum through 64 MiB of "
-           "shared memory (--local-arena), 1 server started and idle; workers pinned to a CPU each "
-           "(--bind, as mpirun's default binding)", 1, args=["--local-arena", str(64 << 20), "--bind"]),
+    System("gradlink-default", "gradlink", "gradlink, no flags: the same-host path (workers sum through "
+           "shared memory), 1 server started and idle, unpinned", 1),
+    System("gradlink-local", "gradlink", "gradlink, the same-host path, workers pinned to a CPU "
+           "each (--bind, as mpirun's default binding)", 1, args=["--bind"]),
+    System("gradlink-shm-1s", "gradlink", "gradlink, the servers' path, 1 server, UCX shared memory "
+           "(GRADLINK_UCX_ERROR_MODE=none)", 1, SHM, args=SERVERS_PATH),
+    System("gradlink-shm-2s", "gradlink", "gradlink, the servers' path, 2 servers, UCX shared memory "
+           "(GRADLINK_UCX_ERROR_MODE=none)", 2, SHM, args=SERVERS_PATH),
+    System("gradlink-tcp-1s", "gradlink", "gradlink, the servers' path, 1 server (UCX over TCP "
+           "loopback)", 1, args=SERVERS_PATH),
+    System("gradlink-tcp-2s", "gradlink", "gradlink, the servers' path, 2 servers (UCX over TCP "
+           "loopback)", 2, args=SERVERS_PATH),
     System("mpi-shm", "mpi", "Open MPI MPI_Allreduce, shared memory (--mca btl self,vader)",
            mca=["pml", "ob1", "btl", "self,vader"]),
     System("mpi-tcp", "mpi", "Open MPI MPI_Allreduce, TCP loopback (--mca btl self,tcp)",
@@ -386,7 +395,8 @@ def render_ratios(stats, ran, sz):
         sep += "---|" + "---|" * len(tcp_base)
     lines = ["Ratios of median busbw (gradlink ÷ baseline; > 1: gradlink faster). `best gradlink`: "
              "the fastest gradlink configuration at that size; `best gradlink-tcp`: the fastest "
-             "in gradlink's default (TCP) mode, against the baselines that also use TCP.", "",
+             "gradlink configuration over TCP loopback (the servers' path), against the baselines "
+             "that also use TCP.", "",
              head, sep]
     for b in sz:
         best = best_gradlink(stats, ran, b)
@@ -441,13 +451,15 @@ SECTION = "compare"  # <!-- compare:begin --> ... <!-- compare:end -->
 NOT_DEFAULT = {
     "gradlink-shm-1s": "1",
     "gradlink-shm-2s": "1",
+    "gradlink-tcp-1s": "3",
+    "gradlink-tcp-2s": "3",
     "gradlink-local": "2",
 }
 NOT_DEFAULT_NOTES = {
-    "1": "`GRADLINK_UCX_ERROR_MODE=none`: UCX shared memory, without UCX's peer-failure handling "
-         "(not the default; the default mode runs over TCP loopback on one host)",
-    "2": "the opt-in same-host path (`--local-arena 64M`: workers sum through shared memory, the "
-         "servers idle), workers pinned to a CPU each (`--bind`)",
+    "1": "the servers' path (`--local-arena 0`) with `GRADLINK_UCX_ERROR_MODE=none`: UCX shared "
+         "memory, without UCX's peer-failure handling",
+    "2": "workers pinned to a CPU each (`--bind`)",
+    "3": "the servers' path (`--local-arena 0`: the same-host path off), over TCP loopback",
 }
 # tests/python/test_compare.py reads every row of the full table back from --results, so the
 # summary keeps it, folded under <details>; the history has it too.

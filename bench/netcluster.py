@@ -31,12 +31,15 @@ Scenarios (n = --workers worker hosts, k = each of --servers):
   hold       (for tests) set up the cluster, start an idle process on every host, print
              "ready PREFIX" and wait for a signal.
 
-gradlink runs with --partition-bytes 128K --max-in-flight 1M --max-ahead 256K unless told
-otherwise: the best of sweeps (64K/128K/256K x 512K/1M/2M, n = 4, k = 4 and 2, 1 Gbit/s; the
-lead is per server; bench/RESULTS.md).
+gradlink runs with no tuning flags unless told otherwise: what it chooses for the job itself
+(docs/operations.md, "What gradlink tunes"; over these links, 128K partitions, 256K ahead per
+server, UCX_TCP_RCVBUF and UCX_TCP_TX_SEG_SIZE 64k). --partition-bytes, --max-in-flight and
+--max-ahead set them (comma-separated: a sweep; 0: gradlink's choice); --grid runs gradlink's
+choice beside the fixed tuned grid the defaults are held against (P 64K/128K/1M x lead
+128K/256K/512K per server, F = 1M, the UCX settings above).
 Small partitions let the pull stream start early (a server answers a partition only once all
 n workers pushed it); a small window keeps the n workers' push streams in step, so every
-server's partitions complete at the rate they arrive (with gradlink's default 32 MiB window a
+server's partitions complete at the rate they arrive (with a 32 MiB window and no lead limit a
 worker's flows to the k servers drift apart and the pulls trail the pushes).
 
 Every run checks every element of every result (gradlink-bench, gloo_allreduce.py and
@@ -578,14 +581,13 @@ else:
 # ---- the systems ------------------------------------------------------------------------------
 
 
-# UCX settings of every gradlink process here, unless --gradlink-env sets them: a receive buffer
-# of 64 KiB (the kernel doubles it) bounds what each of the n x k TCP connections keeps queued in
-# the shaped links, so a partition's pushes from the n workers arrive together and the pulls
-# start early (bench/RESULTS.md, "lead limit and receive buffers"; docs/operations.md); send
-# segments of 64 KiB instead of UCX's 8 KiB (the most its default 64 KiB receive segments
-# allow) cut the send calls per partition 8-fold, which the 2 cores running 8 hosts' TCP need
-# (bench/RESULTS.md, "lead per server and send segments").
-GRADLINK_UCX_DEFAULTS = {"UCX_TCP_RCVBUF": "64k", "UCX_TCP_TX_SEG_SIZE": "64k"}
+# The tuned grid (--grid) the defaults are held against (issue 16): partition x lead per server,
+# with a 1 MiB window and the UCX settings of the hand-tuned runs (which gradlink now sets by
+# itself where the user does not).
+GRID_PARTITIONS = (64 << 10, 128 << 10, 1 << 20)
+GRID_LEADS = (128 << 10, 256 << 10, 512 << 10)
+GRID_IN_FLIGHT = 1 << 20
+GRID_UCX = {"UCX_TCP_RCVBUF": "64k", "UCX_TCP_TX_SEG_SIZE": "64k"}
 
 
 def gradlink_env(secret):
@@ -942,24 +944,33 @@ def build_systems(a, cl, scenario, n, ks, sizes, pm, log):
     systems = []
 
     def gradlink(name, servers, variant, single_lane, model, model_name, note=None):
-        _, partition, inflight, ahead = variant
+        _, partition, inflight, ahead, env = variant
         run = lambda: run_gradlink(cl, a.bin, workers, servers, sizes, a.iters, a.warmup,
-                                   partition, inflight, single_lane, extra_env=a.gradlink_env,
-                                   max_ahead=ahead)
+                                   partition, inflight, single_lane,
+                                   extra_env=dict(env, **a.gradlink_env), max_ahead=ahead)
         systems.append(System(name, "gradlink", run, model, model_name, note))
 
     def variants():
+        """(name tag, P, F, A, environment); 0: gradlink's choice."""
+        show = lambda v: human(v) if v else "auto"
+        if a.grid:
+            yield " defaults", 0, 0, 0, {}
+            for p in GRID_PARTITIONS:
+                for ahead in GRID_LEADS:
+                    yield (" P=%s A=%s" % (human(p), human(ahead)), p, GRID_IN_FLIGHT, ahead,
+                           GRID_UCX)
+            return
         for p in a.partition_bytes:
             for m in a.max_in_flight:
                 for ahead in a.max_ahead:
                     tag = ""
                     if len(a.partition_bytes) > 1 or p:
-                        tag += " P=%s" % human(p or 4 * MIB)
+                        tag += " P=%s" % show(p)
                     if len(a.max_in_flight) > 1 or m:
-                        tag += " F=%s" % human(m or 32 * MIB)
+                        tag += " F=%s" % show(m)
                     if len(a.max_ahead) > 1 or ahead:
-                        tag += " A=%s" % (human(ahead) if ahead else "none")
-                    yield tag, p, m, ahead
+                        tag += " A=%s" % show(ahead)
+                    yield tag, p, m, ahead, {}
 
     if scenario in ("ps", "lanes"):
         lanes = [False, True] if scenario == "lanes" else [a.single_lane]
@@ -1043,20 +1054,25 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=5, help="timed iterations per size (default 5)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed iterations per size (default 1)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--partition-bytes", default="128K",
-                    help="gradlink partition size(s), comma-separated: a sweep (default 128K)")
-    ap.add_argument("--max-in-flight", default="1M",
+    ap.add_argument("--partition-bytes", default="0",
+                    help="gradlink partition size(s), comma-separated: a sweep (default 0: "
+                         "gradlink's choice)")
+    ap.add_argument("--max-in-flight", default="0",
                     help="gradlink bytes in flight per worker, comma-separated: a sweep "
-                         "(default 1M; 0 = gradlink's own default)")
-    ap.add_argument("--max-ahead", default="256K",
+                         "(default 0: gradlink's choice)")
+    ap.add_argument("--max-ahead", default="0",
                     help="gradlink bytes per server an operation may have pushed whose sums are "
                          "not back (gradlink-bench --max-ahead), comma-separated: a sweep "
-                         "(default 256K; 0: no limit)")
+                         "(default 0: gradlink's choice)")
+    ap.add_argument("--grid", action="store_true",
+                    help="gradlink with no flags beside the tuned grid: P 64K/128K/1M x lead "
+                         "128K/256K/512K per server, F = 1M, UCX_TCP_RCVBUF=64k "
+                         "UCX_TCP_TX_SEG_SIZE=64k (overrides the three options above)")
     ap.add_argument("--single-lane", action="store_true", help="gradlink on one lane (ps, mixed)")
     ap.add_argument("--gradlink-env", action="append", default=[], metavar="VAR=VALUE",
                     help="extra environment of the gradlink processes (repeatable), e.g. "
-                         "UCX_RNDV_THRESH=1m; defaults UCX_TCP_RCVBUF=64k (UCX_TCP_RCVBUF=auto "
-                         "for the kernel's autotuning) and UCX_TCP_TX_SEG_SIZE=64k")
+                         "UCX_RNDV_THRESH=1m, or UCX_TCP_RCVBUF=auto for the kernel's autotuning "
+                         "instead of the 64k gradlink sets")
     ap.add_argument("--baselines", default="gloo,mpi", help="gloo, mpi, or none (default gloo,mpi)")
     ap.add_argument("--bin", default=os.path.join(REPO, "build", "bin"))
     ap.add_argument("--results", default=os.path.join(BENCH, "RESULTS.md"),
@@ -1116,7 +1132,7 @@ def main(argv=None):
     bad = [x for x in a.gradlink_env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", x)]
     if bad:
         ap.error("--gradlink-env wants VAR=VALUE, got %s" % ", ".join(bad))
-    a.gradlink_env = dict(GRADLINK_UCX_DEFAULTS, **dict(x.split("=", 1) for x in a.gradlink_env))
+    a.gradlink_env = dict(x.split("=", 1) for x in a.gradlink_env)
     a.baselines = [] if a.baselines.strip() in ("", "none") else [x.strip() for x in a.baselines.split(",")]
     bad = [x for x in a.baselines if x not in ("gloo", "mpi")]
     if bad:
@@ -1225,7 +1241,7 @@ def main(argv=None):
 # Options that change what is measured (the network, gradlink's settings); the summary names
 # those a run set to other than netcluster's defaults.
 TUNING = ("rate", "burst", "latency_ms", "mtu", "partition_bytes", "max_in_flight", "max_ahead",
-          "single_lane", "gradlink_env")
+          "grid", "single_lane", "gradlink_env")
 
 
 def load_results_md():
@@ -1253,14 +1269,17 @@ def option_text(dest, value):
 
 def changed_options(ap, a):
     """The TUNING options a run set to other than their defaults, as command-line text."""
-    return [option_text(d, getattr(a, d)) for d in TUNING if getattr(a, d) != ap.get_default(d)]
+    def default(d):
+        v = ap.get_default(d)
+        if d in ("partition_bytes", "max_in_flight", "max_ahead"):
+            return [parse_size(x) for x in v.split(",")]
+        return {} if d == "gradlink_env" else v
+    return [option_text(d, getattr(a, d)) for d in TUNING if getattr(a, d) != default(d)]
 
 
 def tuned_defaults(ap):
-    """What netcluster gives gradlink unless told otherwise (not gradlink's own defaults)."""
-    return "P=%s F=%s A=%s per server, %s" % (
-        ap.get_default("partition_bytes"), ap.get_default("max_in_flight"),
-        ap.get_default("max_ahead"), " ".join("%s=%s" % kv for kv in sorted(GRADLINK_UCX_DEFAULTS.items())))
+    """What gradlink gets unless told otherwise: nothing (its own choice for the job)."""
+    return "no tuning flags: gradlink chooses partitions, window and lead for the job itself"
 
 
 def render_summary(heading, command, given, defaults, systems, results, sizes, rate_bps):
@@ -1274,8 +1293,8 @@ def render_summary(heading, command, given, defaults, systems, results, sizes, r
            "Command: `%s`. " % command
            + ("Set on the command line, not netcluster's defaults: %s. " % ", ".join(given)
               if given else "netcluster's defaults for the network and gradlink. ")
-           + "netcluster's gradlink defaults (%s) come from its sweeps on these links; gradlink's "
-             "own are 4M partitions, a 32M window and no lead limit." % defaults, "",
+           + "gradlink by default: %s (docs/operations.md, \"What gradlink tunes\")." % defaults,
+           "",
            "| system | " + " | ".join(human(z) for z in sizes) + " |",
            "|---|" + "---|" * len(sizes)]
     for s in systems:

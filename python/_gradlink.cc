@@ -222,6 +222,7 @@ class PyWorker {
     in_force["single_lane"] = f.single_lane;
     in_force["host"] = f.host;
     in_force["ucx"] = f.ucx;
+    in_force["chosen"] = f.chosen;
     d["in_force"] = in_force;
     return d;
   }

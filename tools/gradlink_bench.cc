@@ -53,10 +53,9 @@ struct Config {
   double factor = 2;
   int iters = 20, warmup = 3;
   bool average = false, single_lane = false;
-  uint64_t partition_bytes = 4u << 20;
-  uint64_t max_in_flight = 32u << 20;
-  uint64_t max_ahead = 0;
-  uint64_t local_arena = 0, local_chunk = gl::WorkerOptions().local_chunk_bytes;
+  // The library's defaults: what a user gets with no flags (unset: gradlink chooses).
+  std::optional<uint64_t> partition_bytes, max_in_flight, max_ahead;
+  std::optional<uint64_t> local_arena, local_chunk;
   uint64_t tensors = 1;
   bool no_fusion = false, verbose = false, no_align = false, bind = false;
   uint64_t fusion_buffer_bytes = gl::WorkerOptions().fusion_buffer_bytes;
@@ -186,26 +185,23 @@ int RunWorker(const Config& c) {
     std::fprintf(stderr, "gradlink-bench: unknown dtype '%s'\n", c.dtype_name.c_str());
     return 2;
   }
+  // The environment first (GRADLINK_*: the secret, the host, data-path settings), then the
+  // flags given, which win; what neither sets is the library's default or its choice.
   gl::WorkerOptions o;
-  o.scheduler = c.scheduler;
-  o.job = c.job;
-  o.single_lane = c.single_lane;
-  o.partition_bytes = c.partition_bytes;
-  o.max_bytes_in_flight = c.max_in_flight;
-  o.max_bytes_ahead = c.max_ahead;
-  o.local_arena_bytes = c.local_arena;
-  o.local_chunk_bytes = c.local_chunk;
-  o.fusion_buffer_bytes = c.no_fusion ? 0 : c.fusion_buffer_bytes;
-  o.fusion_threshold_bytes = c.fusion_threshold_bytes;
-  // From the environment: the secret and the host (GRADLINK_HOST); the data-path settings come
-  // from the flags, whose defaults are WorkerOptions'.
-  gl::WorkerOptions from_env;
-  if (gl::Status env = gl::ApplyEnvironment(&from_env); !env.ok()) {
+  if (gl::Status env = gl::ApplyEnvironment(&o); !env.ok()) {
     std::fprintf(stderr, "gradlink-bench worker: %s\n", env.ToString().c_str());
     return 2;
   }
-  o.secret = from_env.secret;
-  o.host_name = from_env.host_name;
+  o.scheduler = c.scheduler;
+  o.job = c.job;
+  o.single_lane = c.single_lane;
+  if (c.partition_bytes) o.partition_bytes = c.partition_bytes;
+  if (c.max_in_flight) o.max_bytes_in_flight = c.max_in_flight;
+  if (c.max_ahead) o.max_bytes_ahead = c.max_ahead;
+  if (c.local_arena) o.local_arena_bytes = *c.local_arena;
+  if (c.local_chunk) o.local_chunk_bytes = *c.local_chunk;
+  o.fusion_buffer_bytes = c.no_fusion ? 0 : c.fusion_buffer_bytes;
+  o.fusion_threshold_bytes = c.fusion_threshold_bytes;
   auto w = gl::Worker::Connect(o);
   if (!w.ok()) {
     std::fprintf(stderr, "gradlink-bench worker: %s\n", w.status().ToString().c_str());
@@ -249,7 +245,7 @@ int RunWorker(const Config& c) {
     std::printf("# gradlink-bench: %u workers, %u servers, dtype %s, %s, %s lanes, %d iters, partitions %s\n",
                 n, worker.num_servers(), c.dtype_name.c_str(), c.average ? "average" : "sum",
                 c.single_lane ? "single" : "separate push/pull", c.iters,
-                HumanSize(c.partition_bytes).c_str());
+                HumanSize(worker.Stats().in_force.partition_bytes).c_str());
     std::printf("# busbw = algbw * 2(n-1)/n, as nccl-tests reports all-reduce\n");
     if (c.tensors > 1) {
       if (c.no_fusion) {
@@ -435,16 +431,16 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", c.warmup, "untimed iterations per size")->capture_default_str();
   app.add_flag("--average", c.average, "average instead of sum");
   app.add_flag("--single-lane", c.single_lane, "push and pull on one lane");
-  app.add_option("--partition-bytes", c.partition_bytes, "partition size")->capture_default_str();
-  app.add_option("--max-in-flight", c.max_in_flight, "bytes in flight per worker")->capture_default_str();
+  app.add_option("--partition-bytes", c.partition_bytes, "partition size (default: gradlink chooses)");
+  app.add_option("--max-in-flight", c.max_in_flight,
+                 "bytes in flight per worker (default: gradlink chooses)");
   app.add_option("--max-ahead", c.max_ahead,
-                 "bytes per server an operation may have pushed whose sums are not back (0: no limit)")
-      ->capture_default_str();
+                 "bytes per server an operation may have pushed whose sums are not back (0: no "
+                 "limit; default: gradlink chooses)");
   app.add_option("--local-arena", c.local_arena,
-                 "same-host path: bytes of shared memory (0: off; every sum through the servers)")
-      ->capture_default_str();
-  app.add_option("--local-chunk", c.local_chunk, "same-host path: bytes per chunk")
-      ->capture_default_str();
+                 "same-host path: bytes of shared memory (0: off, every sum through the servers; "
+                 "default 64 MiB, at most half of /dev/shm's free space)");
+  app.add_option("--local-chunk", c.local_chunk, "same-host path: bytes per chunk (default 256 KiB)");
   app.add_option("--tensors", c.tensors, "split each row into this many tensors, pushed as one group")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--no-fusion", c.no_fusion, "do not fuse a group's tensors (fusion_buffer_bytes 0)");
@@ -488,12 +484,16 @@ int main(int argc, char** argv) {
   std::vector<std::string> worker_args = {
       "-b", c.begin, "-e", c.end, "-f", std::to_string(c.factor), "-d", c.dtype_name,
       "-n", std::to_string(c.iters), "--warmup", std::to_string(c.warmup), "--job", c.job,
-      "--partition-bytes", std::to_string(c.partition_bytes), "--max-in-flight",
-      std::to_string(c.max_in_flight), "--max-ahead", std::to_string(c.max_ahead),
-      "--local-arena", std::to_string(c.local_arena), "--local-chunk", std::to_string(c.local_chunk),
       "--tensors", std::to_string(c.tensors),
       "--fusion-buffer-bytes", std::to_string(c.fusion_buffer_bytes), "--fusion-threshold",
       std::to_string(c.fusion_threshold_bytes)};
+  for (const auto& [flag, value] : {std::pair{"--partition-bytes", c.partition_bytes},
+                                     {"--max-in-flight", c.max_in_flight},
+                                     {"--max-ahead", c.max_ahead},
+                                     {"--local-arena", c.local_arena},
+                                     {"--local-chunk", c.local_chunk}}) {
+    if (value) worker_args.insert(worker_args.end(), {flag, std::to_string(*value)});
+  }
   if (c.no_fusion) worker_args.push_back("--no-fusion");
   if (c.verbose) worker_args.push_back("--verbose");
   if (c.no_align) worker_args.push_back("--no-align");

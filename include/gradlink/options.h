@@ -55,12 +55,16 @@ struct WorkerOptions {
   std::string scheduler;        // REQUIRES: "host:port" of the scheduler
   std::string job = "default";  // must equal the scheduler's
   int32_t rank = -1;            // rank to claim (e.g. torchrun's RANK); -1: assigned on join
-  uint64_t partition_bytes = 4u << 20;       // tensors are cut into partitions of this size
+  // The next three, left unset, are chosen by gradlink for the job it joins, from the job's
+  // shape (every member on one machine, or a network; workers, servers): docs/operations.md,
+  // "What gradlink tunes". A value set here (or by its GRADLINK_* variable) wins.
+  // Tensors are cut into partitions of this size (every worker must give the same, or none).
+  std::optional<uint64_t> partition_bytes;
   // Bytes of pushes handed to the transport and not yet sent; at least one partition.
-  uint64_t max_bytes_in_flight = 32u << 20;
+  std::optional<uint64_t> max_bytes_in_flight;
   // Per server an operation spans: bytes pushed whose sums have not come back (always at least
   // one partition); 0: no limit. Keeps the workers' flows in step on shared links.
-  uint64_t max_bytes_ahead = 0;
+  std::optional<uint64_t> max_bytes_ahead;
   bool single_lane = false;  // push and pull on one lane (comparison mode)
   // PushPullGroup packs a group's small members of one dtype into buffers of this many bytes,
   // each pushed as one tensor; 0: no fusion, every member on its own.
@@ -70,8 +74,11 @@ struct WorkerOptions {
   uint64_t fusion_threshold_bytes = 256u << 10;
   // The same-host path: when every worker of the job is on one host, they sum through a
   // shared-memory segment of this many bytes instead of the servers (bit-identical results);
-  // 0: off. Worker 0's value sizes the segment; tensors that no longer fit use the servers.
-  uint64_t local_arena_bytes = 0;
+  // 0: off. Worker 0's value sizes the segment (at the default, at most half of what /dev/shm
+  // has free; a value that does not fit there turns the path off, with a warning); tensors that
+  // no longer fit use the servers.
+  static constexpr uint64_t kDefaultLocalArenaBytes = 64u << 20;
+  uint64_t local_arena_bytes = kDefaultLocalArenaBytes;
   // The most bytes of a tensor in the segment at a time, per worker (worker 0's value counts).
   uint64_t local_chunk_bytes = 256u << 10;
   std::chrono::milliseconds connect_timeout{30000};  // to join the job

@@ -116,20 +116,26 @@ struct WorkerStats {
   uint64_t peak_bytes_ahead = 0;
 
   // The settings in force for this worker (also logged at info level once it has joined):
-  // WorkerOptions' values as given or defaulted, whether the same-host path is on, the host the
-  // worker counts as, and the UCX_* variables set in the environment ("NAME='value'"; the rest
-  // of UCX's configuration is its defaults).
+  // WorkerOptions' values as given, defaulted or chosen by gradlink for the job, whether the
+  // same-host path is on, the host the worker counts as, and the UCX_* variables in force
+  // ("NAME='value'", the user's and those gradlink sets when unset; the rest of UCX's
+  // configuration is its defaults).
   struct InForce {
+    // The most per partition: the scheduler cuts a key smaller where that spreads it over
+    // more servers (partition_bytes chosen by gradlink).
     uint64_t partition_bytes = 0;
     uint64_t max_bytes_in_flight = 0;
     uint64_t max_bytes_ahead = 0;  // 0: no limit
     uint64_t fusion_buffer_bytes = 0;
     uint64_t fusion_threshold_bytes = 0;
-    uint64_t local_arena_bytes = 0;  // as asked; same_host_path says whether it is used
+    uint64_t local_arena_bytes = 0;  // the segment's size when same_host_path, else as asked
     bool same_host_path = false;
     bool single_lane = false;
     std::string host;
     std::vector<std::string> ucx;
+    // Which of partition_bytes, max_bytes_in_flight and max_bytes_ahead gradlink chose (they
+    // were not set), and why; empty when all three were set.
+    std::string chosen;
   } in_force;
 };
 

@@ -23,6 +23,10 @@ std::optional<std::string> Get(const char* name) {
   return std::string(v);
 }
 
+bool SetIfUnset(const char* name, const char* value) {
+  return std::getenv(name) == nullptr && setenv(name, value, /*overwrite=*/0) == 0;
+}
+
 std::vector<std::string> Listed(std::string_view prefix) {
   std::vector<std::string> out;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {

@@ -3,7 +3,7 @@
 // (include/gradlink/env.h, src/control/environment.cc); the variables and what they set:
 // docs/operations.md, "Environment".
 //
-// Threads: any (getenv only; nothing here writes the environment).
+// Threads: any, but for SetIfUnset (setenv), which runs once per process before UCX starts.
 // Errors: the parsers return kInvalidArgument naming the variable and its value.
 #pragma once
 
@@ -26,6 +26,10 @@ std::optional<std::string> GetSet(const char* name);
 // "NAME='value'" for every variable whose name starts with `prefix` (for errors that can only
 // say which of them might be wrong: UCX's refusal of its configuration), sorted by name.
 std::vector<std::string> Listed(std::string_view prefix);
+
+// Sets the variable to `value` unless it is set (even to empty: the user's choice); true if
+// this call set it. For the settings gradlink needs from a library it starts (UCX).
+bool SetIfUnset(const char* name, const char* value);
 
 // The parsers below take a set but empty variable for a malformed value (not for an unset one).
 

@@ -229,6 +229,10 @@ Status SchedulerImpl::StartJob() {
     std::vector<std::byte> all = wire::Encode(m);
     return Share(std::vector<std::byte>(all.begin() + 4, all.end()));
   };
+  // The job's tuning, as every member will compute it from this same book (control/tuning.h).
+  tuning_ = tuning::Choose(w);
+  GL_LOG(kInfo) << "tuning: " << tuning_.why << " (partitions of up to " << tuning_.partition_bytes
+                << " bytes where the workers do not set them)";
   const Payload server_book = share_book(w);
   // Workers connect to servers only, so their book leaves out the other workers' lane
   // addresses (hundreds of bytes each over UCX): it keeps every worker's host name (the
@@ -288,12 +292,27 @@ Status SchedulerImpl::OnDeclare(Connection& c, const Frame& f) {
   return Plan(h.key, decl);
 }
 
+namespace {
+
+std::string PartitionsText(uint64_t declared) {
+  return declared == 0 ? std::string("the partitions gradlink chooses")
+                       : std::to_string(declared) + "-byte partitions";
+}
+
+}  // namespace
+
 Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
   const auto& [h0, d0] = decl.by_rank.begin()->second;
   decl.name = d0.name;
   decl.dtype = static_cast<DataType>(h0.dtype);
   decl.count = h0.count;
-  decl.partition_bytes = d0.partition_bytes;
+  // 0 from every worker: the job's choice, cut to this key (every worker sent the same, or
+  // the declarations disagree below, naming what each gave).
+  const uint64_t elem = DataTypeSize(static_cast<DataType>(h0.dtype));
+  const uint64_t tensor_bytes = elem != 0 && h0.count > UINT64_MAX / elem ? UINT64_MAX : h0.count * elem;
+  decl.partition_bytes = d0.partition_bytes != 0
+                             ? d0.partition_bytes
+                             : tuning::KeyPartitionBytes(tuning_, tensor_bytes, opts_.num_servers);
   // Shapes: every rank that gave one must give the same (a rank that gave none agrees with
   // any); the first one given is the reference the others are named against.
   const std::vector<uint64_t>* shape0 = nullptr;
@@ -313,7 +332,7 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
                   (d.name != d0.name ? " declared name '" + d.name + "' as " : " declared ") +
                   std::string(DataTypeName(static_cast<DataType>(h.dtype))) + "[" +
                   std::to_string(h.count) + "]" + ShapeSuffix(d.shape) + " with " +
-                  std::to_string(d.partition_bytes) + "-byte partitions";
+                  PartitionsText(d.partition_bytes);
     }
   }
   decl.planned = true;
@@ -334,8 +353,7 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
                              std::string(DataTypeName(decl.dtype)) + "[" +
                              std::to_string(decl.count) + "]" +
                              ShapeSuffix(first->second.second.shape) + " with " +
-                             std::to_string(decl.partition_bytes) + "-byte partitions, " +
-                             disagree);
+                             PartitionsText(d0.partition_bytes) + ", " + disagree);
     }
     RefuseKey(key, decl);
     return Status::Ok();

@@ -36,6 +36,7 @@
 #include "scheduler/placement.h"
 #include "security/handshake.h"
 #include "control/control_channel.h"
+#include "control/tuning.h"
 #include "wire/messages.h"
 
 namespace gradlink::scheduler {
@@ -194,6 +195,7 @@ class SchedulerImpl final : public Scheduler {
   std::map<uint64_t, Declaration> decls_;
   std::map<uint64_t, std::set<uint32_t>> barriers_;
   Placer placer_;
+  tuning::Choice tuning_;  // from the address book, once the job starts
   // Per server id: its memory budget (ServerOptions::memory_budget_bytes, or the default share
   // of its host's memory) and the bytes its planned partitions hold (reduce::ServerBytesHeld).
   std::vector<uint64_t> budget_, held_;

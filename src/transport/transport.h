@@ -120,6 +120,9 @@ class Fabric {
   virtual ~Fabric() = default;
   virtual Result<std::unique_ptr<Lane>> CreateLane(std::string name) = 0;
   virtual std::string_view kind() const = 0;
+  // The transport's settings in force that are not its defaults ("NAME='value'"), for the
+  // worker's stats and log: for UCX the UCX_* variables set and those gradlink set itself.
+  virtual std::vector<std::string> settings() const { return {}; }
 };
 
 // UCX (ucp active messages): shared memory, TCP and RDMA from one code path; honours UCX_TLS.

@@ -118,7 +118,7 @@ Result<DeclareMsg> DecodeDeclare(std::span<const std::byte> b) {
   Reader r(b);
   DeclareMsg m;
   uint32_t dims = 0;
-  if (!r.Str(&m.name, kMaxNameLength) || !r.U64(&m.partition_bytes) || m.partition_bytes == 0 ||
+  if (!r.Str(&m.name, kMaxNameLength) || !r.U64(&m.partition_bytes) ||
       !r.U32(&dims) || dims > kMaxShapeDims) {
     return Bad("declare message");
   }

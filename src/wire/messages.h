@@ -74,7 +74,7 @@ struct WelcomeMsg {
 // kDeclare payload (key, dtype and count travel in the header).
 struct DeclareMsg {
   std::string name;
-  uint64_t partition_bytes = 0;
+  uint64_t partition_bytes = 0;  // 0: the scheduler chooses (control/tuning.h)
   // The tensor's dimensions as the caller gave them (at most kMaxShapeDims); empty: not given.
   // Their product is the header's count.
   std::vector<uint64_t> shape;

@@ -1,5 +1,8 @@
 // The same-host path (local_reduce.h) as the worker uses it (worker_impl.h): the segment opened at
 // join when every worker is on this host, tensors bound to channels, ops handed to it.
+#include <sys/statvfs.h>
+
+#include <algorithm>
 #include <cstdio>
 
 #include "common/log.h"
@@ -36,9 +39,12 @@ Status WorkerImpl::OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_po
   lo.name = name;
   lo.rank = rank_;
   lo.ranks = size_;
-  lo.arena_bytes = opts_.local_arena_bytes;
+  lo.arena_bytes = ArenaBytes();
   lo.chunk_bytes = opts_.local_chunk_bytes;
-  lo.deadline = deadline;
+  // The workers wait here for each other, members of a running job: one that hung or died is
+  // the scheduler's to name (it hears its silence within kSilenceLimit), so the wait lasts at
+  // least that long, and a worker that gives up blames the right process, not a timeout.
+  lo.deadline = std::max(deadline, Clock::now() + transport::kSilenceLimit + std::chrono::seconds(1));
   lo.cancelled = [this] {
     std::lock_guard lock(mu_);
     return failure_;
@@ -46,12 +52,23 @@ Status WorkerImpl::OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_po
   GL_ASSIGN_OR_RETURN(std::shared_ptr<LocalReduce> local, LocalReduce::Open(lo));
   if (!local) return Status::Ok();  // no room in /dev/shm: the servers (Open warned)
   GL_LOG(kInfo) << "worker " << rank_ << ": same-host path on (" << size_
-                << " workers on host " << MachineOf(*host) << ", " << opts_.local_arena_bytes
+                << " workers on host " << MachineOf(*host) << ", " << local->arena_bytes()
                 << "-byte segment)";
   std::lock_guard lock(mu_);  // FailAll (the control thread) reads it
   local_ = std::move(local);
   if (!failure_.ok()) local_->Fail(failure_);
   return Status::Ok();
+}
+
+uint64_t WorkerImpl::ArenaBytes() const {
+  const uint64_t asked = opts_.local_arena_bytes;
+  if (asked != WorkerOptions::kDefaultLocalArenaBytes || rank_ != 0) return asked;
+  // The default fits what it finds: at most half of /dev/shm's free space (a container's
+  // 64 MB /dev/shm still gets a segment), in whole MiB.
+  struct statvfs vfs {};
+  if (statvfs("/dev/shm", &vfs) != 0) return asked;
+  const uint64_t half = uint64_t{vfs.f_bavail} * vfs.f_frsize / 2 / (1u << 20) * (1u << 20);
+  return std::max<uint64_t>(std::min(asked, half), 1u << 20);
 }
 
 void WorkerImpl::BindLocal(TensorState& t) {

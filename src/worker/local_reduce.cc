@@ -277,6 +277,8 @@ LocalReduce::LocalReduce(const Options& o, void* base, uint64_t mapped_bytes)
   background_ = std::thread([this] { Background(); });
 }
 
+uint64_t LocalReduce::arena_bytes() const { return seg_->arena_bytes; }
+
 LocalReduce::~LocalReduce() {
   Stop();
   munmap(seg_, mapped_bytes_);

@@ -119,6 +119,7 @@ class LocalReduce {
   // thread. Idempotent.
   void Stop();
 
+  uint64_t arena_bytes() const;  // of the segment, as worker 0 reserved it
   uint64_t bytes_copied() const { return bytes_copied_.load(std::memory_order_relaxed); }
   bool busy() const { return jobs_.load(std::memory_order_acquire) > 0; }  // jobs not yet done
 

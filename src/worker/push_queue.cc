@@ -103,7 +103,7 @@ void WorkerImpl::StartNextLocked(TensorState& t) {
     }
     t.busy = true;
     op->started = true;
-    op->max_ahead = LeadLimit(opts_.max_bytes_ahead, t.servers_spanned);
+    op->max_ahead = LeadLimit(max_bytes_ahead_, t.servers_spanned);
     ops_[op->id] = op;
     for (uint32_t p = 0; p < t.parts.size(); ++p) {
       pending_.push(Pending{op->options.priority, next_seq_++, op, p});
@@ -123,7 +123,7 @@ void WorkerImpl::PumpLocked() {
     const wire::PartitionPlan& plan = t.parts[top.part];
     const uint64_t size = DataTypeSize(t.dtype);
     const uint64_t bytes = plan.count * size;
-    if (!top.counted && opts_.max_bytes_ahead > 0) {
+    if (!top.counted && max_bytes_ahead_ > 0) {
       // Held back behind its own op's earlier partitions, or over the op's lead: it waits
       // on the op (in order) for sums to come back, and the queue goes on with other ops.
       if (!op.held.empty() || OverLead(op, bytes)) {
@@ -133,7 +133,7 @@ void WorkerImpl::PumpLocked() {
         continue;
       }
     }
-    if (bytes_in_flight_ > 0 && bytes_in_flight_ + bytes > opts_.max_bytes_in_flight) break;
+    if (bytes_in_flight_ > 0 && bytes_in_flight_ + bytes > max_bytes_in_flight_) break;
     bytes_in_flight_ += bytes;
     if (!top.counted) AddAheadLocked(op, bytes);
     if (op.t_first_issue == Clock::time_point{}) op.t_first_issue = Clock::now();

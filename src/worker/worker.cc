@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/naming.h"
 #include "control/join.h"
+#include "control/tuning.h"
 #include "gradlink/env.h"
 #include "worker/worker_impl.h"
 
@@ -25,26 +26,29 @@ constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 46;
 // partition, sizes beyond what the machine could hold.
 Status CheckOptions(const WorkerOptions& o) {
   const auto bytes = [](uint64_t b) { return std::to_string(b) + " bytes"; };
-  if (o.partition_bytes == 0) {
+  if (o.partition_bytes == 0u) {
     return InvalidArgument("partition_bytes (GRADLINK_PARTITION_BYTES) must be positive");
   }
-  if (o.partition_bytes > kMaxTensorBytes) {
+  if (o.partition_bytes && *o.partition_bytes > kMaxTensorBytes) {
     return InvalidArgument("partition_bytes (GRADLINK_PARTITION_BYTES) of " +
-                           bytes(o.partition_bytes) + " is more than any tensor can hold");
+                           bytes(*o.partition_bytes) + " is more than any tensor can hold");
   }
-  if (o.max_bytes_in_flight < o.partition_bytes) {
+  if (o.max_bytes_in_flight == 0u) {
+    return InvalidArgument("max_bytes_in_flight (GRADLINK_MAX_BYTES_IN_FLIGHT) must be positive");
+  }
+  if (o.max_bytes_in_flight && o.partition_bytes && *o.max_bytes_in_flight < *o.partition_bytes) {
     return InvalidArgument("max_bytes_in_flight (GRADLINK_MAX_BYTES_IN_FLIGHT) of " +
-                           bytes(o.max_bytes_in_flight) + " cannot hold one partition of " +
-                           bytes(o.partition_bytes) + " (partition_bytes)");
+                           bytes(*o.max_bytes_in_flight) + " cannot hold one partition of " +
+                           bytes(*o.partition_bytes) + " (partition_bytes)");
   }
   if (const uint64_t memory = AvailableMemory(); memory != 0) {
     for (const auto& [name, value] :
-         {std::pair<const char*, uint64_t>{"max_bytes_ahead (GRADLINK_MAX_BYTES_AHEAD)",
-                                           o.max_bytes_ahead},
+         {std::pair<const char*, std::optional<uint64_t>>{
+              "max_bytes_ahead (GRADLINK_MAX_BYTES_AHEAD)", o.max_bytes_ahead},
           {"max_bytes_in_flight (GRADLINK_MAX_BYTES_IN_FLIGHT)", o.max_bytes_in_flight}}) {
       // A value beyond what the machine holds is a typo, not a bound.
-      if (value > memory) {
-        return InvalidArgument(std::string(name) + " of " + bytes(value) +
+      if (value && *value > memory) {
+        return InvalidArgument(std::string(name) + " of " + bytes(*value) +
                                " is more than this machine's " + bytes(memory) + " available");
       }
     }
@@ -93,22 +97,31 @@ Status WorkerImpl::Init() {
     GL_ASSIGN_OR_RETURN(server_peers_[m.id], push_lane_->Connect(m.push_address, name));
     server_names_[m.id] = std::move(name);
   }
+  // What the options leave unset, chosen for this job (control/tuning.h); the scheduler makes
+  // the same choice of partition size from the same address book.
+  tuning_ = tuning::Choose(joined.welcome);
+  max_bytes_in_flight_ = opts_.max_bytes_in_flight.value_or(tuning_.max_bytes_in_flight);
+  max_bytes_ahead_ = opts_.max_bytes_ahead.value_or(tuning_.max_bytes_ahead);
   control_ = std::thread([this] { ControlLoop(); });
   // After the control thread: it keeps the heartbeats going (and hears a failed job) while
   // the workers wait for each other's segment.
   GL_RETURN_IF_ERROR(OpenLocalPath(joined.welcome, deadline));
   // Fixed from here on: Stats() copies it, and nothing rereads the options or the environment.
   WorkerStats::InForce& f = in_force_;
-  f.partition_bytes = opts_.partition_bytes;
-  f.max_bytes_in_flight = opts_.max_bytes_in_flight;
-  f.max_bytes_ahead = opts_.max_bytes_ahead;
+  f.partition_bytes = opts_.partition_bytes.value_or(tuning_.partition_bytes);
+  f.max_bytes_in_flight = max_bytes_in_flight_;
+  f.max_bytes_ahead = max_bytes_ahead_;
+  f.chosen = (opts_.partition_bytes ? "" : "partition_bytes ") +
+             std::string(opts_.max_bytes_in_flight ? "" : "max_bytes_in_flight ") +
+             (opts_.max_bytes_ahead ? "" : "max_bytes_ahead ");
+  if (!f.chosen.empty()) f.chosen += "chosen by gradlink: " + tuning_.why;
   f.fusion_buffer_bytes = opts_.fusion_buffer_bytes;
   f.fusion_threshold_bytes = opts_.fusion_threshold_bytes;
-  f.local_arena_bytes = opts_.local_arena_bytes;
+  f.local_arena_bytes = local_ ? local_->arena_bytes() : opts_.local_arena_bytes;
   f.same_host_path = local_ != nullptr;
   f.single_lane = opts_.single_lane;
   f.host = reg.host;
-  f.ucx = env::Listed("UCX_");
+  f.ucx = fabric_->settings();
   std::string ucx;
   for (const std::string& v : f.ucx) ucx += " " + v;
   GL_LOG(kInfo) << "worker " << rank_ << " in force: partition_bytes " << f.partition_bytes
@@ -118,7 +131,8 @@ Status WorkerImpl::Init() {
                 << ", fusion_threshold_bytes " << f.fusion_threshold_bytes << ", same-host path "
                 << (f.same_host_path ? "on" : "off") << ", "
                 << (f.single_lane ? "one lane" : "two lanes") << ", host " << f.host
-                << ", UCX:" << (ucx.empty() ? " its defaults" : ucx);
+                << ", UCX:" << (ucx.empty() ? " its defaults" : ucx)
+                << (f.chosen.empty() ? "" : "; " + f.chosen);
   return Status::Ok();
 }
 
@@ -151,12 +165,13 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
   if (count > kMaxTensorBytes / DataTypeSize(dtype)) {
     return InvalidArgument("tensor '" + std::string(name) + "' is too large");
   }
-  const uint64_t per_part = std::max<uint64_t>(1, opts_.partition_bytes / DataTypeSize(dtype));
+  const uint64_t partition = opts_.partition_bytes.value_or(tuning_.partition_bytes);
+  const uint64_t per_part = std::max<uint64_t>(1, partition / DataTypeSize(dtype));
   if (count / per_part >= wire::kMaxPartitionsPerTensor) {
     return InvalidArgument("tensor '" + std::string(name) + "' of " + std::to_string(count) +
                            " elements needs more than " +
                            std::to_string(wire::kMaxPartitionsPerTensor) + " partitions of " +
-                           std::to_string(opts_.partition_bytes) + " bytes");
+                           std::to_string(partition) + " bytes");
   }
   const uint64_t key = wire::TensorKey(opts_.job, name);
   std::shared_ptr<TensorState> t;
@@ -197,7 +212,8 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
   h.key = key;
   h.dtype = static_cast<uint8_t>(dtype);
   h.count = count;
-  wire::DeclareMsg d{t->name, opts_.partition_bytes, t->shape};
+  // 0: the scheduler cuts the key as the job's tuning says.
+  wire::DeclareMsg d{t->name, opts_.partition_bytes.value_or(0), t->shape};
   Status s = channel_->Send(h, wire::Encode(d));
   if (!s.ok()) {
     FailAll(PeerLost("worker " + std::to_string(rank_) + " lost the scheduler: " + s.message()));

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "control/control_channel.h"
+#include "control/tuning.h"
 #include "gradlink/worker.h"
 #include "transport/transport.h"
 #include "wire/messages.h"
@@ -272,6 +273,8 @@ class WorkerImpl final : public Worker {
   // Opens the shared-memory segment when WorkerOptions::local_arena_bytes asks for it and every
   // worker of the job is on this host (the address book's host names agree).
   Status OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_point deadline);
+  // The segment's size worker 0 asks for: the option, fitted to /dev/shm at its default.
+  uint64_t ArenaBytes() const;
 
   // Binds t to its same-host channel, once, on its first op's caller; never under mu_ (a claim
   // may wait up to 5 s on another process). No-op without the same-host path.
@@ -315,6 +318,9 @@ class WorkerImpl final : public Worker {
   std::map<std::pair<uint64_t, uint32_t>, std::vector<std::byte>> error_text_;
   std::priority_queue<Pending> pending_;
   uint64_t next_op_id_ = 1, next_seq_ = 0, bytes_in_flight_ = 0;
+  // Fixed at Init: the options' values, or what tuning_ chose where they are unset.
+  tuning::Choice tuning_;
+  uint64_t max_bytes_in_flight_ = 0, max_bytes_ahead_ = 0;
   std::vector<Outgoing> to_issue_;  // pumped, not yet handed to the push lane (Issue)
   bool pumped_ = false;             // PumpLocked queued pushes this critical section
   // Requests to issue not yet answered; nonzero while a thread is in Issue() (push_queue.cc).

@@ -74,6 +74,7 @@ struct Args {
   double wait_s = 60;
   uint64_t partition_bytes = 4u << 20;
   uint64_t max_in_flight = 32u << 20;
+  uint64_t local_arena = gl::WorkerOptions().local_arena_bytes;  // 0: the servers' path
   bool shutdown_after_failure = false;
   int shutdown_deadline_ms = 1500;
 };
@@ -134,6 +135,7 @@ class Runner {
     o.rank = a_.rank;
     o.partition_bytes = a_.partition_bytes;
     o.max_bytes_in_flight = a_.max_in_flight;
+    o.local_arena_bytes = a_.local_arena;
     o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(a_.connect_timeout_s * 1000));
     Line("CONNECTING " + Now());
     if (a_.die_after_connect_us >= 0) {
@@ -295,6 +297,7 @@ int main(int argc, char** argv) {
   app.add_option("--wait-s", a.wait_s, "deadline of every Wait()/Barrier()");
   app.add_option("--partition-bytes", a.partition_bytes);
   app.add_option("--max-in-flight", a.max_in_flight);
+  app.add_option("--local-arena", a.local_arena, "same-host path: bytes of shared memory; 0: off");
   app.add_flag("--shutdown-after-failure", a.shutdown_after_failure);
   app.add_option("--shutdown-deadline-ms", a.shutdown_deadline_ms);
   CLI11_PARSE(app, argc, argv);

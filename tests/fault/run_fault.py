@@ -38,6 +38,8 @@ too. A ctest test runs a slice of them (--slice A:B) and appends one JSON line p
 --results; the "summary" case merges those files and prints min/median/max detection times
 per (signal, victim role) and per (signal, victim role, phase). Detection times leave out the
 straggler (asleep in this test's code when the signal landed; its bound is still checked).
+Even-numbered trials sum through the servers (--local-arena 0), odd-numbered ones through the
+same-host path, which is the default with every worker on one host.
 The "shutdown" case runs five fixed trials aimed at Shutdown() after a failure.
 
 Problems that match an open bug (KNOWN_BUGS below) are tagged with its id. By default they fail
@@ -236,10 +238,14 @@ class Trial:
         self.victim = 0        # worker rank, server spawn index, or 0 for the scheduler
         self.straggler = None  # worker rank (pull, barrier)
         self.offset = 0.0      # seconds after the phase's marker at which the signal lands
+        # Every worker is on this host, where the sums go through shared memory by default:
+        # half the trials turn that off, so that both data paths meet every fault.
+        self.path = "servers" if index % 2 == 0 else "same-host"
 
     def label(self):
         who = self.role if self.role == "scheduler" else "%s %d" % (self.role, self.victim)
-        return "#%02d SIG%-4s %-9s %-11s" % (self.index, self.sig, self.phase, who)
+        return "#%02d SIG%-4s %-9s %-11s %-9s" % (self.index, self.sig, self.phase, who,
+                                                  self.path)
 
 
 def draw(rng, t):
@@ -312,6 +318,8 @@ def run_trial(h, t, results):
                     "--sizes", LARGE if t.phase == "push" else SMALL, "--wait-s", "30",
                     "--shutdown-after-failure", "--shutdown-deadline-ms",
                     str(SHUTDOWN_DEADLINE_MS)]
+            if t.path == "servers":
+                argv += ["--local-arena", "0"]
             if r == t.straggler:
                 argv += ["--straggle-ms", str(STRAGGLE_MS)]
             if t.phase == "handshake" and r == WORKERS - 1:

@@ -98,6 +98,9 @@ class Harness:
         out_path, err_path = stem + ".out", stem + ".err"
         full_env = dict(os.environ)
         full_env.setdefault("GRADLINK_LOG_LEVEL", "warn")
+        # Every job here is on one host, where the workers would sum through shared memory by
+        # default: these cases test the servers' path (tests/python tests both).
+        full_env.setdefault("GRADLINK_LOCAL_ARENA_BYTES", "0")
         if env:
             full_env.update(env)
         with open(out_path, "wb") as out, open(err_path, "wb") as err:

@@ -11,7 +11,8 @@ import pytest
 from conftest import BIN, REPO
 
 COMPARE = os.path.join(REPO, "bench", "compare")
-GRADLINK = ["gradlink-shm-1s", "gradlink-shm-2s", "gradlink-tcp-1s", "gradlink-tcp-2s", "gradlink-local"]
+GRADLINK = ["gradlink-default", "gradlink-local", "gradlink-shm-1s", "gradlink-shm-2s", "gradlink-tcp-1s",
+            "gradlink-tcp-2s"]
 MPI = ["mpi-shm", "mpi-tcp"]
 SYSTEMS = GRADLINK + MPI + ["gloo"]
 TINY = ["--bin", BIN, "-b", "4K", "-e", "16K", "-f", "4", "-n", "2", "--warmup", "1", "--repeats", "1",

@@ -16,6 +16,8 @@ def test_prefixes_and_environment(run_job, tmp_path):
         f = gl.stats()["in_force"]
         print("in_force", f["partition_bytes"], f["max_bytes_in_flight"], f["same_host_path"],
               f["host"] != "", "UCX_TLS='tcp'" in f["ucx"])
+        print("ucx", "UCX_TCP_RCVBUF='64k' (set by gradlink)" in f["ucx"],
+              "UCX_TCP_TX_SEG_SIZE='32k'" in f["ucx"], f["chosen"].startswith("max_bytes_in_flight"))
         print("to stderr", file=sys.stderr)
         print("no newline at the end", end="")
         # Every server has reached every worker once a push_pull that has partitions on all of
@@ -27,13 +29,18 @@ def test_prefixes_and_environment(run_job, tmp_path):
         gl.push_pull(torch.zeros(4), name="done")
     """))
     job = run_job(3, 2, [str(script)], timeout=60,
-                  env={"GRADLINK_PARTITION_BYTES": "4", "UCX_TLS": "tcp"})
+                  env={"GRADLINK_PARTITION_BYTES": "4", "UCX_TLS": "tcp",
+                       "UCX_TCP_TX_SEG_SIZE": "32k"})
     assert job.rc == 0, job.explain()
     for r in range(3):
         # The settings in force, as the worker's stats give them: the variable's partition, the
-        # default window, no same-host path (not asked for), and the UCX variable set.
-        assert "in_force 4 33554432 False True True" in job.lines("[worker %d]" % r), \
+        # default window, the same-host path (on by default: every worker is on this host),
+        # and the UCX variable set.
+        assert "in_force 4 33554432 True True True" in job.lines("[worker %d]" % r), \
             job.explain()
+        # The UCX settings gradlink needs, set by it where the user did not (the receive
+        # buffers), never over the user's (the send segments); the window and lead chosen.
+        assert "ucx True True True" in job.lines("[worker %d]" % r), job.explain()
         assert "env %d 3 2 %d 3 %d" % (r, r, r) in job.lines("[worker %d]" % r), job.explain()
         assert "to stderr" in job.lines("[worker %d]" % r)
         assert "no newline at the end" in job.lines("[worker %d]" % r)
@@ -90,7 +97,7 @@ def test_server_weights(run_job):
     sums), and gradlink-run's server i is the scheduler's server i (each claims its id), whatever
     its weight."""
     job = run_job(2, 2, "basics.py", timeout=90, launcher_args=["--server-weights", "1,3"],
-                  env={"GRADLINK_LOG_LEVEL": "info"})
+                  env={"GRADLINK_LOG_LEVEL": "info", "GRADLINK_LOCAL_ARENA_BYTES": "0"})
     assert job.rc == 0, job.explain()
     assert any("placement weights: server 0 (" in line and ") 1, server 1 (" in line and
                line.endswith(") 3") for line in job.lines("[scheduler]")), job.explain()

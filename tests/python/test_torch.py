@@ -14,10 +14,12 @@ import common  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-# The same-host path (GRADLINK_LOCAL_ARENA_BYTES): the same semantics, through shared memory
-# instead of the servers (basics.py checks which way the bytes went).
-SAME_HOST = {"GRADLINK_LOCAL_ARENA_BYTES": str(64 << 20), "GRADLINK_LOCAL_CHUNK_BYTES": str(64 << 10)}
-PATHS = pytest.mark.parametrize("env", [{}, SAME_HOST], ids=["servers", "same-host"])
+# Every worker of these jobs is on this host, so the sums go through the same-host path by
+# default (with 64 KiB chunks here: tensors of many chunks); SERVERS turns it off. The same
+# semantics either way (basics.py checks which way the bytes went).
+SAME_HOST = {"GRADLINK_LOCAL_CHUNK_BYTES": str(64 << 10)}
+SERVERS = {"GRADLINK_LOCAL_ARENA_BYTES": "0"}
+PATHS = pytest.mark.parametrize("env", [SERVERS, SAME_HOST], ids=["servers", "same-host"])
 
 
 @PATHS
@@ -37,7 +39,7 @@ def test_grouped_push_pull(run_job):
 
 def test_max_bytes_ahead_from_the_environment(run_job):
     job = run_job(3, 2, "lead.py", env={"GRADLINK_PARTITION_BYTES": str(16 << 10),
-                                        "GRADLINK_MAX_BYTES_AHEAD": str(48 << 10)})
+                                        "GRADLINK_MAX_BYTES_AHEAD": str(48 << 10), **SERVERS})
     assert job.rc == 0, job.explain()
     for r in range(3):
         assert "LEAD OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
@@ -91,7 +93,7 @@ def test_distributed_optimizer_matches_single_process(run_job, tmp_path, kind, p
                                                       same_host):
     steps = 6
     extra = [] if buckets is None else ["--bucket-bytes", str(buckets)]
-    env = SAME_HOST if same_host else {}
+    env = SAME_HOST if same_host else SERVERS
     job = run_job(2, 2, ["train_equiv.py", "--opt", kind, "--steps", str(steps),
                          "--passes", str(passes), "--out", str(tmp_path)] + extra, env=env)
     assert job.rc == 0, job.explain()

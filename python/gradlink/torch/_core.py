@@ -106,14 +106,16 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
     ``timeout`` (``GRADLINK_TIMEOUT``, default 300 s) is the default deadline of synchronize();
     ``partition_bytes`` (``GRADLINK_PARTITION_BYTES``), ``max_bytes_in_flight``
     (``GRADLINK_MAX_BYTES_IN_FLIGHT``), ``max_bytes_ahead`` (``GRADLINK_MAX_BYTES_AHEAD``, per
-    server, default 0: no limit; docs/operations.md), ``connect_timeout`` (``GRADLINK_CONNECT_TIMEOUT``,
+    server, 0: no limit); unset, gradlink chooses the three for the job (docs/operations.md,
+    "What gradlink tunes"); ``connect_timeout`` (``GRADLINK_CONNECT_TIMEOUT``,
     default 60 s) and ``single_lane`` (``GRADLINK_SINGLE_LANE=1``) tune the worker;
     ``fusion_buffer_bytes`` (``GRADLINK_FUSION_BUFFER_BYTES``, default 4 MiB, 0: no fusion) and
     ``fusion_threshold_bytes`` (``GRADLINK_FUSION_THRESHOLD_BYTES``, default 256 KiB) tune
     tensor fusion (grouped_push_pull, DistributedOptimizer).
-    ``local_arena_bytes`` (``GRADLINK_LOCAL_ARENA_BYTES``, default 0: off) turns on the same-host
-    path: when every worker is on this host they sum through that much shared memory instead of
-    through the servers, with bit-identical results (``local_chunk_bytes``,
+    ``local_arena_bytes`` (``GRADLINK_LOCAL_ARENA_BYTES``, default 64 MiB, at most half of
+    /dev/shm's free space; 0: off) sizes the same-host path: when every worker is on this host
+    they sum through that much shared memory instead of through the servers, with
+    bit-identical results (``local_chunk_bytes``,
     ``GRADLINK_LOCAL_CHUNK_BYTES``, default 256 KiB; docs/operations.md, "One host").
     Calling init() again is a no-op. shutdown() runs at exit.
 
@@ -142,14 +144,15 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
             connect_timeout = 60.0  # the Python layer's default: workers start at their own pace
         # Every other tuning option: None leaves it to the binding, which applies the GRADLINK_*
         # environment through the C++ mapping (gradlink::ApplyEnvironment: one place reads
-        # those variables) and else the C++ defaults. For the sizes, 0 means the same as None
-        # (as it always has); fusion sizes take 0 as "no fusion".
+        # those variables) and else the C++ defaults. For partition_bytes and
+        # max_bytes_in_flight, 0 means the same as None (as it always has); max_bytes_ahead takes
+        # 0 as "no limit", local_arena_bytes as "off" and fusion sizes as "no fusion".
         worker = gradlink.Worker(
             scheduler, job=job, rank=rank, single_lane=single_lane,
             connect_timeout=connect_timeout,
             partition_bytes=partition_bytes or None,
             max_bytes_in_flight=max_bytes_in_flight or None,
-            max_bytes_ahead=max_bytes_ahead or None, local_arena_bytes=local_arena_bytes or None,
+            max_bytes_ahead=max_bytes_ahead, local_arena_bytes=local_arena_bytes,
             local_chunk_bytes=local_chunk_bytes or None,
             fusion_buffer_bytes=fusion_buffer_bytes,
             fusion_threshold_bytes=fusion_threshold_bytes)
@@ -441,7 +444,8 @@ def stats():
     bytes_unpacked, bytes_copied_eager, bytes_copied_bounce, protocol_errors, partitions_held,
     peak_bytes_ahead; and ``in_force``, the settings in force (partition_bytes,
     max_bytes_in_flight, max_bytes_ahead, fusion_buffer_bytes, fusion_threshold_bytes,
-    local_arena_bytes, same_host_path, single_lane, host, and ucx: the UCX_* variables set)."""
+    local_arena_bytes, same_host_path, single_lane, host, ucx: the UCX_* variables in force, and
+    chosen: which of the first three gradlink chose for the job, and why)."""
     return _require().worker.stats()
 
 

@@ -106,6 +106,7 @@ void Job::Start(const JobConfig& config) {
       o.local_arena_bytes = config.local_arena_bytes;
       o.local_chunk_bytes = config.local_chunk_bytes;
       if (config.local_arena_bytes > 0) o.host_name = "one-host/" + std::to_string(r);
+      if (config.per_worker) config.per_worker(r, o);
       Result<std::unique_ptr<Worker>> w = ConnectWorkerOn(o, fabric_);
       if (w.ok()) workers_[r] = std::move(w).value();
       else errors[config.servers + r] = w.status();

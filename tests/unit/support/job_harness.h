@@ -12,6 +12,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,11 +40,12 @@ struct JobConfig {
   uint32_t workers = 2;
   uint32_t servers = 1;
   std::string job = "job-test";
-  // Worker options. All but partition_bytes default to WorkerOptions' values; small partitions
-  // let a test span many partitions and servers with little data.
-  uint64_t partition_bytes = 64 << 10;
-  uint64_t max_bytes_in_flight = 32 << 20;
-  uint64_t max_bytes_ahead = 0;
+  // Worker options. Small partitions let a test span many partitions and servers with little
+  // data; the window and the lead are fixed too (the old defaults), so that what a test
+  // measures does not move with the tuner. nullopt: gradlink chooses (control/tuning.h).
+  std::optional<uint64_t> partition_bytes = 64 << 10;
+  std::optional<uint64_t> max_bytes_in_flight = 32 << 20;
+  std::optional<uint64_t> max_bytes_ahead = 0;
   uint64_t fusion_buffer_bytes = 4u << 20;
   uint64_t fusion_threshold_bytes = 256u << 10;
   // Placement weight of each server (by index); empty: every server has the default weight.
@@ -61,6 +63,8 @@ struct JobConfig {
   uint64_t local_arena_bytes = 0;
   uint64_t local_chunk_bytes = 256u << 10;
   std::chrono::milliseconds operation_timeout = WorkerOptions{}.operation_timeout;
+  // Last word on each worker's options (by rank), after everything above.
+  std::function<void(uint32_t rank, WorkerOptions&)> per_worker;
 };
 
 class Job {

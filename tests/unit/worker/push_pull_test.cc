@@ -66,7 +66,7 @@ TEST_P(JobSizesTest, AllDtypesAllSizesFiveRounds) {
     }
   }
   RunRounds(job, specs, 5);
-  EXPECT_EQ(ServerRounds(job), ExpectedPartitionRounds(specs, config.partition_bytes, 5));
+  EXPECT_EQ(ServerRounds(job), ExpectedPartitionRounds(specs, *config.partition_bytes, 5));
   if (servers > 1) {
     // Both servers did work.
     for (uint32_t s = 0; s < servers; ++s) EXPECT_GT(job.server(s).stats().rounds_completed, 0u);
@@ -166,7 +166,7 @@ TEST(JobTest, ManyKeysManyRounds) {
   ASSERT_NO_FATAL_FAILURE(job.Start(config));
   const std::vector<TensorSpec> specs = ManyKeySpecs();
   RunRounds(job, specs, 20);
-  EXPECT_EQ(ServerRounds(job), ExpectedPartitionRounds(specs, config.partition_bytes, 20));
+  EXPECT_EQ(ServerRounds(job), ExpectedPartitionRounds(specs, *config.partition_bytes, 20));
   job.FinishCleanly();
 }
 
@@ -226,8 +226,69 @@ TEST(JobTest, Barrier) {
 
 // ---- the settings in force -------------------------------------------------------------
 
+// Left unset, the partition size, window and lead are gradlink's choice for the job
+// (control/tuning.h): the harness's members each have a host of their own, so a network. The
+// scheduler cuts each key by the same rule, so the servers' partition rounds tell how it cut:
+// 1 MiB of fp32 in 128 KiB partitions (8), 40 KiB in 32 KiB ones (2: one per server), and a
+// key the workers set explicitly in the size they set.
+TEST(JobTest, UnsetSettingsAreChosenForTheJob) {
+  JobConfig config;
+  config.workers = 2;
+  config.servers = 2;
+  config.partition_bytes.reset();
+  config.max_bytes_in_flight.reset();
+  config.max_bytes_ahead.reset();
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  for (uint32_t r = 0; r < config.workers; ++r) {
+    const WorkerStats::InForce f = job.worker(r).Stats().in_force;
+    EXPECT_EQ(f.partition_bytes, 128u << 10);
+    EXPECT_EQ(f.max_bytes_in_flight, 1u << 20);
+    EXPECT_EQ(f.max_bytes_ahead, 256u << 10);
+    EXPECT_NE(f.chosen.find("partition_bytes max_bytes_in_flight max_bytes_ahead chosen by "
+                            "gradlink: 2 workers and 2 servers over a network"),
+              std::string::npos)
+        << f.chosen;
+  }
+  const std::vector<TensorSpec> big = {{"big", DataType::kFloat32, 262144}};
+  const std::vector<TensorSpec> small = {{"small", DataType::kFloat32, 10240}};
+  RunRounds(job, big, 3);
+  EXPECT_EQ(ServerRounds(job), ExpectedPartitionRounds(big, 128u << 10, 3));
+  RunRounds(job, small, 3);
+  EXPECT_EQ(ServerRounds(job), ExpectedPartitionRounds(big, 128u << 10, 3) +
+                                   ExpectedPartitionRounds(small, 32u << 10, 3));
+  for (uint32_t s = 0; s < config.servers; ++s) EXPECT_GT(job.server(s).stats().rounds_completed, 3u);
+  // Each worker's lead stayed within what was chosen: 256 KiB per server an op spans.
+  for (uint32_t r = 0; r < config.workers; ++r) {
+    EXPECT_LE(job.worker(r).Stats().peak_bytes_ahead, 2u * (256u << 10)) << "rank " << r;
+  }
+  job.FinishCleanly();
+}
+
+// One worker that sets the partition size while another leaves it to gradlink: the key is
+// refused on both, each told what every rank declared.
+TEST(JobTest, APartitionSetOnOneWorkerOnlyIsAMismatch) {
+  JobConfig config;
+  config.workers = 2;
+  config.partition_bytes.reset();
+  config.per_worker = [](uint32_t rank, WorkerOptions& o) {
+    if (rank == 1) o.partition_bytes = 8192;
+  };
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  OnEveryWorker(2, [&](uint32_t rank) {
+    auto t = job.worker(rank).Declare("t", DataType::kFloat32, 4096);
+    ASSERT_TRUE(t.ok());
+    std::vector<std::byte>& buf = job.Buffer(4096 * 4);
+    const Status s = job.worker(rank).PushPull(*t, buf).Wait();
+    EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
+    EXPECT_NE(s.message().find("the partitions gradlink chooses"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("8192-byte partitions"), std::string::npos) << s.ToString();
+  });
+  job.FinishCleanly();
+}
+
 TEST(JobTest, StatsGiveTheSettingsInForce) {
-  ::setenv("UCX_GRADLINK_TEST_MARK", "42", 1);
   JobConfig config;
   config.workers = 2;
   config.partition_bytes = 2048;
@@ -243,10 +304,11 @@ TEST(JobTest, StatsGiveTheSettingsInForce) {
     EXPECT_EQ(f.fusion_buffer_bytes, config.fusion_buffer_bytes);
     EXPECT_FALSE(f.same_host_path);
     EXPECT_FALSE(f.host.empty());
-    EXPECT_NE(std::find(f.ucx.begin(), f.ucx.end(), "UCX_GRADLINK_TEST_MARK='42'"), f.ucx.end());
+    // Threads as ranks: no UCX, so no UCX settings (test_launcher.py checks them over UCX).
+    EXPECT_TRUE(f.ucx.empty());
+    EXPECT_EQ(f.chosen, "");  // all three were set
   }
   job.FinishCleanly();
-  ::unsetenv("UCX_GRADLINK_TEST_MARK");
   // With the same-host path asked for and every worker on one host, it is in force.
   JobConfig local = config;
   local.local_arena_bytes = 8 << 20;

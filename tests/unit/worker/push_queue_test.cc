@@ -127,7 +127,7 @@ TEST(JobTest, LeadLimitHoldsPartitionsBackAndStaysExact) {
     const WorkerStats s = job.worker(r).Stats();
     EXPECT_GT(s.partitions_held, 0u) << "rank " << r;
     EXPECT_GT(s.peak_bytes_ahead, 0u) << "rank " << r;
-    EXPECT_LE(s.peak_bytes_ahead, config.servers * config.max_bytes_ahead) << "rank " << r;
+    EXPECT_LE(s.peak_bytes_ahead, config.servers * *config.max_bytes_ahead) << "rank " << r;
   }
   job.FinishCleanly();
 }
@@ -149,7 +149,7 @@ TEST(JobTest, LeadLimitScalesWithTheServersAnOpSpans) {
     // Deterministic: the op's 16 partitions are queued and pumped under one lock, before any
     // sum can come back.
     EXPECT_EQ(s.partitions_held, kRounds * (kParts - config.servers)) << "rank " << r;
-    EXPECT_EQ(s.peak_bytes_ahead, config.servers * config.max_bytes_ahead) << "rank " << r;
+    EXPECT_EQ(s.peak_bytes_ahead, config.servers * *config.max_bytes_ahead) << "rank " << r;
   }
   job.FinishCleanly();
 }

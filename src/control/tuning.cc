@@ -1,0 +1,70 @@
+// src/control/tuning.h: the rule behind gradlink's defaults.
+#include "control/tuning.h"
+
+#include <algorithm>
+#include <bit>
+
+#include "common/naming.h"
+
+namespace gradlink::tuning {
+namespace {
+
+// One machine: the bytes move through memory, and the cost to cut is per message (a partition
+// is a send, a receive and a summing task): few, large partitions, a window of 8 of them, no
+// lead (no shared link for flows to drift apart on). bench/RESULTS.md: 4 MiB.
+constexpr uint64_t kOneMachinePartition = 4u << 20;
+// A network: a server answers a partition once all n workers' pushes of it are in, so the flows
+// into it must stay in step, and the pipeline's start (the first sums wait for n partitions)
+// and end (the last window drains) cost about a partition each way: small partitions, few of
+// them ahead per server. 128 KiB partitions with 256 KiB ahead per server were the best of
+// netcluster's grid at 1 Gbit/s (bench/history/RESULTS-2026-11.md, "Partition size and window"
+// and "the lead after the ordered issue").
+constexpr uint64_t kNetworkPartition = 128u << 10;
+constexpr uint64_t kPartitionsInFlight = 8;   // per worker, at least
+constexpr uint64_t kPartitionsAhead = 2;      // per server an op spans (network only)
+
+}  // namespace
+
+Choice Choose(const wire::WelcomeMsg& book) {
+  Choice c;
+  c.workers = book.num_workers;
+  c.servers = book.num_servers;
+  const std::string_view* machine = nullptr;
+  std::string_view first;
+  bool one = true;
+  for (const wire::Member& m : book.members) {
+    const std::string_view here = MachineOf(m.host);
+    if (machine == nullptr) {
+      first = here;
+      machine = &first;
+    }
+    one = one && here == *machine;
+  }
+  c.fabric = one ? Fabric::kOneMachine : Fabric::kNetwork;
+  if (c.fabric == Fabric::kOneMachine) {
+    c.partition_bytes = kOneMachinePartition;
+    c.max_bytes_in_flight = kPartitionsInFlight * c.partition_bytes;
+    c.max_bytes_ahead = 0;
+    c.why = "every member on machine " + std::string(first) +
+            ": large partitions, no lead limit";
+  } else {
+    c.partition_bytes = kNetworkPartition;
+    // Enough in flight for every server's lead, so the window never binds before the leads do.
+    c.max_bytes_in_flight =
+        c.partition_bytes * std::max<uint64_t>(kPartitionsInFlight, kPartitionsAhead * c.servers);
+    c.max_bytes_ahead = kPartitionsAhead * c.partition_bytes;
+    c.why = std::to_string(c.workers) + " workers and " + std::to_string(c.servers) +
+            " servers over a network: small partitions, " + std::to_string(kPartitionsAhead) +
+            " ahead per server";
+  }
+  return c;
+}
+
+uint64_t KeyPartitionBytes(const Choice& c, uint64_t tensor_bytes, uint32_t servers) {
+  const uint64_t s = std::max<uint32_t>(servers, 1);
+  const uint64_t share = tensor_bytes / s + (tensor_bytes % s != 0);
+  if (share >= c.partition_bytes) return c.partition_bytes;
+  return std::max(kMinPartitionBytes, std::bit_ceil(share));
+}
+
+}  // namespace gradlink::tuning
