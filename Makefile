@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all setup build test test-arm demo bench bench-scale compare bench-reduce netcluster fuzz test-asan test-tsan clean
+.PHONY: all setup build test test-arm demo bench bench-scale compare bench-reduce netcluster train-cluster fuzz test-asan test-tsan clean
 
 all: build
 
@@ -55,6 +55,13 @@ compare: build
 NETCLUSTER_ARGS ?= --scenario all
 netcluster: build
 	bench/netcluster --bin $(BUILD)/bin $(NETCLUSTER_ARGS)
+
+# End-to-end training on the same emulated cluster (needs root): DDP over Gloo, gradlink's
+# DistributedOptimizer and DDP hook with no tuning flags, and hand-tuned; steps/s, parameters
+# checked across ranks and methods; its section of bench/RESULTS.md rewritten (about 5 minutes).
+TRAIN_CLUSTER_ARGS ?= -n 4 -k 4
+train-cluster: build
+	bench/train_cluster --bin $(BUILD)/bin $(TRAIN_CLUSTER_ARGS)
 
 # libFuzzer targets under ASan+UBSan (clang), each run for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 60

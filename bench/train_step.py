@@ -69,6 +69,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--compute-steps", type=int, default=2)
     ap.add_argument("--save", default="")
+    ap.add_argument("--bucket-view", action="store_true",
+                    help="DDP(gradient_as_bucket_view=True): gradients are views of DDP's buckets")
     a = ap.parse_args()
     torch.set_num_threads(1)
 
@@ -93,7 +95,8 @@ def main():
         gl.init()
         assert gl.rank() == a.rank and gl.size() == a.world_size, (gl.rank(), gl.size())
     if uses_gloo:
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        model = torch.nn.parallel.DistributedDataParallel(model,
+                                                          gradient_as_bucket_view=a.bucket_view)
     if a.method == "gradlink-hook":
         model.register_comm_hook(gl.DDPHookState(model), gl.ddp_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -116,8 +119,13 @@ def main():
     plain = model.module if uses_gloo else model
     if a.save:
         torch.save(plain.state_dict(), a.save)
-    print(json.dumps({"rank": a.rank, "method": a.method, "step_s": times, "compute_s": compute,
-                      "digest": digest(plain), "loss": loss.item()}), flush=True)
+    rec = {"rank": a.rank, "method": a.method, "step_s": times, "compute_s": compute,
+           "digest": digest(plain), "loss": loss.item()}
+    if gl is not None:
+        f = gl.stats()["in_force"]
+        rec["in_force"] = {k: f[k] for k in ("partition_bytes", "max_bytes_in_flight",
+                                             "max_bytes_ahead", "chosen", "ucx")}
+    print(json.dumps(rec), flush=True)
     if gl is not None:
         gl.shutdown()
     if uses_gloo:

@@ -23,9 +23,14 @@ constexpr uint64_t kNetworkPartition = 128u << 10;
 constexpr uint64_t kPartitionsInFlight = 8;   // per worker, at least
 constexpr uint64_t kPartitionsAhead = 2;      // per server an op spans (network only)
 
+// a x b, saturating (a partition set near 2^46 bytes must not wrap the window to a small one).
+uint64_t Times(uint64_t a, uint64_t b) {
+  return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
 }  // namespace
 
-Choice Choose(const wire::WelcomeMsg& book) {
+Choice Choose(const wire::WelcomeMsg& book, std::optional<uint64_t> partition) {
   Choice c;
   c.workers = book.num_workers;
   c.servers = book.num_servers;
@@ -42,21 +47,22 @@ Choice Choose(const wire::WelcomeMsg& book) {
   }
   c.fabric = one ? Fabric::kOneMachine : Fabric::kNetwork;
   if (c.fabric == Fabric::kOneMachine) {
-    c.partition_bytes = kOneMachinePartition;
-    c.max_bytes_in_flight = kPartitionsInFlight * c.partition_bytes;
+    c.partition_bytes = partition.value_or(kOneMachinePartition);
+    c.max_bytes_in_flight = Times(c.partition_bytes, kPartitionsInFlight);
     c.max_bytes_ahead = 0;
     c.why = "every member on machine " + std::string(first) +
             ": large partitions, no lead limit";
   } else {
-    c.partition_bytes = kNetworkPartition;
+    c.partition_bytes = partition.value_or(kNetworkPartition);
     // Enough in flight for every server's lead, so the window never binds before the leads do.
-    c.max_bytes_in_flight =
-        c.partition_bytes * std::max<uint64_t>(kPartitionsInFlight, kPartitionsAhead * c.servers);
-    c.max_bytes_ahead = kPartitionsAhead * c.partition_bytes;
+    c.max_bytes_in_flight = Times(
+        c.partition_bytes, std::max<uint64_t>(kPartitionsInFlight, kPartitionsAhead * c.servers));
+    c.max_bytes_ahead = Times(c.partition_bytes, kPartitionsAhead);
     c.why = std::to_string(c.workers) + " workers and " + std::to_string(c.servers) +
             " servers over a network: small partitions, " + std::to_string(kPartitionsAhead) +
             " ahead per server";
   }
+  if (partition) c.why += " (for the " + std::to_string(*partition) + "-byte partitions set)";
   return c;
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "wire/messages.h"
@@ -27,8 +28,10 @@ struct Choice {
   std::string why;                   // one line, for the log and the stats
 };
 
-// The choice for the job of this address book (a welcome's members).
-Choice Choose(const wire::WelcomeMsg& book);
+// The choice for the job of this address book (a welcome's members). With `partition` (the
+// worker's own partition_bytes), the window and the lead are sized for that partition instead:
+// a window and a lead of fewer partitions than the rule wants would starve the pipeline.
+Choice Choose(const wire::WelcomeMsg& book, std::optional<uint64_t> partition = std::nullopt);
 
 // The partition size of one key of `tensor_bytes` spread over `servers` servers, under the job's
 // most: small enough that every server gets a part of the key, never under kMinPartitionBytes.

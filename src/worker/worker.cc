@@ -99,7 +99,7 @@ Status WorkerImpl::Init() {
   }
   // What the options leave unset, chosen for this job (control/tuning.h); the scheduler makes
   // the same choice of partition size from the same address book.
-  tuning_ = tuning::Choose(joined.welcome);
+  tuning_ = tuning::Choose(joined.welcome, opts_.partition_bytes);
   max_bytes_in_flight_ = opts_.max_bytes_in_flight.value_or(tuning_.max_bytes_in_flight);
   max_bytes_ahead_ = opts_.max_bytes_ahead.value_or(tuning_.max_bytes_ahead);
   control_ = std::thread([this] { ControlLoop(); });

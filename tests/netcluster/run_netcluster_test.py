@@ -12,6 +12,10 @@
            same-host path stays off, and the bytes cross the shaped links), two workers in one
            namespace are one (the same-host path is on, nothing goes to the servers), and
            GRADLINK_HOST groups workers deliberately (two namespaces named alike are one host).
+  train    bench/train_cluster at its smallest (2 worker hosts, 1 server host, a 256-wide MLP,
+           one timed step): every method trains, the ranks end bit-identical, the methods agree
+           with DDP over Gloo, the table has a row per method; and with --tolerance -1 (any
+           difference too large) the run fails naming the method, so the check is live.
   cleanup  everything is removed when the body fails, on SIGTERM and on SIGINT of a running
            harness (namespaces and the processes inside), and `--cleanup` removes the leftovers
            of a killed run but not the namespaces of a running one.
@@ -278,7 +282,30 @@ def case_cleanup(a):
             nc.remove_namespace(ns)
 
 
-CASES = {"smoke": case_smoke, "hosts": case_hosts, "cleanup": case_cleanup}
+def case_train(a):
+    script = os.path.join(os.path.dirname(HARNESS), "train_cluster.py")
+    if not nc.python_with_torch():
+        print("SKIPPED: no python with torch")
+        sys.exit(nc.SKIP)
+    small = [nc.python_with_torch(), script, "--bin", a.bin_dir, "-n", "2", "-k", "1",
+             "--width", "256", "--layers", "2", "--steps", "1", "--warmup", "1", "--repeats", "1",
+             "--results", "-", "--plot", ""]
+    p = subprocess.run(small, capture_output=True, text=True, timeout=a.budget / 2)
+    expect(p.returncode == 0, "train_cluster failed (%d):\n%s\n%s" % (p.returncode, p.stdout, p.stderr))
+    for method in ("gloo-ddp", "gradlink-opt", "gradlink-hook", "gradlink-opt-tuned"):
+        rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| %s |" % method)]
+        expect(len(rows) == 1, "no row for %s in:\n%s" % (method, p.stdout))
+    expect("bit-identical parameters" in p.stdout, p.stdout)
+    expect("gradlink-opt P=128K F=1M A=256K (partition_bytes max_bytes_in_flight max_bytes_ahead "
+           "chosen by gradlink" in p.stdout, "the tuner's choice is not reported:\n" + p.stdout)
+    p = subprocess.run(small + ["--methods", "gloo-ddp,gradlink-opt", "--tolerance", "-1"],
+                       capture_output=True, text=True, timeout=a.budget / 2)
+    expect(p.returncode == 1 and "gradlink-opt's final parameters differ from gloo-ddp's" in p.stderr,
+           "a tolerance no run can meet did not fail the run (%d):\n%s\n%s" % (
+               p.returncode, p.stdout, p.stderr))
+
+
+CASES = {"smoke": case_smoke, "hosts": case_hosts, "cleanup": case_cleanup, "train": case_train}
 
 
 def main():

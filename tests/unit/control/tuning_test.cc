@@ -45,6 +45,21 @@ TEST(TuningTest, ANetworkGetsSmallPartitionsAndALeadPerServer) {
             32u * (128u << 10));
 }
 
+// A partition the worker sets sizes the window and the lead it leaves to gradlink: 2 partitions
+// ahead of 1 MiB, not 256 KiB (a lead under one partition would starve the pipeline).
+TEST(TuningTest, WindowAndLeadFollowAPartitionThatIsSet) {
+  const Choice net = Choose(Book({"a/1", "b/2"}, {"c/3", "d/4", "e/5", "f/6"}), 1u << 20);
+  EXPECT_EQ(net.partition_bytes, 1u << 20);
+  EXPECT_EQ(net.max_bytes_ahead, 2u << 20);
+  EXPECT_EQ(net.max_bytes_in_flight, 8u << 20);
+  EXPECT_NE(net.why.find("for the 1048576-byte partitions set"), std::string::npos) << net.why;
+  const Choice one = Choose(Book({"a/1", "a/2"}, {"a/3"}), 4);
+  EXPECT_EQ(one.max_bytes_in_flight, 32u);
+  EXPECT_EQ(one.max_bytes_ahead, 0u);
+  // Saturating, never wrapped around to a small window.
+  EXPECT_EQ(Choose(Book({"a/1", "b/2"}, {"c/3"}), UINT64_MAX / 2).max_bytes_in_flight, UINT64_MAX);
+}
+
 TEST(TuningTest, AKeyIsCutSoThatEveryServerGetsAPart) {
   const Choice net = Choose(Book({"a/1", "b/2"}, {"c/3", "d/4"}));
   const Choice one = Choose(Book({"a/1", "a/2"}, {"a/3", "a/4"}));
