@@ -53,8 +53,8 @@ ARENA = 64 << 20  # the same-host path's shared memory
 def run_cpp(a, path):
     cmd = [os.path.join(a.bin, "gradlink-bench"), "-w", "2", "-s", str(a.servers), "-b",
            str(a.bytes), "-e", str(a.bytes), "-n", str(a.n), "--warmup", str(a.warmup)]
-    if path == "same-host":
-        cmd += ["--local-arena", str(ARENA)]
+    # The same-host path is the default on one host; the servers' path is asked for.
+    cmd += ["--local-arena", str(ARENA) if path == "same-host" else "0"]
     if a.bind:
         cmd.append("--bind")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -85,8 +85,7 @@ def run_python(a, path):
            os.path.abspath(__file__), "--worker", "--bytes", str(a.bytes), "-n", str(a.n),
            "--warmup", str(a.warmup)]
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    if path == "same-host":
-        env["GRADLINK_LOCAL_ARENA_BYTES"] = str(ARENA)
+    env["GRADLINK_LOCAL_ARENA_BYTES"] = str(ARENA) if path == "same-host" else "0"
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     if out.returncode != 0:
         sys.exit("python run failed:\n" + out.stdout + out.stderr)

@@ -955,7 +955,7 @@ def build_systems(a, cl, scenario, n, ks, sizes, pm, log):
         show = lambda v: human(v) if v else "auto"
         if a.grid:
             yield " defaults", 0, 0, 0, {}
-            for p in GRID_PARTITIONS:
+            for p in a.grid_partitions:
                 for ahead in GRID_LEADS:
                     yield (" P=%s A=%s" % (human(p), human(ahead)), p, GRID_IN_FLIGHT, ahead,
                            GRID_UCX)
@@ -1068,6 +1068,8 @@ def main(argv=None):
                     help="gradlink with no flags beside the tuned grid: P 64K/128K/1M x lead "
                          "128K/256K/512K per server, F = 1M, UCX_TCP_RCVBUF=64k "
                          "UCX_TCP_TX_SEG_SIZE=64k (overrides the three options above)")
+    ap.add_argument("--grid-partitions", default=",".join(human(p) for p in GRID_PARTITIONS),
+                    help="the grid's partition sizes (default %(default)s)")
     ap.add_argument("--single-lane", action="store_true", help="gradlink on one lane (ps, mixed)")
     ap.add_argument("--gradlink-env", action="append", default=[], metavar="VAR=VALUE",
                     help="extra environment of the gradlink processes (repeatable), e.g. "
@@ -1125,6 +1127,7 @@ def main(argv=None):
         a.partition_bytes = [parse_size(x) for x in a.partition_bytes.split(",") if x.strip()] or [0]
         a.max_in_flight = [parse_size(x) for x in a.max_in_flight.split(",") if x.strip()] or [0]
         a.max_ahead = [parse_size(x) for x in a.max_ahead.split(",") if x.strip()] or [0]
+        a.grid_partitions = [parse_size(x) for x in a.grid_partitions.split(",") if x.strip()]
     except argparse.ArgumentTypeError as e:
         ap.error(str(e))
     if a.timeline:
@@ -1241,7 +1244,7 @@ def main(argv=None):
 # Options that change what is measured (the network, gradlink's settings); the summary names
 # those a run set to other than netcluster's defaults.
 TUNING = ("rate", "burst", "latency_ms", "mtu", "partition_bytes", "max_in_flight", "max_ahead",
-          "grid", "single_lane", "gradlink_env")
+          "grid", "grid_partitions", "single_lane", "gradlink_env")
 
 
 def load_results_md():
@@ -1268,13 +1271,9 @@ def option_text(dest, value):
 
 
 def changed_options(ap, a):
-    """The TUNING options a run set to other than their defaults, as command-line text."""
-    def default(d):
-        v = ap.get_default(d)
-        if d in ("partition_bytes", "max_in_flight", "max_ahead"):
-            return [parse_size(x) for x in v.split(",")]
-        return {} if d == "gradlink_env" else v
-    return [option_text(d, getattr(a, d)) for d in TUNING if getattr(a, d) != default(d)]
+    """The TUNING options a run set to other than their defaults, as command-line text (called
+    before main() parses the values further: they are still the command line's text)."""
+    return [option_text(d, getattr(a, d)) for d in TUNING if getattr(a, d) != ap.get_default(d)]
 
 
 def tuned_defaults(ap):
