@@ -32,8 +32,8 @@ Scenarios (n = --workers worker hosts, k = each of --servers):
              "ready PREFIX" and wait for a signal.
 
 gradlink runs with no tuning flags unless told otherwise: what it chooses for the job itself
-(docs/operations.md, "What gradlink tunes"; over these links, 128K partitions, 256K ahead per
-server, UCX_TCP_RCVBUF and UCX_TCP_TX_SEG_SIZE 64k). --partition-bytes, --max-in-flight and
+(docs/operations.md, "What gradlink tunes"; over these links, 64K partitions, 128K ahead per
+server, a 1M window, UCX_TCP_RCVBUF and UCX_TCP_TX_SEG_SIZE 64k). --partition-bytes, --max-in-flight and
 --max-ahead set them (comma-separated: a sweep; 0: gradlink's choice); --grid runs gradlink's
 choice beside the fixed tuned grid the defaults are held against (P 64K/128K/1M x lead
 128K/256K/512K per server, F = 1M, the UCX settings above).

@@ -16,11 +16,13 @@ constexpr uint64_t kOneMachinePartition = 4u << 20;
 // A network: a server answers a partition once all n workers' pushes of it are in, so the flows
 // into it must stay in step, and the pipeline's start (the first sums wait for n partitions)
 // and end (the last window drains) cost about a partition each way: small partitions, few of
-// them ahead per server. 128 KiB partitions with 256 KiB ahead per server were the best of
-// netcluster's grid at 1 Gbit/s (bench/history/RESULTS-2026-11.md, "Partition size and window"
-// and "the lead after the ordered issue").
-constexpr uint64_t kNetworkPartition = 128u << 10;
-constexpr uint64_t kPartitionsInFlight = 8;   // per worker, at least
+// them ahead per server. 64 KiB partitions, 2 ahead per server and a 1 MiB window were within
+// 1.1% of the best point of the tuned grid (P 64K/128K/1M x lead 128K/256K/512K) in all 22
+// cells measured: 9 shapes from (2,1) to (6,3) and mixed placement, 1 Gbit/s and 500 Mbit/s,
+// 4-64 MiB (bench/RESULTS.md, "Defaults against the hand-tuned grid").
+constexpr uint64_t kNetworkPartition = 64u << 10;
+constexpr uint64_t kOneMachineInFlight = 8;   // partitions per worker
+constexpr uint64_t kNetworkInFlight = 16;     // partitions per worker, at least
 constexpr uint64_t kPartitionsAhead = 2;      // per server an op spans (network only)
 
 // a x b, saturating (a partition set near 2^46 bytes must not wrap the window to a small one).
@@ -48,7 +50,7 @@ Choice Choose(const wire::WelcomeMsg& book, std::optional<uint64_t> partition) {
   c.fabric = one ? Fabric::kOneMachine : Fabric::kNetwork;
   if (c.fabric == Fabric::kOneMachine) {
     c.partition_bytes = partition.value_or(kOneMachinePartition);
-    c.max_bytes_in_flight = Times(c.partition_bytes, kPartitionsInFlight);
+    c.max_bytes_in_flight = Times(c.partition_bytes, kOneMachineInFlight);
     c.max_bytes_ahead = 0;
     c.why = "every member on machine " + std::string(first) +
             ": large partitions, no lead limit";
@@ -56,7 +58,7 @@ Choice Choose(const wire::WelcomeMsg& book, std::optional<uint64_t> partition) {
     c.partition_bytes = partition.value_or(kNetworkPartition);
     // Enough in flight for every server's lead, so the window never binds before the leads do.
     c.max_bytes_in_flight = Times(
-        c.partition_bytes, std::max<uint64_t>(kPartitionsInFlight, kPartitionsAhead * c.servers));
+        c.partition_bytes, std::max<uint64_t>(kNetworkInFlight, kPartitionsAhead * c.servers));
     c.max_bytes_ahead = Times(c.partition_bytes, kPartitionsAhead);
     c.why = std::to_string(c.workers) + " workers and " + std::to_string(c.servers) +
             " servers over a network: small partitions, " + std::to_string(kPartitionsAhead) +

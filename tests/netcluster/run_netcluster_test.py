@@ -296,7 +296,7 @@ def case_train(a):
         rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| %s |" % method)]
         expect(len(rows) == 1, "no row for %s in:\n%s" % (method, p.stdout))
     expect("bit-identical parameters" in p.stdout, p.stdout)
-    expect("gradlink-opt P=128K F=1M A=256K (partition_bytes max_bytes_in_flight max_bytes_ahead "
+    expect("gradlink-opt P=64K F=1M A=128K (partition_bytes max_bytes_in_flight max_bytes_ahead "
            "chosen by gradlink" in p.stdout, "the tuner's choice is not reported:\n" + p.stdout)
     p = subprocess.run(small + ["--methods", "gloo-ddp,gradlink-opt", "--tolerance", "-1"],
                        capture_output=True, text=True, timeout=a.budget / 2)

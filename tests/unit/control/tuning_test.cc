@@ -36,22 +36,22 @@ TEST(TuningTest, ANetworkGetsSmallPartitionsAndALeadPerServer) {
         Book({"a~netns1/1", "a~netns2/2"}, {"a~netns1/3"})}) {
     const Choice c = Choose(book);
     EXPECT_EQ(c.fabric, Fabric::kNetwork);
-    EXPECT_EQ(c.partition_bytes, 128u << 10);
-    EXPECT_EQ(c.max_bytes_ahead, 256u << 10);
-    // The window holds every server's lead, and at least 8 partitions.
-    EXPECT_EQ(c.max_bytes_in_flight, std::max<uint64_t>(8, 2 * c.servers) * (128u << 10));
+    EXPECT_EQ(c.partition_bytes, 64u << 10);
+    EXPECT_EQ(c.max_bytes_ahead, 128u << 10);
+    // The window holds every server's lead, and at least 16 partitions.
+    EXPECT_EQ(c.max_bytes_in_flight, std::max<uint64_t>(16, 2 * c.servers) * (64u << 10));
   }
   EXPECT_EQ(Choose(Book({"a/1", "b/2"}, std::vector<std::string>(16, "s/1"))).max_bytes_in_flight,
-            32u * (128u << 10));
+            32u * (64u << 10));
 }
 
 // A partition the worker sets sizes the window and the lead it leaves to gradlink: 2 partitions
-// ahead of 1 MiB, not 256 KiB (a lead under one partition would starve the pipeline).
+// ahead of 1 MiB, not 128 KiB (a lead under one partition would starve the pipeline).
 TEST(TuningTest, WindowAndLeadFollowAPartitionThatIsSet) {
   const Choice net = Choose(Book({"a/1", "b/2"}, {"c/3", "d/4", "e/5", "f/6"}), 1u << 20);
   EXPECT_EQ(net.partition_bytes, 1u << 20);
   EXPECT_EQ(net.max_bytes_ahead, 2u << 20);
-  EXPECT_EQ(net.max_bytes_in_flight, 8u << 20);
+  EXPECT_EQ(net.max_bytes_in_flight, 16u << 20);
   EXPECT_NE(net.why.find("for the 1048576-byte partitions set"), std::string::npos) << net.why;
   const Choice one = Choose(Book({"a/1", "a/2"}, {"a/3"}), 4);
   EXPECT_EQ(one.max_bytes_in_flight, 32u);
@@ -63,7 +63,7 @@ TEST(TuningTest, WindowAndLeadFollowAPartitionThatIsSet) {
 TEST(TuningTest, AKeyIsCutSoThatEveryServerGetsAPart) {
   const Choice net = Choose(Book({"a/1", "b/2"}, {"c/3", "d/4"}));
   const Choice one = Choose(Book({"a/1", "a/2"}, {"a/3", "a/4"}));
-  EXPECT_EQ(KeyPartitionBytes(net, 64u << 20, 4), 128u << 10);  // the job's most
+  EXPECT_EQ(KeyPartitionBytes(net, 64u << 20, 4), 64u << 10);  // the job's most
   EXPECT_EQ(KeyPartitionBytes(one, 64u << 20, 4), 4u << 20);
   EXPECT_EQ(KeyPartitionBytes(one, 4u << 20, 2), 2u << 20);     // one part per server
   EXPECT_EQ(KeyPartitionBytes(one, 3u << 20, 4), 1u << 20);     // 768 KiB shares, rounded up

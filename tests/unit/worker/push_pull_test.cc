@@ -229,8 +229,7 @@ TEST(JobTest, Barrier) {
 // Left unset, the partition size, window and lead are gradlink's choice for the job
 // (control/tuning.h): the harness's members each have a host of their own, so a network. The
 // scheduler cuts each key by the same rule, so the servers' partition rounds tell how it cut:
-// 1 MiB of fp32 in 128 KiB partitions (8), 40 KiB in 32 KiB ones (2: one per server), and a
-// key the workers set explicitly in the size they set.
+// 1 MiB of fp32 in 64 KiB partitions (16), 40 KiB in 32 KiB ones (2: one per server).
 TEST(JobTest, UnsetSettingsAreChosenForTheJob) {
   JobConfig config;
   config.workers = 2;
@@ -242,9 +241,9 @@ TEST(JobTest, UnsetSettingsAreChosenForTheJob) {
   ASSERT_NO_FATAL_FAILURE(job.Start(config));
   for (uint32_t r = 0; r < config.workers; ++r) {
     const WorkerStats::InForce f = job.worker(r).Stats().in_force;
-    EXPECT_EQ(f.partition_bytes, 128u << 10);
+    EXPECT_EQ(f.partition_bytes, 64u << 10);
     EXPECT_EQ(f.max_bytes_in_flight, 1u << 20);
-    EXPECT_EQ(f.max_bytes_ahead, 256u << 10);
+    EXPECT_EQ(f.max_bytes_ahead, 128u << 10);
     EXPECT_NE(f.chosen.find("partition_bytes max_bytes_in_flight max_bytes_ahead chosen by "
                             "gradlink: 2 workers and 2 servers over a network"),
               std::string::npos)
@@ -253,14 +252,14 @@ TEST(JobTest, UnsetSettingsAreChosenForTheJob) {
   const std::vector<TensorSpec> big = {{"big", DataType::kFloat32, 262144}};
   const std::vector<TensorSpec> small = {{"small", DataType::kFloat32, 10240}};
   RunRounds(job, big, 3);
-  EXPECT_EQ(ServerRounds(job), ExpectedPartitionRounds(big, 128u << 10, 3));
+  EXPECT_EQ(ServerRounds(job), ExpectedPartitionRounds(big, 64u << 10, 3));
   RunRounds(job, small, 3);
-  EXPECT_EQ(ServerRounds(job), ExpectedPartitionRounds(big, 128u << 10, 3) +
+  EXPECT_EQ(ServerRounds(job), ExpectedPartitionRounds(big, 64u << 10, 3) +
                                    ExpectedPartitionRounds(small, 32u << 10, 3));
   for (uint32_t s = 0; s < config.servers; ++s) EXPECT_GT(job.server(s).stats().rounds_completed, 3u);
-  // Each worker's lead stayed within what was chosen: 256 KiB per server an op spans.
+  // Each worker's lead stayed within what was chosen: 128 KiB per server an op spans.
   for (uint32_t r = 0; r < config.workers; ++r) {
-    EXPECT_LE(job.worker(r).Stats().peak_bytes_ahead, 2u * (256u << 10)) << "rank " << r;
+    EXPECT_LE(job.worker(r).Stats().peak_bytes_ahead, 2u * (128u << 10)) << "rank " << r;
   }
   job.FinishCleanly();
 }
