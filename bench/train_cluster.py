@@ -37,8 +37,10 @@ import datetime
 import json
 import os
 import secrets
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -194,8 +196,7 @@ def main(argv=None):
     compute = []
     in_force = {}  # name: rank 0's settings in force (gradlink methods)
     runs = 0
-    import tempfile
-    save_dir = tempfile.mkdtemp(prefix="train-cluster-")
+    save_dir = tempfile.mkdtemp(prefix="train-cluster-")  # each method's final parameters
     try:
         with nc.Cluster(n + k, a.rate, latency_ms=a.latency_ms, mtu=a.mtu) as cl:
             for rep in range(a.repeats):
@@ -215,6 +216,8 @@ def main(argv=None):
     except nc.RunError as e:
         print("train_cluster: FAILED: %s" % e, file=sys.stderr)
         return 1
+    finally:
+        shutil.rmtree(save_dir, ignore_errors=True)  # a state_dict per method, 134 MB each
     comp = statistics.median(compute)
     ps = pm.ps_bound_time(n, k, m, byte_s)
     ring = nc.ring_bound_time(n, m, byte_s)

@@ -58,8 +58,7 @@ struct Config {
   std::optional<uint64_t> local_arena, local_chunk;
   uint64_t tensors = 1;
   bool no_fusion = false, verbose = false, no_align = false, bind = false;
-  uint64_t fusion_buffer_bytes = gl::WorkerOptions().fusion_buffer_bytes;
-  uint64_t fusion_threshold_bytes = gl::WorkerOptions().fusion_threshold_bytes;
+  std::optional<uint64_t> fusion_buffer_bytes, fusion_threshold_bytes;
 };
 
 // "4096", "64K", "1.5M", "64G", "1T"; nullopt for anything else.
@@ -200,8 +199,9 @@ int RunWorker(const Config& c) {
   if (c.max_ahead) o.max_bytes_ahead = c.max_ahead;
   if (c.local_arena) o.local_arena_bytes = *c.local_arena;
   if (c.local_chunk) o.local_chunk_bytes = *c.local_chunk;
-  o.fusion_buffer_bytes = c.no_fusion ? 0 : c.fusion_buffer_bytes;
-  o.fusion_threshold_bytes = c.fusion_threshold_bytes;
+  if (c.fusion_buffer_bytes) o.fusion_buffer_bytes = *c.fusion_buffer_bytes;
+  if (c.fusion_threshold_bytes) o.fusion_threshold_bytes = *c.fusion_threshold_bytes;
+  if (c.no_fusion) o.fusion_buffer_bytes = 0;
   auto w = gl::Worker::Connect(o);
   if (!w.ok()) {
     std::fprintf(stderr, "gradlink-bench worker: %s\n", w.status().ToString().c_str());
@@ -254,8 +254,8 @@ int RunWorker(const Config& c) {
       } else {
         std::printf("# each row: %llu tensors in one group, fused into %s buffers (members from %s "
                     "unfused)\n",
-                    (unsigned long long)c.tensors, HumanSize(c.fusion_buffer_bytes).c_str(),
-                    HumanSize(std::min(c.fusion_threshold_bytes, c.fusion_buffer_bytes)).c_str());
+                    (unsigned long long)c.tensors, HumanSize(o.fusion_buffer_bytes).c_str(),
+                    HumanSize(std::min(o.fusion_threshold_bytes, o.fusion_buffer_bytes)).c_str());
       }
     }
     std::printf("%10s %12s %6s %11s %11s %10s %10s %8s\n", "size(B)", "count", "type", "time(us)",
@@ -444,8 +444,9 @@ int main(int argc, char** argv) {
   app.add_option("--tensors", c.tensors, "split each row into this many tensors, pushed as one group")
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--no-fusion", c.no_fusion, "do not fuse a group's tensors (fusion_buffer_bytes 0)");
-  app.add_option("--fusion-buffer-bytes", c.fusion_buffer_bytes, "fusion buffer size")->capture_default_str();
-  app.add_option("--fusion-threshold", c.fusion_threshold_bytes, "members of this size go unfused")->capture_default_str();
+  app.add_option("--fusion-buffer-bytes", c.fusion_buffer_bytes, "fusion buffer size (default 4 MiB)");
+  app.add_option("--fusion-threshold", c.fusion_threshold_bytes,
+                 "members of this size go unfused (default 256 KiB)");
   app.add_flag("-v,--verbose", c.verbose, "print where the time of a round went, by stage");
   app.add_flag("--bind", c.bind, "pin worker r to CPU r mod (usable CPUs), as mpirun binds to cores");
   app.add_flag("--no-align", c.no_align,
@@ -484,14 +485,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> worker_args = {
       "-b", c.begin, "-e", c.end, "-f", std::to_string(c.factor), "-d", c.dtype_name,
       "-n", std::to_string(c.iters), "--warmup", std::to_string(c.warmup), "--job", c.job,
-      "--tensors", std::to_string(c.tensors),
-      "--fusion-buffer-bytes", std::to_string(c.fusion_buffer_bytes), "--fusion-threshold",
-      std::to_string(c.fusion_threshold_bytes)};
+      "--tensors", std::to_string(c.tensors)};
   for (const auto& [flag, value] : {std::pair{"--partition-bytes", c.partition_bytes},
                                      {"--max-in-flight", c.max_in_flight},
                                      {"--max-ahead", c.max_ahead},
                                      {"--local-arena", c.local_arena},
-                                     {"--local-chunk", c.local_chunk}}) {
+                                     {"--local-chunk", c.local_chunk},
+                                     {"--fusion-buffer-bytes", c.fusion_buffer_bytes},
+                                     {"--fusion-threshold", c.fusion_threshold_bytes}}) {
     if (value) worker_args.insert(worker_args.end(), {flag, std::to_string(*value)});
   }
   if (c.no_fusion) worker_args.push_back("--no-fusion");
