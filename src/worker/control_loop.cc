@@ -15,9 +15,6 @@ using wire::MsgType;
 namespace {
 
 constexpr auto kPoll = std::chrono::milliseconds(100);
-// How long a failed data endpoint waits for the scheduler's verdict (kAbort arrives within a
-// few ms of the scheduler learning of a loss; the control thread polls every kPoll).
-constexpr auto kVerdictGrace = std::chrono::milliseconds(500);
 
 uint32_t ServersSpanned(const std::vector<wire::PartitionPlan>& parts) {
   std::vector<uint32_t> servers;

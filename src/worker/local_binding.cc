@@ -114,11 +114,19 @@ void WorkerImpl::StartLocalLocked(TensorState& t, const std::shared_ptr<Op>& op)
 
 void WorkerImpl::LocalDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,
                Clock::time_point last, Clock::time_point arrived) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   op->t_first_issue = first;
   op->t_pushed = last;
   op->t_arrived = arrived;
-  FinishLocked(*op, s);
+  Status result = s;
+  if (s.code() == Code::kAborted && failure_.ok()) {
+    // A worker that left mid-operation mostly left because the job failed (it heard the
+    // scheduler go silent a moment before us): give the verdict, or this worker's own
+    // detection, the grace a failed data endpoint gets, so the op names the cause.
+    cv_.wait_for(lock, kVerdictGrace, [this] { return !failure_.ok(); });
+    if (!failure_.ok()) result = failure_;
+  }
+  FinishLocked(*op, result);
 }
 
 }  // namespace gradlink

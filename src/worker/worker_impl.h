@@ -53,6 +53,11 @@ using internal::TensorState;
 Result<std::unique_ptr<Worker>> ConnectWorkerOn(const WorkerOptions& options,
                                                 std::shared_ptr<transport::Fabric> fabric);
 
+// How long a peer's loss seen on the data path (a failed endpoint, a same-host worker that
+// left) waits for the job's verdict before it is reported itself (kAbort arrives within a few
+// ms of the scheduler learning of a loss; the control thread polls every 100 ms).
+inline constexpr auto kVerdictGrace = std::chrono::milliseconds(500);
+
 class WorkerImpl final : public Worker {
  public:
   WorkerImpl(const WorkerOptions& o, std::shared_ptr<transport::Fabric> fabric)
