@@ -81,6 +81,17 @@ struct WorkerOptions {
   uint64_t local_arena_bytes = kDefaultLocalArenaBytes;
   // The most bytes of a tensor in the segment at a time, per worker (worker 0's value counts).
   uint64_t local_chunk_bytes = 256u << 10;
+  // Hierarchical aggregation: when the job spans several hosts and some host has several
+  // workers, the workers of a host sum among themselves through a shared-memory segment of
+  // local_arena_bytes first (each pushes and pulls its share of the partitions for the host),
+  // so each host moves a tensor's bytes once each way. false: every worker pushes everything
+  // (flat, bit-identical to gradlink without hierarchy). GRADLINK_HIERARCHICAL. A key is
+  // hierarchical only if every worker's host could take it (docs/operations.md).
+  bool hierarchical = true;
+  // With hierarchy, 16-bit (fp16/bf16) host partial sums are sent in fp32 (every value rounded
+  // once, as the flat path does; a host then moves 2x the tensor's bytes). true: in their own
+  // dtype (half the bytes, a second rounding). Every worker must agree. GRADLINK_HALF_PARTIALS.
+  bool half_partials = false;
   std::chrono::milliseconds connect_timeout{30000};  // to join the job
   // PushPullHandle::Wait() without a deadline waits this long, then returns kTimeout.
   std::chrono::milliseconds operation_timeout{300000};

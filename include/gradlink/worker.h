@@ -130,6 +130,9 @@ struct WorkerStats {
     uint64_t fusion_threshold_bytes = 0;
     uint64_t local_arena_bytes = 0;  // the segment's size when same_host_path, else as asked
     bool same_host_path = false;
+    // Hierarchical aggregation in force (this host's workers sum first): "" when off, else
+    // e.g. "host 1 of 2, local rank 0 of 2, fp32 partials".
+    std::string hierarchy;
     bool single_lane = false;
     std::string host;
     std::vector<std::string> ucx;

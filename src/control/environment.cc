@@ -110,6 +110,8 @@ Status ApplyEnvironment(WorkerOptions* o) {
       Take("GRADLINK_FUSION_THRESHOLD_BYTES", env::Bytes, &n.fusion_threshold_bytes));
   GL_RETURN_IF_ERROR(Take("GRADLINK_LOCAL_ARENA_BYTES", env::Bytes, &n.local_arena_bytes));
   GL_RETURN_IF_ERROR(Take("GRADLINK_LOCAL_CHUNK_BYTES", env::Bytes, &n.local_chunk_bytes));
+  GL_RETURN_IF_ERROR(Take("GRADLINK_HIERARCHICAL", env::Flag, &n.hierarchical));
+  GL_RETURN_IF_ERROR(Take("GRADLINK_HALF_PARTIALS", env::Flag, &n.half_partials));
   GL_RETURN_IF_ERROR(Take("GRADLINK_CONNECT_TIMEOUT", env::Seconds, &n.connect_timeout));
   GL_RETURN_IF_ERROR(Take("GRADLINK_TIMEOUT", env::Seconds, &n.operation_timeout));
   GL_RETURN_IF_ERROR(TakeSecret(&n.secret));

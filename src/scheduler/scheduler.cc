@@ -231,6 +231,7 @@ Status SchedulerImpl::StartJob() {
   };
   // The job's tuning, as every member will compute it from this same book (control/tuning.h).
   tuning_ = tuning::Choose(w);
+  hosts_ = topology::Of(w);
   GL_LOG(kInfo) << "tuning: " << tuning_.why << " (partitions of up to " << tuning_.partition_bytes
                 << " bytes where the workers do not set them)";
   const Payload server_book = share_book(w);
@@ -294,6 +295,12 @@ Status SchedulerImpl::OnDeclare(Connection& c, const Frame& f) {
 
 namespace {
 
+std::string ModeText(uint8_t mode) {
+  return mode == static_cast<uint8_t>(topology::Mode::kHalfPartials)
+             ? " and 16-bit host partials"
+             : " and fp32 host partials";
+}
+
 std::string PartitionsText(uint64_t declared) {
   return declared == 0 ? std::string("the partitions gradlink chooses")
                        : std::to_string(declared) + "-byte partitions";
@@ -306,9 +313,24 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
   decl.name = d0.name;
   decl.dtype = static_cast<DataType>(h0.dtype);
   decl.count = h0.count;
+  // Hierarchical only if every worker's host can sum the key (each bound it to its segment)
+  // and all ask for the same partials; a worker that cannot (or was told not to) makes the
+  // key flat for every worker. Two hierarchical modes that differ are a mismatch below.
+  decl.mode = static_cast<topology::Mode>(d0.mode);
+  bool modes_differ = false;
+  for (const auto& [rank, hd] : decl.by_rank) {
+    const auto m = static_cast<topology::Mode>(hd.second.mode);
+    if (m == topology::Mode::kFlat) decl.mode = topology::Mode::kFlat;
+    if (m != topology::Mode::kFlat && m != static_cast<topology::Mode>(d0.mode)) modes_differ = true;
+  }
+  if (!hosts_.hierarchical()) decl.mode = topology::Mode::kFlat;
+  if (decl.mode == topology::Mode::kFlat) modes_differ = false;
+  // Partitions are cut in what travels (fp32 for a 16-bit tensor's host partials), so that the
+  // tuned partition size is the bytes on the wire.
+  const DataType wire_type = topology::WireType(decl.dtype, decl.mode);
   // 0 from every worker: the job's choice, cut to this key (every worker sent the same, or
   // the declarations disagree below, naming what each gave).
-  const uint64_t elem = DataTypeSize(static_cast<DataType>(h0.dtype));
+  const uint64_t elem = DataTypeSize(wire_type);
   const uint64_t tensor_bytes = elem != 0 && h0.count > UINT64_MAX / elem ? UINT64_MAX : h0.count * elem;
   decl.partition_bytes = d0.partition_bytes != 0
                              ? d0.partition_bytes
@@ -326,19 +348,20 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
   for (const auto& [rank, hd] : decl.by_rank) {
     const auto& [h, d] = hd;
     const bool shape_differs = shape0 != nullptr && !d.shape.empty() && d.shape != *shape0;
+    const bool mode_differs = modes_differ && d.mode != d0.mode;
     if (h.dtype != h0.dtype || h.count != h0.count || d.partition_bytes != d0.partition_bytes ||
-        d.name != d0.name || shape_differs) {
+        d.name != d0.name || shape_differs || mode_differs) {
       disagree += (disagree.empty() ? "" : ", ") + std::string("rank ") + std::to_string(rank) +
                   (d.name != d0.name ? " declared name '" + d.name + "' as " : " declared ") +
                   std::string(DataTypeName(static_cast<DataType>(h.dtype))) + "[" +
                   std::to_string(h.count) + "]" + ShapeSuffix(d.shape) + " with " +
-                  PartitionsText(d.partition_bytes);
+                  PartitionsText(d.partition_bytes) + (mode_differs ? ModeText(d.mode) : "");
     }
   }
   decl.planned = true;
 
   const std::string keyhex = KeyHex(key);
-  const uint64_t per_part = std::max<uint64_t>(1, decl.partition_bytes / DataTypeSize(decl.dtype));
+  const uint64_t per_part = std::max<uint64_t>(1, decl.partition_bytes / DataTypeSize(wire_type));
   if (disagree.empty() && decl.count / per_part >= wire::kMaxPartitionsPerTensor) {
     decl.status = InvalidArgument(
         "key " + keyhex + " '" + decl.name + "': " + std::to_string(decl.count) +
@@ -353,7 +376,8 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
                              std::string(DataTypeName(decl.dtype)) + "[" +
                              std::to_string(decl.count) + "]" +
                              ShapeSuffix(first->second.second.shape) + " with " +
-                             PartitionsText(d0.partition_bytes) + ", " + disagree);
+                             PartitionsText(d0.partition_bytes) +
+                             (modes_differ ? ModeText(d0.mode) : "") + ", " + disagree);
     }
     RefuseKey(key, decl);
     return Status::Ok();
@@ -361,7 +385,8 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
   wire::AssignMsg a;
   a.name = decl.name;
   const Placer before = placer_;
-  a.partitions = placer_.Plan(decl.dtype, decl.count, decl.partition_bytes);
+  a.mode = static_cast<uint8_t>(decl.mode);
+  a.partitions = placer_.Plan(wire_type, decl.count, decl.partition_bytes);
   if (Status admitted = Admit(keyhex, decl, a.partitions); !admitted.ok()) {
     placer_ = before;  // the refused key takes no room
     decl.status = std::move(admitted);
@@ -392,7 +417,10 @@ Status SchedulerImpl::Admit(const std::string& keyhex, const Declaration& decl,
                             const std::vector<wire::PartitionPlan>& plan) {
   std::vector<uint64_t> need(held_.size(), 0);
   for (const wire::PartitionPlan& p : plan) {
-    const uint64_t bytes = reduce::ServerBytesHeld(decl.dtype, p.count, opts_.num_workers);
+    const uint32_t contributors =
+        decl.mode == topology::Mode::kFlat ? opts_.num_workers : hosts_.hosts();
+    const uint64_t bytes = reduce::ServerBytesHeld(topology::WireType(decl.dtype, decl.mode),
+                                                   p.count, contributors);
     need[p.server] = bytes > UINT64_MAX - need[p.server] ? UINT64_MAX : need[p.server] + bytes;
   }
   for (uint32_t s = 0; s < need.size(); ++s) {

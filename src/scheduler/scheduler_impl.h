@@ -36,6 +36,7 @@
 #include "scheduler/placement.h"
 #include "security/handshake.h"
 #include "control/control_channel.h"
+#include "control/topology.h"
 #include "control/tuning.h"
 #include "wire/messages.h"
 
@@ -90,6 +91,7 @@ struct Declaration {
   DataType dtype{};
   uint64_t count = 0;
   uint64_t partition_bytes = 0;
+  topology::Mode mode = topology::Mode::kFlat;  // how the servers aggregate it
   std::map<uint32_t, std::pair<wire::Header, wire::DeclareMsg>> by_rank;
   bool planned = false;
   Status status;  // kMismatch when the workers disagree
@@ -196,6 +198,7 @@ class SchedulerImpl final : public Scheduler {
   std::map<uint64_t, std::set<uint32_t>> barriers_;
   Placer placer_;
   tuning::Choice tuning_;  // from the address book, once the job starts
+  topology::Hosts hosts_;  // likewise: who shares a host (hierarchical keys)
   // Per server id: its memory budget (ServerOptions::memory_budget_bytes, or the default share
   // of its host's memory) and the bytes its planned partitions hold (reduce::ServerBytesHeld).
   std::vector<uint64_t> budget_, held_;

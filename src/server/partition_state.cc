@@ -8,20 +8,29 @@
 namespace gradlink::server {
 
 PartitionState::PartitionState(uint64_t key, uint32_t partition, std::string name, DataType dtype,
-                               uint64_t count, uint32_t num_workers)
+                               uint64_t count, std::vector<uint32_t> contributors,
+                               uint32_t workers)
     : key_(key),
       partition_(partition),
       name_(std::move(name)),
       dtype_(dtype),
       count_(count),
-      num_workers_(num_workers),
+      contributors_(std::move(contributors)),
+      num_workers_(static_cast<uint32_t>(contributors_.size())),
+      divisor_(workers),
       wire_bytes_(count * DataTypeSize(dtype)),
       acc_bytes_(count * DataTypeSize(reduce::AccumulatorType(dtype))),
-      stage_(num_workers, Stage::kFree),
-      cookie_(num_workers, 0),
-      flags_(num_workers, 0),
-      gone_(num_workers, false),
-      staging_(num_workers) {}
+      stage_(num_workers_, Stage::kFree),
+      cookie_(num_workers_, 0),
+      flags_(num_workers_, 0),
+      gone_(num_workers_, false),
+      staging_(num_workers_) {
+  for (uint32_t i = 0; i < num_workers_; ++i) {
+    const uint32_t r = contributors_[i];
+    if (r >= index_of_.size()) index_of_.resize(r + 1, -1);
+    index_of_[r] = static_cast<int32_t>(i);
+  }
+}
 
 std::string PartitionState::Describe() const {
   return "key " + KeyHex(key_) + " '" + name_ + "' partition " + std::to_string(partition_);
@@ -35,18 +44,22 @@ uint64_t PartitionState::round() const {
 Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bool* run_engine) {
   *run_engine = false;
   std::lock_guard<std::mutex> lock(mu_);
-  const uint32_t rank = h.sender;
-  if (rank >= num_workers_) {
-    return ProtocolError("push from rank " + std::to_string(rank) + " of " +
-                         std::to_string(num_workers_) + " workers");
+  const uint32_t sender = h.sender;
+  const int32_t index = IndexOf(sender);
+  if (index < 0) {
+    return ProtocolError(Describe() + ": push from rank " + std::to_string(sender) +
+                         ", which does not push this partition" +
+                         (num_workers_ == divisor_ ? std::string()
+                                                   : " (each host's partial sum comes from one rank)"));
   }
+  const uint32_t rank = static_cast<uint32_t>(index);
   if (h.round != round_) {
-    return ProtocolError(Describe() + ": rank " + std::to_string(rank) + " pushed round " +
+    return ProtocolError(Describe() + ": rank " + std::to_string(sender) + " pushed round " +
                          std::to_string(h.round) + " while the server sums round " +
                          std::to_string(round_));
   }
   if (stage_[rank] != Stage::kFree) {
-    return ProtocolError(Describe() + ": rank " + std::to_string(rank) + " pushed round " +
+    return ProtocolError(Describe() + ": rank " + std::to_string(sender) + " pushed round " +
                          std::to_string(h.round) + " twice");
   }
   cookie_[rank] = h.cookie;
@@ -56,7 +69,7 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
         IsValidDataType(h.dtype) ? std::string(DataTypeName(static_cast<DataType>(h.dtype)))
                                  : "dtype " + std::to_string(h.dtype);
     if (failure_.empty()) {
-      failure_ = Describe() + ": rank " + std::to_string(rank) + " pushed " + got + "[" +
+      failure_ = Describe() + ": rank " + std::to_string(sender) + " pushed " + got + "[" +
                  std::to_string(h.count) + "], declared " + std::string(DataTypeName(dtype_)) +
                  "[" + std::to_string(count_) + "]";
       failure_code_ = Code::kMismatch;
@@ -78,15 +91,17 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
   return std::span<std::byte>(buf);
 }
 
-bool PartitionState::EndPush(uint32_t rank, bool ok) {
+bool PartitionState::EndPush(uint32_t sender, bool ok) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (rank >= num_workers_ || stage_[rank] != Stage::kReceiving) return false;
+  const int32_t index = IndexOf(sender);
+  if (index < 0 || stage_[index] != Stage::kReceiving) return false;
+  const uint32_t rank = static_cast<uint32_t>(index);
   if (ok) {
     stage_[rank] = Stage::kStaged;
   } else {
     stage_[rank] = Stage::kFailed;
     if (failure_.empty()) {
-      failure_ = Describe() + ": the push of rank " + std::to_string(rank) + " failed to arrive";
+      failure_ = Describe() + ": the push of rank " + std::to_string(sender) + " failed to arrive";
       failure_code_ = Code::kPeerLost;
     }
   }
@@ -159,18 +174,26 @@ std::optional<Completion> PartitionState::Progress() {
     c.status = Status(failure_code_, failure_);
   } else {
     const uint16_t f0 = flags_[0];
-    for (uint32_t r = 1; r < num_workers_; ++r) {
+    for (uint32_t r = 0; r < num_workers_ && c.status.ok(); ++r) {
+      if (flags_[r] & wire::kFlagHostDisagrees) {
+        c.status = Mismatch(Describe() + " round " + std::to_string(round_) +
+                            ": the workers on the host of rank " +
+                            std::to_string(contributors_[r]) + " disagree on averaging");
+      }
+    }
+    for (uint32_t r = 1; r < num_workers_ && c.status.ok(); ++r) {
       if (flags_[r] != f0) {
-        c.status = Mismatch(Describe() + " round " + std::to_string(round_) + ": rank 0 " +
+        c.status = Mismatch(Describe() + " round " + std::to_string(round_) + ": rank " +
+                            std::to_string(contributors_[0]) + " " +
                             ((f0 & wire::kFlagAverage) ? "averages" : "sums") + " but rank " +
-                            std::to_string(r) + " " +
+                            std::to_string(contributors_[r]) + " " +
                             ((flags_[r] & wire::kFlagAverage) ? "averages" : "sums"));
         break;
       }
     }
   }
   if (c.status.ok()) {
-    const uint32_t divisor = (flags_[0] & wire::kFlagAverage) ? num_workers_ : 1;
+    const uint32_t divisor = (flags_[0] & wire::kFlagAverage) ? divisor_ : 1;
     if (acc_bytes_ == wire_bytes_) {
       reduce::Store(dtype_, acc.data(), acc.data(), count_, divisor);
       c.result = acc;
@@ -187,8 +210,13 @@ std::optional<Completion> PartitionState::Progress() {
   next_ = 0;
   failure_.clear();
   std::fill(stage_.begin(), stage_.end(), Stage::kFree);
-  for (uint32_t r = 0; r < num_workers_; ++r) {
-    if (gone_[r]) FailRankLocked(r);
+  // A round that needs a rank that left fails at once, naming it; but once every contributor
+  // has left there is nobody to tell, and failing each next round at once would only complete
+  // round after round (their sends fail as fast), never letting go of the engine.
+  if (!std::all_of(gone_.begin(), gone_.end(), [](bool g) { return g; })) {
+    for (uint32_t r = 0; r < num_workers_; ++r) {
+      if (gone_[r]) FailRankLocked(r);
+    }
   }
   return c;
 }
@@ -199,18 +227,20 @@ void PartitionState::Hold(std::vector<std::byte>& buf, size_t bytes) {
   buf.resize(bytes);
 }
 
-void PartitionState::FailRankLocked(uint32_t rank) {
-  stage_[rank] = Stage::kFailed;
+void PartitionState::FailRankLocked(uint32_t index) {
+  stage_[index] = Stage::kFailed;
   if (failure_.empty()) {
     failure_ = Describe() + " round " + std::to_string(round_) + ": worker " +
-               std::to_string(rank) + " left the job before pushing it";
+               std::to_string(contributors_[index]) + " left the job before pushing it";
     failure_code_ = Code::kAborted;
   }
 }
 
-bool PartitionState::MarkGone(uint32_t rank) {
+bool PartitionState::MarkGone(uint32_t worker) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (rank >= num_workers_ || gone_[rank]) return false;
+  const int32_t index = IndexOf(worker);
+  if (index < 0 || gone_[index]) return false;
+  const uint32_t rank = static_cast<uint32_t>(index);
   gone_[rank] = true;
   // A push already on its way or in belongs to this round, which may still complete.
   if (stage_[rank] == Stage::kFree) FailRankLocked(rank);

@@ -1,6 +1,7 @@
 // The round state machine of one (key, partition) on a server.
 //
-// Each worker rank has one staging buffer: a worker pushes round r+1 only after it has pulled
+// Each contributing rank (every worker, or one per host when hosts sum first) has one staging
+// buffer: a worker pushes round r+1 only after it has pulled
 // round r, so at most one push per rank is ever outstanding. Where the accumulator has the wire
 // dtype (fp32, fp64, int64), rank 0's push lands in the accumulator itself and needs none,
 // unless round r-2's result is still being sent from that accumulator. The accumulator is double-buffered
@@ -34,18 +35,27 @@ struct Completion {
   uint32_t slot = 0;                   // pass to SendDone()
   Status status;                       // not OK: send kDataError instead of the result
   std::span<const std::byte> result;   // in the wire dtype
-  std::vector<uint64_t> cookies;       // per rank, echoed in its pull response
+  std::vector<uint64_t> cookies;       // per contributor, echoed in its pull response
 };
 
 class PartitionState {
  public:
+  // `contributors`: the ranks whose pushes are summed, in summing order (every worker, or one
+  // per host: control/topology.h); `workers`: the job's, the divisor of an average.
   PartitionState(uint64_t key, uint32_t partition, std::string name, DataType dtype,
-                 uint64_t count, uint32_t num_workers);
+                 uint64_t count, std::vector<uint32_t> contributors, uint32_t workers);
+  // Every one of `num_workers` workers contributes, in rank order (flat aggregation).
+  PartitionState(uint64_t key, uint32_t partition, std::string name, DataType dtype,
+                 uint64_t count, uint32_t num_workers)
+      : PartitionState(key, partition, std::move(name), dtype, count, AllRanks(num_workers),
+                       num_workers) {}
 
   uint64_t key() const { return key_; }
   uint32_t partition() const { return partition_; }
   DataType dtype() const { return dtype_; }
   uint64_t count() const { return count_; }
+  // The ranks a completed round is sent to, in the order of Completion::cookies.
+  const std::vector<uint32_t>& contributors() const { return contributors_; }
   const std::string& name() const { return name_; }
 
   // A push header arrived. Returns the staging buffer to receive into. An error means: drop
@@ -64,7 +74,8 @@ class PartitionState {
   // completed one; the caller sends it and calls SendDone(slot) once per worker after that.
   std::optional<Completion> Progress();
 
-  // Worker `rank` has left the job: every round that still needs its push fails with kAborted.
+  // Worker `rank` has left the job: every round that still needs its push fails with kAborted
+  // (false, nothing to do, when it contributes nothing here).
   // Returns true when the caller should run Progress().
   bool MarkGone(uint32_t rank);
 
@@ -87,12 +98,21 @@ class PartitionState {
  private:
   enum class Stage : uint8_t { kFree, kReceiving, kStaged, kSummed, kFailed };
 
+  static std::vector<uint32_t> AllRanks(uint32_t n) {
+    std::vector<uint32_t> r(n);
+    for (uint32_t i = 0; i < n; ++i) r[i] = i;
+    return r;
+  }
   std::string Describe() const;
-  // With mu_ held: ranks [next_, SummableEndLocked()) can be summed now; RoundOverLocked():
-  // every rank is summed or failed (or staged in a failed round).
+  // The contributor index of `rank`; -1 when it pushes nothing here.
+  int32_t IndexOf(uint32_t rank) const {
+    return rank < index_of_.size() ? index_of_[rank] : -1;
+  }
+  // With mu_ held (indices are contributor indices): [next_, SummableEndLocked()) can be summed
+  // now; RoundOverLocked(): every contributor is summed or failed (or staged in a failed round).
   uint32_t SummableEndLocked() const;
   bool RoundOverLocked() const;
-  void FailRankLocked(uint32_t rank);
+  void FailRankLocked(uint32_t index);
   // Sizes `buf` to `bytes` (once: buffers are kept for later rounds) and counts it in held_.
   void Hold(std::vector<std::byte>& buf, size_t bytes);
 
@@ -101,23 +121,27 @@ class PartitionState {
   const std::string name_;
   const DataType dtype_;
   const uint64_t count_;
-  const uint32_t num_workers_;
+  const std::vector<uint32_t> contributors_;
+  const uint32_t num_workers_;  // contributors
+  const uint32_t divisor_;      // the job's workers
+  std::vector<int32_t> index_of_;  // by rank
   const size_t wire_bytes_;
   const size_t acc_bytes_;
 
   mutable std::mutex mu_;
   uint64_t round_ = 0;             // the round being summed
-  std::vector<Stage> stage_;       // per rank
-  std::vector<uint64_t> cookie_;   // per rank
-  std::vector<uint16_t> flags_;    // per rank
+  // Per contributor, from here on.
+  std::vector<Stage> stage_;
+  std::vector<uint64_t> cookie_;
+  std::vector<uint16_t> flags_;
   std::string failure_;            // why the current round fails; empty: it does not
   Code failure_code_ = Code::kOk;
-  std::vector<bool> gone_;         // per rank: left the job
+  std::vector<bool> gone_;         // left the job
   uint32_t next_ = 0;              // ranks [0, next_) are in the accumulator
   uint32_t sends_pending_[2] = {0, 0};
   bool direct_ = false;            // rank 0's push of round_ landed in acc_[round_ % 2]
 
-  std::vector<std::vector<std::byte>> staging_;  // per rank, wire dtype
+  std::vector<std::vector<std::byte>> staging_;  // wire dtype
   std::vector<std::byte> acc_[2];                // accumulator dtype
   std::vector<std::byte> out_[2];                // wire dtype, only where it differs from acc
   std::atomic<uint64_t> held_{0};

@@ -12,6 +12,7 @@
 #include "common/work_queue.h"
 #include "server/partition_state.h"
 #include "control/join.h"
+#include "control/topology.h"
 #include "server/start_on.h"
 #include "gradlink/env.h"
 
@@ -73,6 +74,7 @@ class ServerImpl final : public Server {
     channel_ = std::move(joined.channel);
     id_.store(joined.welcome.your_id, std::memory_order_relaxed);
     const uint32_t num_workers = joined.welcome.num_workers;
+    hosts_ = topology::Of(joined.welcome);
     worker_peers_.assign(num_workers, std::nullopt);
     // Connecting to every worker takes a while with thousands of them: heartbeats go on
     // meanwhile, or the scheduler takes this server for a hung one (kSilenceLimit).
@@ -233,15 +235,21 @@ class ServerImpl final : public Server {
     }
     GL_ASSIGN_OR_RETURN(wire::AssignMsg a,
                         wire::DecodeAssign(f.payload, f.header.count, UINT32_MAX));
-    const auto dtype = static_cast<DataType>(f.header.dtype);
+    const auto mode = static_cast<topology::Mode>(a.mode);
+    if (mode != topology::Mode::kFlat && !hosts_.hierarchical()) {
+      return ProtocolError("kAssign of a hierarchical key in a job whose workers do not share hosts");
+    }
+    // What travels: the tensor's dtype, or fp32 for a 16-bit tensor's host partials.
+    const DataType dtype = topology::WireType(static_cast<DataType>(f.header.dtype), mode);
     {
       std::unique_lock<std::shared_mutex> lock(parts_mu_);
       for (uint32_t p = 0; p < a.partitions.size(); ++p) {
         if (a.partitions[p].server != id_) continue;
         auto& slot = parts_[{f.header.key, p}];
         if (!slot) {
-          slot = std::make_unique<PartitionState>(f.header.key, p, a.name, dtype,
-                                                  a.partitions[p].count, num_workers_);
+          slot = std::make_unique<PartitionState>(
+              f.header.key, p, a.name, dtype, a.partitions[p].count,
+              topology::Contributors(hosts_, mode, f.header.key, p), num_workers_);
         }
       }
     }
@@ -387,9 +395,10 @@ class ServerImpl final : public Server {
       }
       h.payload_bytes = payload.size();
       const uint32_t slot = c->slot;
-      for (uint32_t rank = 0; rank < num_workers_; ++rank) {
-        h.cookie = c->cookies[rank];
-        SendToWorker(rank, h, payload, [this, p, slot, text](const Status& s) {
+      const std::vector<uint32_t>& to = p->contributors();
+      for (uint32_t i = 0; i < to.size(); ++i) {
+        h.cookie = c->cookies[i];
+        SendToWorker(to[i], h, payload, [this, p, slot, text](const Status& s) {
           if (!s.ok()) GL_LOG(kInfo) << "server " << id_ << ": pull response failed: " << s.ToString();
           if (p->SendDone(slot) && p->WaitsForSlot(slot)) {
             RunOnOwner(*p, [this, p] { RunEngine(p); });
@@ -454,6 +463,7 @@ class ServerImpl final : public Server {
   PushReceiver push_receiver_{this};
   PullReceiver pull_receiver_{this};
   std::vector<std::optional<PeerId>> worker_peers_;  // nullopt: unreachable
+  topology::Hosts hosts_;  // written once in Init(), before any kAssign
   std::unique_ptr<transport::ControlChannel> channel_;
   std::thread control_;
   std::vector<std::unique_ptr<WorkQueue>> engines_;

@@ -59,7 +59,10 @@ bool IsDataType(MsgType t);
 
 // Flag bits.
 inline constexpr uint16_t kFlagAverage = 1u << 0;  // kPush: divide the sum by the worker count
-inline constexpr uint16_t kKnownFlags = kFlagAverage;
+// kPush of a host's partial sum: the workers of that host disagreed on averaging (the server
+// fails the round with kMismatch for every host, so no host keeps a sum the others refuse).
+inline constexpr uint16_t kFlagHostDisagrees = 1u << 1;
+inline constexpr uint16_t kKnownFlags = kFlagAverage | kFlagHostDisagrees;
 
 struct Header {
   MsgType type{};

@@ -111,6 +111,7 @@ std::vector<std::byte> Encode(const DeclareMsg& m) {
   w.U64(m.partition_bytes);
   w.U32(static_cast<uint32_t>(m.shape.size()));
   for (uint64_t d : m.shape) w.U64(d);
+  w.U8(m.mode);
   return w.Take();
 }
 
@@ -126,6 +127,7 @@ Result<DeclareMsg> DecodeDeclare(std::span<const std::byte> b) {
   for (uint64_t& d : m.shape) {
     if (!r.U64(&d)) return Bad("declare message (shape)");
   }
+  if (!r.U8(&m.mode) || m.mode > kMaxAggregationMode) return Bad("declare message (aggregation mode)");
   if (!r.Done()) return Bad("declare message (trailing bytes)");
   return m;
 }
@@ -139,6 +141,7 @@ std::vector<std::byte> Encode(const AssignMsg& m) {
     w.U64(p.count);
     w.U32(p.server);
   }
+  w.U8(m.mode);
   return w.Take();
 }
 
@@ -162,7 +165,8 @@ Result<AssignMsg> DecodeAssign(std::span<const std::byte> b, uint64_t total_coun
     }
     next += p.count;
   }
-  if (next != total_count || !r.Done()) return Bad("assign message (coverage)");
+  if (next != total_count) return Bad("assign message (coverage)");
+  if (!r.U8(&m.mode) || m.mode > kMaxAggregationMode || !r.Done()) return Bad("assign message (aggregation mode)");
   return m;
 }
 

@@ -22,6 +22,8 @@ inline constexpr uint32_t kMaxPartitions = 1u << 20;
 inline constexpr uint64_t kMaxPartitionsPerTensor = 50000;
 inline constexpr uint32_t kMaxMessageLength = 8192;
 inline constexpr uint32_t kMaxShapeDims = 64;
+// DeclareMsg::mode / AssignMsg::mode lie in [0, kMaxAggregationMode] (control/topology.h).
+inline constexpr uint8_t kMaxAggregationMode = 2;
 // A server's placement weight (RegisterMsg::weight) lies in [kMinServerWeight, kMaxServerWeight]:
 // any ratio of two weights is at most 1e12, so load / weight never overflows a double.
 inline constexpr double kMinServerWeight = 1e-6;
@@ -78,6 +80,9 @@ struct DeclareMsg {
   // The tensor's dimensions as the caller gave them (at most kMaxShapeDims); empty: not given.
   // Their product is the header's count.
   std::vector<uint64_t> shape;
+  // How this worker can aggregate the key (topology::Mode): kFlat, or a hierarchical mode when
+  // the job's workers share hosts and this worker's host bound the key to its segment.
+  uint8_t mode = 0;
 };
 
 struct PartitionPlan {
@@ -90,6 +95,7 @@ struct PartitionPlan {
 struct AssignMsg {
   std::string name;
   std::vector<PartitionPlan> partitions;
+  uint8_t mode = 0;  // topology::Mode the scheduler chose for the key (valid values only)
 };
 
 std::vector<std::byte> Encode(const RegisterMsg& m);

@@ -76,7 +76,8 @@ void WorkerImpl::FailAll(const Status& s, bool force) {
     AbandonLocked(*op, failure_);
     // Even when forced, an op with a pull still being written (a receive the stopped lane
     // could not cancel) stays pending: its buffer must outlive that write.
-    if (force && op->receiving == 0) {
+    // A hierarchical op's host job writes its tensor until it ends (LocalReduce::Fail ends it).
+    if (force && op->receiving == 0 && (!op->host || op->host_done)) {
       FinishLocked(*op, op->failure);
     } else {
       TryFinishLocked(*op);
@@ -159,6 +160,7 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
   }
   Status plan_status;
   std::vector<wire::PartitionPlan> parts;
+  topology::Mode mode = topology::Mode::kFlat;
   if (f.header.code != 0) {
     auto text = wire::DecodeText(f.payload);
     plan_status = Status(static_cast<Code>(f.header.code), text.ok() ? *text : "(no reason)");
@@ -168,6 +170,7 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     }
     GL_ASSIGN_OR_RETURN(wire::AssignMsg a, wire::DecodeAssign(f.payload, t->count, num_servers_));
     parts = std::move(a.partitions);
+    mode = static_cast<topology::Mode>(a.mode);
   }
   IssueBatch batch;
   {
@@ -177,6 +180,7 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     t->plan_status = plan_status;
     t->parts = std::move(parts);
     t->servers_spanned = ServersSpanned(t->parts);
+    if (t->plan_status.ok()) t->plan_status = PlanHostLocked(*t, mode);
     if (!plan_status.ok()) {
       for (TensorState* f : t->fused_in) MemberFailedLocked(*f, *t);
     }

@@ -13,6 +13,7 @@ namespace gradlink {
 
 Status WorkerImpl::OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_point deadline) {
   if (opts_.local_arena_bytes == 0 || size_ < 2) return Status::Ok();
+  if (hosts_.hosts() > 1) return OpenHostPath(welcome, deadline);
   const wire::Member* first = nullptr;  // worker 0
   const std::string* host = nullptr;
   bool one_host = true;
@@ -39,7 +40,7 @@ Status WorkerImpl::OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_po
   lo.name = name;
   lo.rank = rank_;
   lo.ranks = size_;
-  lo.arena_bytes = ArenaBytes();
+  lo.arena_bytes = ArenaBytes(/*creator=*/rank_ == 0);
   lo.chunk_bytes = opts_.local_chunk_bytes;
   // The workers wait here for each other, members of a running job: one that hung or died is
   // the scheduler's to name (it hears its silence within kSilenceLimit), so the wait lasts at
@@ -60,9 +61,9 @@ Status WorkerImpl::OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_po
   return Status::Ok();
 }
 
-uint64_t WorkerImpl::ArenaBytes() const {
+uint64_t WorkerImpl::ArenaBytes(bool creator) const {
   const uint64_t asked = opts_.local_arena_bytes;
-  if (asked != WorkerOptions::kDefaultLocalArenaBytes || rank_ != 0) return asked;
+  if (asked != WorkerOptions::kDefaultLocalArenaBytes || !creator) return asked;
   // The default fits what it finds: at most half of /dev/shm's free space (a container's
   // 64 MB /dev/shm still gets a segment), in whole MiB.
   struct statvfs vfs {};
@@ -72,7 +73,7 @@ uint64_t WorkerImpl::ArenaBytes() const {
 }
 
 void WorkerImpl::BindLocal(TensorState& t) {
-  if (!local_) return;
+  if (!local_ || host_path_) return;  // the host's segment binds at Declare (BindHost)
   std::call_once(t.local_once, [&] {
     Result<std::optional<LocalReduce::Channel>> c = local_->Bind(t.key, t.dtype, t.count);
     if (c.ok() && !c->has_value()) {

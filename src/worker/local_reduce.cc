@@ -18,6 +18,7 @@
 
 #include "common/log.h"
 #include "reduce/reduce.h"
+#include "wire/frame.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -72,6 +73,7 @@ struct TableEntry {
   uint32_t dtype = 0;
   uint64_t key = 0;
   uint64_t count = 0;
+  uint64_t part_elems = 0;  // host channels: the most elements per partition; 0: a channel
   uint64_t offset = 0;  // into the arena; kNoRoom
 };
 
@@ -109,6 +111,35 @@ uint64_t ChannelBytes(uint32_t ranks, uint64_t slot_bytes) {
   return ranks * sizeof(RankState) + uint64_t{ranks} * 2 * slot_bytes;
 }
 
+// A host channel's head: per rank, the last partition it posted (counted over the channel's
+// life, from 1) and each input slot's averaging; per input slot, the last partition summed out
+// of it (the slot is free again); per result entry, the partition whose sum it holds (ready),
+// with its failure code, and what each rank copied out of it.
+constexpr uint32_t kHostSlots = 4;
+constexpr uint32_t kHostEntries = 32;
+// Input slots and result entries get this much of the arena at most (per rank for the slots),
+// in whole partitions, at least one: 64 KiB partitions give 4 slots and 32 entries (2 MiB in
+// flight per tensor and host, more than a host's window: bench/RESULTS.md, "Hierarchy").
+constexpr uint64_t kHostSlotBudget = 256u << 10;
+constexpr uint64_t kHostEntryBudget = 2u << 20;
+
+struct alignas(kLine) HostRank {
+  std::atomic<uint64_t> posted{0};
+  std::atomic<uint32_t> average[kHostSlots];
+};
+
+struct alignas(kLine) HostEntry {
+  std::atomic<uint64_t> ready{0};
+  std::atomic<uint32_t> code{0};
+  std::atomic<uint64_t> copied[LocalReduce::kMaxRanks];
+};
+
+struct HostHead {
+  HostRank rank[LocalReduce::kMaxRanks];
+  alignas(kLine) std::atomic<uint64_t> in_free[kHostSlots];
+  HostEntry entry[kHostEntries];
+};
+
 long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
 }
@@ -118,14 +149,20 @@ long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 struct LocalReduce::Running {
   Job job;
   uint64_t next_post = 0, next_sum = 0;
+  // Host jobs: this worker's partitions to sum (in order) and how far it got; which
+  // partitions it has copied out, the first not yet copied, and how many are.
+  std::vector<uint32_t> own;
+  size_t next_own = 0;
+  std::vector<bool> copied;
+  uint64_t copy_from = 0, copies = 0;
   Status failure;
   bool abandoned = false;  // a rank it needs has left: it ends now, with `failure`
   Clock::time_point t_first_post, t_last_post, t_arrived;
 };
 
 Result<std::shared_ptr<LocalReduce>> LocalReduce::Open(const Options& o) {
-  if (o.ranks < 2 || o.ranks > kMaxRanks || o.rank >= o.ranks) {
-    return InvalidArgument("same-host path: " + std::to_string(o.ranks) + " workers (2.." +
+  if (o.ranks < 1 || o.ranks > kMaxRanks || o.rank >= o.ranks) {
+    return InvalidArgument("same-host path: " + std::to_string(o.ranks) + " workers (1.." +
                            std::to_string(kMaxRanks) + " supported), rank " +
                            std::to_string(o.rank));
   }
@@ -284,13 +321,8 @@ LocalReduce::~LocalReduce() {
   munmap(seg_, mapped_bytes_);
 }
 
-Result<std::optional<LocalReduce::Channel>> LocalReduce::Bind(uint64_t key, DataType dtype,
-                                                             uint64_t count) {
-  Channel c;
-  c.chunk_elems = std::max<uint64_t>(1, seg_->chunk_bytes / DataTypeSize(dtype));
-  c.chunk_elems = std::min(c.chunk_elems, std::max<uint64_t>(count, 1));
-  c.chunks = (count + c.chunk_elems - 1) / c.chunk_elems;
-  const uint64_t need = ChannelBytes(opts_.ranks, SlotBytes(c, dtype));
+Result<std::optional<uint64_t>> LocalReduce::Claim(uint64_t key, DataType dtype, uint64_t count,
+                                                   uint64_t part_elems, uint64_t need) {
   for (uint32_t probe = 0; probe < kTableSize; ++probe) {
     TableEntry& e = seg_->table[(key + probe) % kTableSize];
     uint32_t state = e.state.load(std::memory_order_acquire);
@@ -301,6 +333,7 @@ Result<std::optional<LocalReduce::Channel>> LocalReduce::Bind(uint64_t key, Data
         e.key = key;
         e.dtype = static_cast<uint32_t>(dtype);
         e.count = count;
+        e.part_elems = part_elems;
         e.offset = kNoRoom;
         uint64_t used = seg_->arena_used.load(std::memory_order_relaxed);
         while (used <= seg_->arena_bytes && need <= seg_->arena_bytes - used) {
@@ -327,16 +360,33 @@ Result<std::optional<LocalReduce::Channel>> LocalReduce::Bind(uint64_t key, Data
       state = e.state.load(std::memory_order_acquire);
     }
     if (e.key != key) continue;
-    if (e.dtype != static_cast<uint32_t>(dtype) || e.count != count) {
+    if (e.dtype != static_cast<uint32_t>(dtype) || e.count != count ||
+        e.part_elems != part_elems) {
       return Internal("same-host path: key " + std::to_string(key) + " was bound as " +
                       std::to_string(e.count) + " elements of dtype " +
-                      std::to_string(e.dtype) + " by another worker");
+                      std::to_string(e.dtype) + " (partitions of " +
+                      std::to_string(e.part_elems) + ") by another worker, here as " +
+                      std::to_string(count) + " of dtype " +
+                      std::to_string(static_cast<uint32_t>(dtype)) + " (partitions of " +
+                      std::to_string(part_elems) + ")");
     }
-    if (e.offset == kNoRoom) return std::optional<Channel>();
-    c.offset = e.offset;
-    return std::optional<Channel>(c);
+    if (e.offset == kNoRoom) return std::optional<uint64_t>();
+    return std::optional<uint64_t>(e.offset);
   }
-  return std::optional<Channel>();  // the table is full
+  return std::optional<uint64_t>();  // the table is full
+}
+
+Result<std::optional<LocalReduce::Channel>> LocalReduce::Bind(uint64_t key, DataType dtype,
+                                                             uint64_t count) {
+  Channel c;
+  c.chunk_elems = std::max<uint64_t>(1, seg_->chunk_bytes / DataTypeSize(dtype));
+  c.chunk_elems = std::min(c.chunk_elems, std::max<uint64_t>(count, 1));
+  c.chunks = (count + c.chunk_elems - 1) / c.chunk_elems;
+  const uint64_t need = ChannelBytes(opts_.ranks, SlotBytes(c, dtype));
+  GL_ASSIGN_OR_RETURN(std::optional<uint64_t> offset, Claim(key, dtype, count, 0, need));
+  if (!offset) return std::optional<Channel>();
+  c.offset = *offset;
+  return std::optional<Channel>(c);
 }
 
 void LocalReduce::Start(Job job) {
@@ -353,7 +403,8 @@ void LocalReduce::WantBackground() {
 
 bool LocalReduce::PostsLeft() {
   for (const auto& r : running_) {
-    if (r->next_post < r->job.channel.chunks) return true;
+    // A host job waits on the servers too: its sums come back while nobody else drives.
+    if (r->job.host || r->next_post < r->job.channel.chunks) return true;
   }
   std::lock_guard<std::mutex> lock(mu_);
   return !incoming_.empty();
@@ -516,14 +567,22 @@ bool LocalReduce::DriveOnce(uint64_t sums_per_job) {
   for (Job& j : fresh_) {
     auto r = std::make_unique<Running>();
     r->job = std::move(j);
+    if (r->job.host) {
+      for (uint32_t p = 0; p < r->job.pusher.size(); ++p) {
+        if (r->job.pusher[p] == opts_.rank) r->own.push_back(p);
+      }
+      r->copied.assign(r->job.parts.size(), false);
+    }
     running_.push_back(std::move(r));
   }
   fresh_.clear();
   bool finished_any = false;
   for (size_t i = 0; i < running_.size();) {
     Running& r = *running_[i];
-    if (failure.ok() && Advance(r, sums_per_job)) moved = true;
-    if (failure.ok() && !r.abandoned && r.next_sum < r.job.channel.chunks) {
+    if (failure.ok() && (r.job.host ? AdvanceHost(r, sums_per_job) : Advance(r, sums_per_job))) {
+      moved = true;
+    }
+    if (failure.ok() && !r.abandoned && !Over(r)) {
       ++i;
       continue;
     }
@@ -557,8 +616,8 @@ bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
   // Rank j, which this job waits for, has stopped: it will never post or consume again.
   auto left = [&](uint32_t j) {
     if (seg_->gone[j].load(std::memory_order_acquire) == 0) return false;
-    r.failure = Aborted(job.what + ": worker " + std::to_string(j) + " left the job; worker " +
-                        std::to_string(me) + " still waits for it (same-host path, round " +
+    r.failure = Aborted(job.what + ": " + Name(j) + " left the job; " + Name(me) +
+                        " still waits for it (same-host path, round " +
                         std::to_string(job.round) + ")");
     r.abandoned = true;
     return true;
@@ -600,9 +659,10 @@ bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
     for (uint32_t j = 1; j < ranks && r.failure.ok(); ++j) {
       const uint32_t avg = state[j].average[seq % 2].load(std::memory_order_relaxed);
       if (avg != avg0) {
-        r.failure = Mismatch(job.what + " round " + std::to_string(job.round) + ": rank 0 " +
-                             (avg0 ? "averages" : "sums") + " but rank " + std::to_string(j) +
-                             " " + (avg ? "averages" : "sums"));
+        r.failure = Mismatch(job.what + " round " + std::to_string(job.round) + ": rank " +
+                             std::to_string(JobRank(0)) + " " + (avg0 ? "averages" : "sums") +
+                             " but rank " + std::to_string(JobRank(j)) + " " +
+                             (avg ? "averages" : "sums"));
       }
     }
     if (r.failure.ok()) {
@@ -627,6 +687,192 @@ bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
     ++r.next_sum;
     moved = true;
   }
+  return moved;
+}
+
+bool LocalReduce::Over(const Running& r) {
+  return r.job.host ? r.copies >= r.job.parts.size() : r.next_sum >= r.job.channel.chunks;
+}
+
+Result<std::optional<LocalReduce::HostChannel>> LocalReduce::BindHost(uint64_t key, DataType dtype,
+                                                                     DataType wire, uint64_t count,
+                                                                     uint64_t part_elems) {
+  HostChannel c;
+  c.part_elems = std::max<uint64_t>(1, std::min(part_elems, count));
+  const uint64_t parts = (count + c.part_elems - 1) / c.part_elems;
+  c.in_bytes = RoundUp(c.part_elems * DataTypeSize(dtype), kLine);
+  c.entry_bytes = RoundUp(c.part_elems * DataTypeSize(wire), kLine);
+  const auto fit = [parts](uint64_t budget, uint64_t each, uint32_t most) {
+    return static_cast<uint32_t>(
+        std::max<uint64_t>(1, std::min<uint64_t>({budget / each, most, parts})));
+  };
+  c.slots = fit(kHostSlotBudget, c.in_bytes, kHostSlots);
+  c.entries = fit(kHostEntryBudget, c.entry_bytes, kHostEntries);
+  const uint64_t need = RoundUp(sizeof(HostHead), kLine) +
+                        uint64_t{opts_.ranks} * c.slots * c.in_bytes + c.entries * c.entry_bytes;
+  GL_ASSIGN_OR_RETURN(std::optional<uint64_t> offset,
+                      Claim(key, dtype, count, c.part_elems, need));
+  if (!offset) return std::optional<HostChannel>();
+  c.offset = *offset;
+  return std::optional<HostChannel>(c);
+}
+
+void LocalReduce::Publish(const HostChannel& c, uint64_t round, uint32_t parts, uint32_t part,
+                          Code code) {
+  auto* head = reinterpret_cast<HostHead*>(seg_->arena() + c.offset);
+  const uint64_t n = round * parts + part + 1;
+  HostEntry& e = head->entry[(n - 1) % c.entries];
+  e.code.store(static_cast<uint32_t>(code), std::memory_order_relaxed);
+  e.ready.store(n, std::memory_order_release);
+  RingPeers();
+  Ring(opts_.rank);
+}
+
+// One pass over a host job: post what the input slots let in, sum this worker's partitions
+// (in order) once every rank posted them and their entry is free, copy out every sum that
+// came back. Each step only ever waits on another, never blocks: the posts of one partition
+// need the sums of an earlier one, those need the copies of an earlier one, which need the
+// servers, so a worker that stopped at one step would hold up the host.
+bool LocalReduce::AdvanceHost(Running& r, uint64_t max_sums) {
+  const Job& job = r.job;
+  const HostChannel& ch = *job.host;
+  const uint32_t ranks = opts_.ranks, me = opts_.rank;
+  const uint32_t parts = static_cast<uint32_t>(job.parts.size());
+  const uint64_t esize = DataTypeSize(job.dtype), wsize = DataTypeSize(job.wire);
+  std::byte* base = seg_->arena() + ch.offset;
+  auto* head = reinterpret_cast<HostHead*>(base);
+  std::byte* in = base + RoundUp(sizeof(HostHead), kLine);
+  std::byte* entries = in + uint64_t{ranks} * ch.slots * ch.in_bytes;
+  // Partition p of this round, counted over the channel's life from 1.
+  auto number = [&](uint64_t p) { return job.round * parts + p + 1; };
+  auto slot_of = [&](uint64_t n) { return static_cast<uint32_t>((n - 1) % ch.slots); };
+  auto entry_of = [&](uint64_t n) { return static_cast<uint32_t>((n - 1) % ch.entries); };
+  auto input = [&](uint32_t rank, uint64_t n) {
+    return in + (uint64_t{rank} * ch.slots + slot_of(n)) * ch.in_bytes;
+  };
+  auto entry = [&](uint64_t n) { return entries + entry_of(n) * ch.entry_bytes; };
+  auto left = [&](uint32_t j) {
+    if (seg_->gone[j].load(std::memory_order_acquire) == 0) return false;
+    r.failure = Aborted(job.what + ": " + Name(j) + " left the job; " + Name(me) +
+                        " still waits for it (hierarchical aggregation, round " +
+                        std::to_string(job.round) + ")");
+    r.abandoned = true;
+    return true;
+  };
+  bool moved = false;
+
+  // Post: the next partition into its input slot, once its last user was summed.
+  while (r.next_post < parts) {
+    const uint64_t n = number(r.next_post);
+    const uint32_t s = slot_of(n);
+    if (n > ch.slots && head->in_free[s].load(std::memory_order_acquire) < n - ch.slots) {
+      const uint32_t pusher = job.pusher[(n - ch.slots - 1) % parts];  // the slot's last user
+      if (left(pusher)) return true;
+      break;
+    }
+    const wire::PartitionPlan& p = job.parts[r.next_post];
+    std::memcpy(input(me, n), job.data.data() + p.offset * esize, p.count * esize);
+    head->rank[me].average[s].store(job.average ? 1 : 0, std::memory_order_relaxed);
+    head->rank[me].posted.store(n, std::memory_order_release);
+    bytes_copied_.fetch_add(p.count * esize, std::memory_order_relaxed);
+    const Clock::time_point now = Clock::now();
+    if (r.next_post == 0) r.t_first_post = now;
+    r.t_last_post = now;
+    ++r.next_post;
+    moved = true;
+    if (ranks > 1) RingPeers();
+  }
+
+  // Sum: this worker's partitions, in order, the ranks in local-rank order, into the entry.
+  for (uint64_t done = 0; r.next_own < r.own.size() && done < max_sums; ++done) {
+    const uint32_t part = r.own[r.next_own];
+    const uint64_t n = number(part);
+    // Not yet: a rank has not posted it, or not copied out what its entry held. Then on to the
+    // copies (ours may be what the entry waits for).
+    std::optional<uint32_t> waits_for;
+    HostEntry& e = head->entry[entry_of(n)];
+    for (uint32_t j = 0; j < ranks && !waits_for; ++j) {
+      if (head->rank[j].posted.load(std::memory_order_acquire) < n ||
+          (n > ch.entries && e.copied[j].load(std::memory_order_acquire) < n - ch.entries)) {
+        waits_for = j;
+      }
+    }
+    if (waits_for) {
+      if (left(*waits_for)) return true;
+      break;
+    }
+    const uint32_t s = slot_of(n);
+    const uint32_t avg0 = head->rank[0].average[s].load(std::memory_order_relaxed);
+    uint16_t flags = avg0 ? wire::kFlagAverage : 0;
+    for (uint32_t j = 1; j < ranks; ++j) {
+      const uint32_t avg = head->rank[j].average[s].load(std::memory_order_relaxed);
+      if (avg == avg0) continue;
+      flags |= wire::kFlagHostDisagrees;
+      if (r.failure.ok()) {
+        r.failure = Mismatch(job.what + " round " + std::to_string(job.round) + ": rank " +
+                             std::to_string(JobRank(0)) + " " + (avg0 ? "averages" : "sums") +
+                             " but rank " + std::to_string(JobRank(j)) + " " +
+                             (avg ? "averages" : "sums"));
+      }
+    }
+    const uint64_t count = job.parts[part].count;
+    std::byte* out = entry(n);
+    // The servers' reducers, in local-rank order. The accumulator is the entry itself where it
+    // has the accumulator's type (fp32 partials of a 16-bit tensor, fp32, fp64, int64).
+    const DataType acc_type = reduce::AccumulatorType(job.dtype);
+    std::byte* acc = out;
+    if (acc_type != job.wire) {
+      if (scratch_.size() < count * DataTypeSize(acc_type)) {
+        scratch_.resize(ch.part_elems * DataTypeSize(acc_type));
+      }
+      acc = scratch_.data();
+    }
+    if (ranks == 1) {
+      reduce::Load(job.dtype, acc, input(0, n), count);
+    } else {
+      reduce::SumTwo(job.dtype, acc, input(0, n), input(1, n), count);
+      for (uint32_t j = 2; j < ranks; ++j) reduce::Accumulate(job.dtype, acc, input(j, n), count);
+    }
+    if (acc != out) reduce::Store(job.dtype, out, acc, count, 1);
+    head->in_free[s].store(n, std::memory_order_release);
+    if (ranks > 1) RingPeers();
+    ++r.next_own;
+    moved = true;
+    job.summed(part, std::span<std::byte>(out, count * wsize), flags);
+  }
+
+  // Copy out: every sum that came back, in whatever order the servers answered. Only the
+  // entries' depth can be outstanding: a partition that far ahead waits for our copy.
+  const uint64_t end = std::min<uint64_t>(parts, r.copy_from + ch.entries);
+  for (uint64_t part = r.copy_from; part < end; ++part) {
+    if (r.copied[part]) continue;
+    const uint64_t n = number(part);
+    HostEntry& e = head->entry[entry_of(n)];
+    if (e.ready.load(std::memory_order_acquire) != n) continue;
+    const uint32_t code = e.code.load(std::memory_order_relaxed);
+    const wire::PartitionPlan& p = job.parts[part];
+    if (code != 0) {
+      if (r.failure.ok()) {
+        const uint32_t pusher = job.pusher[part];
+        r.failure = Status(static_cast<Code>(code),
+                           job.what + " partition " + std::to_string(part) + " round " +
+                               std::to_string(job.round) + ": its sum failed at " +
+                               Name(pusher) + ", which pushes it for this host" +
+                               (pusher == me ? "" : " (its error names the cause)"));
+      }
+    } else if (job.wire == job.dtype) {
+      std::memcpy(job.data.data() + p.offset * esize, entry(n), p.count * esize);
+    } else {
+      reduce::Store(job.dtype, job.data.data() + p.offset * esize, entry(n), p.count, 1);
+    }
+    e.copied[me].store(n, std::memory_order_release);
+    if (ranks > 1) RingPeers();
+    r.copied[part] = true;
+    ++r.copies;
+    moved = true;
+    if (r.copies == parts) r.t_arrived = Clock::now();
+  }
+  while (r.copy_from < parts && r.copied[r.copy_from]) ++r.copy_from;
   return moved;
 }
 

@@ -23,6 +23,13 @@
 // briefly on the segment before it sleeps on a futex there, so a small push_pull between idle
 // workers costs no thread hand-off at all.
 //
+// Hierarchical aggregation (the job spans several hosts, some with several workers) uses the
+// same segment, one per host, with host channels: every local worker copies each partition of
+// its tensor into its input slot; the partition's pusher (control/topology.h) sums the slots in
+// local-rank order into a result entry (fp32 for a 16-bit tensor's fp32 partials) and hands
+// it to the servers (HostJob::summed); the pulled sum lands in that entry (Publish), and every
+// local worker copies it into its own tensor. A host so moves each byte once each way.
+//
 // Errors: a worker that dies or hangs fails the job through the scheduler (its kAbort reaches
 // every worker, which calls Fail()); operations that disagree on averaging fail with kMismatch
 // on every worker. A segment too small for a tensor is not an error: every worker finds the
@@ -44,6 +51,7 @@
 #include "gradlink/options.h"
 #include "gradlink/status.h"
 #include "gradlink/tensor.h"
+#include "wire/messages.h"
 
 namespace gradlink::internal {
 
@@ -54,8 +62,10 @@ class LocalReduce {
 
   struct Options {
     std::string name;       // shared-memory object name ("/gradlink-...")
-    uint32_t rank = 0;      // this worker's rank; rank 0 creates the segment
-    uint32_t ranks = 0;     // workers in the job, 2..kMaxRanks
+    uint32_t rank = 0;      // this worker's rank among `ranks`; rank 0 creates the segment
+    uint32_t ranks = 0;     // workers in the job (on this host, for host channels), 1..kMaxRanks
+    // The job's rank of each of `ranks`, for messages; empty: the same numbers.
+    std::vector<uint32_t> job_ranks;
     uint64_t arena_bytes = 0;  // bytes for channels (reserved up front: no SIGBUS later)
     uint64_t chunk_bytes = 0;  // most bytes a slot holds
     Clock::time_point deadline;  // for every rank to open the segment
@@ -68,6 +78,16 @@ class LocalReduce {
     uint64_t offset = 0;        // of its rank states; slots follow
     uint64_t chunk_elems = 0;   // elements per chunk (the last may hold fewer)
     uint64_t chunks = 0;        // per operation
+  };
+
+  // Where a tensor's host channel lies in the segment (hierarchical aggregation).
+  struct HostChannel {
+    uint64_t offset = 0;
+    uint64_t part_elems = 0;   // the most elements of one partition
+    uint32_t slots = 0;        // input slots per rank
+    uint32_t entries = 0;      // result entries
+    uint64_t in_bytes = 0;     // per input slot (the tensor's dtype)
+    uint64_t entry_bytes = 0;  // per entry (what travels)
   };
 
   // One operation on one tensor: the caller's buffer, summed in place.
@@ -83,6 +103,15 @@ class LocalReduce {
     // Times: first chunk posted, last chunk posted, last chunk posted by every rank.
     std::function<void(const Status&, Clock::time_point, Clock::time_point, Clock::time_point)>
         done;
+    // Set for a host job (hierarchical aggregation; `channel` is then unused).
+    std::optional<HostChannel> host;
+    DataType wire{};                            // what travels: dtype, or fp32 partials
+    std::span<const wire::PartitionPlan> parts;  // the key's partitions
+    std::vector<uint32_t> pusher;                // per partition: the local rank that pushes it
+    // Called on the driving thread once this worker's partition `part` is summed into `partial`
+    // (`wire` dtype), which must then be pushed, and its sum pulled into the same bytes, then
+    // Publish()ed. `flags`: the push's (kFlagHostDisagrees when the host's workers disagree).
+    std::function<void(uint32_t part, std::span<std::byte> partial, uint16_t flags)> summed;
   };
 
   // Creates (rank 0) or opens the segment and returns once every rank has opened it; null (and
@@ -97,6 +126,15 @@ class LocalReduce {
   // ask and found by the others. nullopt: no room left in the table or the arena (every worker
   // gets the same answer). kInternal if another worker claimed the key with another shape.
   Result<std::optional<Channel>> Bind(uint64_t key, DataType dtype, uint64_t count);
+
+  // The host channel of tensor `key`: `count` elements of `dtype` in partitions of at most
+  // `part_elems`, travelling as `wire`. Claimed and found as Bind() does, with its answers.
+  Result<std::optional<HostChannel>> BindHost(uint64_t key, DataType dtype, DataType wire,
+                                              uint64_t count, uint64_t part_elems);
+  // The pulled sum of partition `part` of round `round` (of a key of `parts` partitions) is in
+  // its entry, or failed with `code`: every local worker copies it out (or fails the op with
+  // `code`). Any thread; takes no lock.
+  void Publish(const HostChannel& c, uint64_t round, uint32_t parts, uint32_t part, Code code);
 
   // Queues a job. May be called with the caller's locks held; Kick() or Nudge() after releasing
   // them.
@@ -132,6 +170,17 @@ class LocalReduce {
   // `sums_per_job` chunks), ends those done or failed. True if anything moved.
   bool DriveOnce(uint64_t sums_per_job);
   bool Advance(Running& r, uint64_t max_sums);
+  bool AdvanceHost(Running& r, uint64_t max_sums);
+  // drive_mu_ held: the job has nothing left to do on this worker.
+  static bool Over(const Running& r);
+  // Claims (or finds) the table entry of `key` with `need` arena bytes: its offset, nullopt
+  // when there is no room. kInternal when another worker claimed the key with another shape.
+  Result<std::optional<uint64_t>> Claim(uint64_t key, DataType dtype, uint64_t count,
+                                        uint64_t part_elems, uint64_t need);
+  uint32_t JobRank(uint32_t local) const {
+    return local < opts_.job_ranks.size() ? opts_.job_ranks[local] : local;
+  }
+  std::string Name(uint32_t local) const { return "worker " + std::to_string(JobRank(local)); }
   bool PostsLeft();  // drive_mu_ held: chunks not yet posted, or jobs not yet taken
   // Lets go of the drive; rings this worker's bell if more than `waiters_besides_me` callers
   // wait (one of them may sleep until the drive is free).

@@ -33,13 +33,15 @@ Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
     return std::span<std::byte>(buf);
   }
   const wire::PartitionPlan& plan = t.parts[h.partition];
-  const uint64_t size = DataTypeSize(t.dtype);
-  if (h.dtype != static_cast<uint8_t>(t.dtype) || h.count != plan.count) {
+  const uint64_t size = DataTypeSize(t.wire);
+  if (h.dtype != static_cast<uint8_t>(t.wire) || h.count != plan.count) {
     protocol_errors_++;
     return ProtocolError("pull reply has the wrong shape");
   }
   op.t_arrived = Clock::now();
   op.receiving++;
+  // A hierarchical op's sum lands where its partial was pushed from: the host's segment.
+  if (op.host) return op.partial[h.partition];
   return op.data.subspan(plan.offset * size, plan.count * size);
 }
 
@@ -51,6 +53,8 @@ void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
     if (it == ops_.end()) return;
     std::shared_ptr<Op> op = it->second;
     op->receiving--;
+    // What the host's other workers learn of this partition (hierarchical ops).
+    std::optional<Code> publish;
     if (op->parts[h.partition] == Op::Part::kDone) {
       // Answered already: a duplicate from a confused server changes nothing.
     } else if (h.type == MsgType::kDataError) {
@@ -65,6 +69,7 @@ void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
       const Status refused(code, text + " (from " + server + ")");
       RecordFailureLocked(*op, refused);
       AnsweredLocked(op, h.partition);
+      publish = code;
       // A server that lost another worker's push knows only the symptom: wait for the
       // scheduler's verdict, which names the lost member.
       if (code == Code::kPeerLost) {
@@ -79,6 +84,7 @@ void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
                                         " failed: " + why.message());
       RecordFailureLocked(*op, lost);
       AnsweredLocked(op, h.partition);
+      publish = why.code() == Code::kOk ? Code::kInternal : why.code();
       // A broken receive is a broken connection: like an endpoint failure, it waits for the
       // scheduler's verdict, which names the cause (the server may have exited because the
       // job failed elsewhere).
@@ -88,7 +94,9 @@ void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
       }
     } else {
       AnsweredLocked(op, h.partition);
+      publish = Code::kOk;
     }
+    if (op->host && publish) PublishLocked(*op, h.partition, *publish);
     TryFinishLocked(*op);
     PumpLocked();
     TakeIssueLocked(&batch);

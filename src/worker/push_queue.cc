@@ -12,19 +12,13 @@ using transport::Lane;
 using transport::PeerId;
 using wire::MsgType;
 
-namespace {
-
-
-// WorkerOptions::max_bytes_ahead times the servers an op spans, saturating: a limit too big to
-// multiply is no limit in practice, never a wrapped-around small one.
+// A limit too big to multiply is no limit in practice, never a wrapped-around small one.
 uint64_t LeadLimit(uint64_t per_server, uint32_t servers) {
   if (servers != 0 && per_server > std::numeric_limits<uint64_t>::max() / servers) {
     return std::numeric_limits<uint64_t>::max();
   }
   return per_server * servers;
 }
-
-}  // namespace
 
 std::shared_ptr<Op> WorkerImpl::StartOp(const TensorHandle& tensor, std::span<std::byte> data,
                             const PushPullOptions& options, std::shared_ptr<std::byte> owned) {
@@ -95,6 +89,10 @@ void WorkerImpl::StartNextLocked(TensorState& t) {
       StartLocalLocked(t, op);
       continue;
     }
+    if (t.mode != topology::Mode::kFlat && !t.parts.empty()) {
+      StartHostLocked(t, op);
+      continue;
+    }
     op->parts.assign(t.parts.size(), Op::Part::kQueued);
     op->outstanding = static_cast<uint32_t>(t.parts.size());
     if (op->outstanding == 0) {
@@ -121,7 +119,7 @@ void WorkerImpl::PumpLocked() {
     }
     const TensorState& t = *op.tensor;
     const wire::PartitionPlan& plan = t.parts[top.part];
-    const uint64_t size = DataTypeSize(t.dtype);
+    const uint64_t size = DataTypeSize(t.wire);
     const uint64_t bytes = plan.count * size;
     if (!top.counted && max_bytes_ahead_ > 0) {
       // Held back behind its own op's earlier partitions, or over the op's lead: it waits
@@ -142,17 +140,19 @@ void WorkerImpl::PumpLocked() {
     Outgoing o;
     o.peer = server_peers_[plan.server];
     o.header.type = MsgType::kPush;
-    o.header.flags = op.options.average ? wire::kFlagAverage : 0;
+    o.header.flags = op.host ? op.push_flags[top.part]
+                             : (op.options.average ? wire::kFlagAverage : 0);
     o.header.job = job_hash_;
     o.header.sender = rank_;
     o.header.key = t.key;
     o.header.partition = top.part;
-    o.header.dtype = static_cast<uint8_t>(t.dtype);
+    o.header.dtype = static_cast<uint8_t>(t.wire);
     o.header.round = op.round;
     o.header.count = plan.count;
     o.header.payload_bytes = bytes;
     o.header.cookie = op.id;
-    o.payload = op.data.subspan(plan.offset * size, bytes);
+    // A host's partial sum lies in its segment; a flat push is the caller's tensor itself.
+    o.payload = op.host ? op.partial[top.part] : op.data.subspan(plan.offset * size, bytes);
     o.op = top.op;
     to_issue_.push_back(std::move(o));
     pumped_ = true;
@@ -233,7 +233,7 @@ void WorkerImpl::AddAheadLocked(Op& op, uint64_t bytes) {
 }
 
 uint64_t WorkerImpl::PartBytes(const Op& op, uint32_t part) const {
-  return op.tensor->parts[part].count * DataTypeSize(op.tensor->dtype);
+  return op.tensor->parts[part].count * DataTypeSize(op.tensor->wire);
 }
 
 void WorkerImpl::ReleaseHeldLocked(const std::shared_ptr<Op>& op) {
@@ -250,7 +250,7 @@ void WorkerImpl::ReleaseHeldLocked(const std::shared_ptr<Op>& op) {
 void WorkerImpl::ReleaseCreditLocked(Op& op, uint32_t part) {
   if (op.parts[part] != Op::Part::kSent) return;
   op.parts[part] = Op::Part::kPushed;
-  bytes_in_flight_ -= op.tensor->parts[part].count * DataTypeSize(op.tensor->dtype);
+  bytes_in_flight_ -= op.tensor->parts[part].count * DataTypeSize(op.tensor->wire);
 }
 
 void WorkerImpl::RecordFailureLocked(Op& op, const Status& s) {
@@ -267,6 +267,8 @@ void WorkerImpl::TryFinishLocked(Op& op) {
   // Waiting for the scheduler's word on a lost endpoint: the op's own error may name the
   // wrong peer (see OnDataPeerFailed).
   if (op.abandoned && verdict_pending_) return;
+  // A hierarchical op also waits for its host job, which writes the tensor until it ends.
+  if (op.host && !op.host_done) return;
   if ((op.outstanding == 0 || op.abandoned) && op.sending == 0 && op.receiving == 0) {
     FinishLocked(op, op.failure);
   }

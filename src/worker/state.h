@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "control/topology.h"
 #include "gradlink/worker.h"
 #include "wire/messages.h"
 #include "worker/local_reduce.h"
@@ -49,6 +50,14 @@ struct TensorState {
   bool local_bound = false;
   Status local_status;  // the bind failed (another worker bound the key with another shape)
   std::optional<LocalReduce::Channel> local;
+  // Hierarchical aggregation: the host channel, bound at Declare (before the declaration says
+  // whether this host can sum the key), then, once planned, how the key goes (mode), what
+  // travels (wire: the dtype, or fp32 partials) and, per partition, the local rank pushing it.
+  std::optional<LocalReduce::HostChannel> host;
+  topology::Mode mode = topology::Mode::kFlat;
+  DataType wire{};
+  std::vector<uint32_t> pusher;
+  uint32_t pushed_here = 0;  // partitions this worker pushes for its host
   uint64_t next_round = 0;
   bool busy = false;                       // an op of this tensor is in flight
   std::deque<std::shared_ptr<Op>> queue;   // ops waiting for the plan or for the busy one
@@ -70,6 +79,14 @@ struct Op {
   // whichever way the op goes (the op's tensor may not be planned yet).
   std::shared_ptr<LocalReduce> local;
   // Guarded by WorkerImpl::mu_.
+  // A hierarchical op: its partitions go through the host channel. `partial[p]`: where the
+  // host's partial sum of partition p lies once this worker summed it (pushed from, pulled
+  // into), with its push's flags; `host_done`: the host job is over (with `host_status`).
+  bool host = false;
+  std::vector<std::span<std::byte>> partial;
+  std::vector<uint16_t> push_flags;
+  bool host_done = false;
+  Status host_status;
   std::atomic<uint64_t> round{0};  // atomic: Wait() reads it (for its message) without mu_
   // kSent holds bytes-in-flight credit until the push has left; kPushed waits for its pull.
   enum class Part : uint8_t { kQueued, kSent, kPushed, kDone };

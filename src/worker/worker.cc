@@ -102,6 +102,7 @@ Status WorkerImpl::Init() {
   tuning_ = tuning::Choose(joined.welcome, opts_.partition_bytes);
   max_bytes_in_flight_ = opts_.max_bytes_in_flight.value_or(tuning_.max_bytes_in_flight);
   max_bytes_ahead_ = opts_.max_bytes_ahead.value_or(tuning_.max_bytes_ahead);
+  hosts_ = topology::Of(joined.welcome);
   control_ = std::thread([this] { ControlLoop(); });
   // After the control thread: it keeps the heartbeats going (and hears a failed job) while
   // the workers wait for each other's segment.
@@ -118,7 +119,7 @@ Status WorkerImpl::Init() {
   f.fusion_buffer_bytes = opts_.fusion_buffer_bytes;
   f.fusion_threshold_bytes = opts_.fusion_threshold_bytes;
   f.local_arena_bytes = local_ ? local_->arena_bytes() : opts_.local_arena_bytes;
-  f.same_host_path = local_ != nullptr;
+  f.same_host_path = local_ != nullptr && !host_path_;
   f.single_lane = opts_.single_lane;
   f.host = reg.host;
   f.ucx = fabric_->settings();
@@ -129,7 +130,8 @@ Status WorkerImpl::Init() {
                 << f.max_bytes_ahead << (f.max_bytes_ahead == 0 ? " (no limit)" : "")
                 << ", fusion_buffer_bytes " << f.fusion_buffer_bytes
                 << ", fusion_threshold_bytes " << f.fusion_threshold_bytes << ", same-host path "
-                << (f.same_host_path ? "on" : "off") << ", "
+                << (f.same_host_path ? "on" : "off") << ", hierarchy "
+                << (f.hierarchy.empty() ? "off" : f.hierarchy) << ", "
                 << (f.single_lane ? "one lane" : "two lanes") << ", host " << f.host
                 << ", UCX:" << (ucx.empty() ? " its defaults" : ucx)
                 << (f.chosen.empty() ? "" : "; " + f.chosen);
@@ -203,8 +205,11 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
     t->dtype = dtype;
     t->count = count;
     t->shape.assign(shape.begin(), shape.end());
+    t->wire = dtype;
     tensors_[key] = t;
   }
+  // Outside the lock: a claim in the host's segment may wait on another process.
+  const uint8_t mode = BindHost(*t);
   wire::Header h;
   h.type = MsgType::kDeclare;
   h.job = job_hash_;
@@ -213,7 +218,7 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
   h.dtype = static_cast<uint8_t>(dtype);
   h.count = count;
   // 0: the scheduler cuts the key as the job's tuning says.
-  wire::DeclareMsg d{t->name, opts_.partition_bytes.value_or(0), t->shape};
+  wire::DeclareMsg d{t->name, opts_.partition_bytes.value_or(0), t->shape, mode};
   Status s = channel_->Send(h, wire::Encode(d));
   if (!s.ok()) {
     FailAll(PeerLost("worker " + std::to_string(rank_) + " lost the scheduler: " + s.message()));

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "control/control_channel.h"
+#include "control/topology.h"
 #include "control/tuning.h"
 #include "gradlink/worker.h"
 #include "transport/transport.h"
@@ -57,6 +58,9 @@ Result<std::unique_ptr<Worker>> ConnectWorkerOn(const WorkerOptions& options,
 // left) waits for the job's verdict before it is reported itself (kAbort arrives within a few
 // ms of the scheduler learning of a loss; the control thread polls every 100 ms).
 inline constexpr auto kVerdictGrace = std::chrono::milliseconds(500);
+
+// WorkerOptions::max_bytes_ahead times the servers an op spans, saturating (push_queue.cc).
+uint64_t LeadLimit(uint64_t per_server, uint32_t servers);
 
 class WorkerImpl final : public Worker {
  public:
@@ -278,8 +282,26 @@ class WorkerImpl final : public Worker {
   // Opens the shared-memory segment when WorkerOptions::local_arena_bytes asks for it and every
   // worker of the job is on this host (the address book's host names agree).
   Status OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_point deadline);
-  // The segment's size worker 0 asks for: the option, fitted to /dev/shm at its default.
-  uint64_t ArenaBytes() const;
+  // The segment's size its creator asks for: the option, fitted to /dev/shm at its default.
+  uint64_t ArenaBytes(bool creator) const;
+
+  // ---- Hierarchical aggregation (host_binding.cc) --------------------------------------------
+
+  // Opens this host's segment when the job is hierarchical (topology::Hosts) and the options
+  // allow it; every worker of the host waits for the others there.
+  Status OpenHostPath(const wire::WelcomeMsg& welcome, Clock::time_point deadline);
+  // At Declare, outside mu_: binds t to its host channel; the topology::Mode to declare.
+  uint8_t BindHost(TensorState& t);
+  // At the plan: how the key goes, and who pushes each partition for this host.
+  Status PlanHostLocked(TensorState& t, topology::Mode mode);
+  void StartHostLocked(TensorState& t, const std::shared_ptr<Op>& op);
+  // On the driving thread: this worker's partition `part` of the host's sum is ready to push.
+  void HostSummed(const std::shared_ptr<Op>& op, uint32_t part, std::span<std::byte> partial,
+                  uint16_t flags);
+  // The pulled sum of `part` (or its failure) is in the host channel: the host's workers copy it.
+  void PublishLocked(Op& op, uint32_t part, Code code);
+  void HostDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,
+                Clock::time_point last, Clock::time_point arrived);
 
   // Binds t to its same-host channel, once, on its first op's caller; never under mu_ (a claim
   // may wait up to 5 s on another process). No-op without the same-host path.
@@ -298,7 +320,9 @@ class WorkerImpl final : public Worker {
   uint32_t rank_ = 0, size_ = 0, num_servers_ = 0;
   std::shared_ptr<transport::Fabric> fabric_;
   std::unique_ptr<transport::Lane> push_lane_, pull_lane_;
-  std::shared_ptr<LocalReduce> local_;  // the same-host path; null when off
+  std::shared_ptr<LocalReduce> local_;  // the same-host path or the host's segment; null when off
+  topology::Hosts hosts_;               // written in Init(), then read-only
+  bool host_path_ = false;              // local_ is the host's segment (hierarchical aggregation)
   WorkerStats::InForce in_force_;  // set at the end of Init(), then read-only
   Receiver receiver_{this};
   // By server id; written in Init() before the control thread starts and before any op exists

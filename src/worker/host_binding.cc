@@ -1,0 +1,193 @@
+// Hierarchical aggregation (local_reduce.h, "host channels") as the worker uses it
+// (worker_impl.h): the host's segment opened at join when the job spans several hosts and some
+// host has several workers, tensors bound to host channels at Declare, ops handed to it, and
+// this worker's share of the partitions pushed from (and pulled into) the segment.
+#include <algorithm>
+#include <cstdio>
+
+#include "common/log.h"
+#include "common/naming.h"
+#include "worker/worker_impl.h"
+
+namespace gradlink {
+
+Status WorkerImpl::OpenHostPath(const wire::WelcomeMsg& welcome, Clock::time_point deadline) {
+  if (!hosts_.hierarchical()) return Status::Ok();
+  if (!opts_.hierarchical) {
+    GL_LOG(kInfo) << "worker " << rank_ << ": hierarchical aggregation off (hierarchical = false)";
+    return Status::Ok();
+  }
+  const uint32_t host = hosts_.host_of[rank_];
+  const std::vector<uint32_t>& ranks = hosts_.ranks_on[host];
+  // Named after this run of the job (the scheduler's random instance) and the host, hashed as
+  // tensor keys are: the hosts of an emulated cluster share one /dev/shm.
+  const std::string run = std::to_string(welcome.instance) + "/host/" + hosts_.machine[host];
+  const uint64_t h = wire::TensorKey(opts_.job, run);
+  char name[40];
+  std::snprintf(name, sizeof(name), "/gradlink-%016llx", static_cast<unsigned long long>(h));
+  LocalReduce::Options lo;
+  lo.name = name;
+  lo.rank = hosts_.local_rank[rank_];
+  lo.ranks = static_cast<uint32_t>(ranks.size());
+  lo.job_ranks = ranks;
+  lo.arena_bytes = ArenaBytes(/*creator=*/lo.rank == 0);
+  lo.chunk_bytes = opts_.local_chunk_bytes;
+  // As for the same-host path: a host's worker that hung or died is the scheduler's to name.
+  lo.deadline = std::max(deadline, Clock::now() + transport::kSilenceLimit + std::chrono::seconds(1));
+  lo.cancelled = [this] {
+    std::lock_guard lock(mu_);
+    return failure_;
+  };
+  if (ranks.size() > LocalReduce::kMaxRanks) {
+    GL_LOG(kInfo) << "worker " << rank_ << ": hierarchical aggregation off (" << ranks.size()
+                  << " workers on host " << hosts_.machine[host] << ", at most "
+                  << LocalReduce::kMaxRanks << ")";
+    return Status::Ok();
+  }
+  GL_ASSIGN_OR_RETURN(std::shared_ptr<LocalReduce> local, LocalReduce::Open(lo));
+  if (!local) return Status::Ok();  // no room in /dev/shm: flat (Open warned)
+  const std::string what = "host " + std::to_string(host) + " of " +
+                           std::to_string(hosts_.hosts()) + ", local rank " +
+                           std::to_string(lo.rank) + " of " + std::to_string(lo.ranks) + ", " +
+                           (opts_.half_partials ? "16-bit" : "fp32") + " partials";
+  GL_LOG(kInfo) << "worker " << rank_ << ": hierarchical on (" << what << ", host "
+                << hosts_.machine[host] << ", " << local->arena_bytes() << "-byte segment)";
+  std::lock_guard lock(mu_);  // FailAll (the control thread) reads it
+  local_ = std::move(local);
+  host_path_ = true;
+  in_force_.hierarchy = what;
+  if (!failure_.ok()) local_->Fail(failure_);
+  return Status::Ok();
+}
+
+uint8_t WorkerImpl::BindHost(TensorState& t) {
+  if (!host_path_) return static_cast<uint8_t>(topology::Mode::kFlat);
+  const bool half = t.dtype == DataType::kFloat16 || t.dtype == DataType::kBFloat16;
+  // For other dtypes the two modes are one: say kHostPartials, so that workers that differ in
+  // half_partials do not disagree on an fp32 key.
+  const topology::Mode mode = half && opts_.half_partials ? topology::Mode::kHalfPartials
+                                                          : topology::Mode::kHostPartials;
+  const DataType wire = topology::WireType(t.dtype, mode);
+  // The partitions the scheduler will cut (scheduler.cc, Plan): the same rule from the same book.
+  const uint64_t wsize = DataTypeSize(wire);
+  const uint64_t bytes = t.count * wsize;
+  const uint64_t partition =
+      opts_.partition_bytes.value_or(tuning::KeyPartitionBytes(tuning_, bytes, num_servers_));
+  const uint64_t part_elems = std::max<uint64_t>(1, partition / wsize);
+  Result<std::optional<LocalReduce::HostChannel>> c =
+      local_->BindHost(t.key, t.dtype, wire, t.count, part_elems);
+  if (!c.ok() || !c->has_value()) {
+    // Another worker of this host declared the key otherwise (the scheduler names the
+    // mismatch), or the segment is full: the key goes flat, for every worker.
+    GL_LOG(kInfo) << "worker " << rank_ << ": '" << t.name << "' is aggregated flat: "
+                  << (c.ok() ? "the host's segment is full" : c.status().ToString());
+    return static_cast<uint8_t>(topology::Mode::kFlat);
+  }
+  std::lock_guard lock(mu_);
+  t.host = **c;
+  return static_cast<uint8_t>(mode);
+}
+
+Status WorkerImpl::PlanHostLocked(TensorState& t, topology::Mode mode) {
+  t.mode = mode;
+  t.wire = topology::WireType(t.dtype, mode);
+  if (mode == topology::Mode::kFlat) return Status::Ok();
+  if (!host_path_ || !t.host) {
+    return Internal("key " + KeyHex(t.key) + " '" + t.name + "': planned hierarchical, but " +
+                    "worker " + std::to_string(rank_) + " has no host channel for it");
+  }
+  const uint32_t host = hosts_.host_of[rank_];
+  t.pusher.resize(t.parts.size());
+  t.pushed_here = 0;
+  for (uint32_t p = 0; p < t.parts.size(); ++p) {
+    if (t.parts[p].count > t.host->part_elems) {
+      return Internal("key " + KeyHex(t.key) + " '" + t.name + "': partition " +
+                      std::to_string(p) + " of " + std::to_string(t.parts[p].count) +
+                      " elements exceeds its host channel's " +
+                      std::to_string(t.host->part_elems));
+    }
+    const uint32_t pusher = topology::Pusher(hosts_, host, t.key, p);
+    t.pusher[p] = hosts_.local_rank[pusher];
+    if (pusher == rank_) ++t.pushed_here;
+  }
+  return Status::Ok();
+}
+
+void WorkerImpl::StartHostLocked(TensorState& t, const std::shared_ptr<Op>& op) {
+  const uint32_t me = hosts_.local_rank[rank_];
+  t.busy = true;
+  op->started = true;
+  op->host = true;
+  // Partitions another worker of this host pushes need no answer here.
+  op->parts.assign(t.parts.size(), Op::Part::kDone);
+  for (uint32_t p = 0; p < t.parts.size(); ++p) {
+    if (t.pusher[p] == me) op->parts[p] = Op::Part::kQueued;
+  }
+  op->outstanding = t.pushed_here;
+  op->partial.assign(t.parts.size(), {});
+  op->push_flags.assign(t.parts.size(), 0);
+  op->max_ahead = LeadLimit(max_bytes_ahead_, t.servers_spanned);
+  ops_[op->id] = op;
+  LocalReduce::Job job;
+  job.host = *t.host;
+  job.data = op->data;
+  job.dtype = t.dtype;
+  job.count = t.count;
+  job.round = op->round;
+  job.average = op->options.average;
+  job.what = "key " + KeyHex(t.key) + " '" + t.name + "'";
+  job.wire = t.wire;
+  job.parts = t.parts;
+  job.pusher = t.pusher;
+  job.summed = [this, op](uint32_t part, std::span<std::byte> partial, uint16_t flags) {
+    HostSummed(op, part, partial, flags);
+  };
+  job.done = [this, op](const Status& s, Clock::time_point first, Clock::time_point last,
+                        Clock::time_point arrived) { HostDone(op, s, first, last, arrived); };
+  local_->Start(std::move(job));
+}
+
+void WorkerImpl::HostSummed(const std::shared_ptr<Op>& op, uint32_t part,
+                            std::span<std::byte> partial, uint16_t flags) {
+  IssueBatch batch;
+  {
+    std::lock_guard lock(mu_);
+    if (op->finished || op->abandoned) return;
+    op->partial[part] = partial;
+    op->push_flags[part] = flags;
+    pending_.push(Pending{op->options.priority, next_seq_++, op, part});
+    PumpLocked();
+    TakeIssueLocked(&batch);
+  }
+  Issue(std::move(batch));
+}
+
+void WorkerImpl::PublishLocked(Op& op, uint32_t part, Code code) {
+  const TensorState& t = *op.tensor;
+  local_->Publish(*t.host, op.round, static_cast<uint32_t>(t.parts.size()), part, code);
+}
+
+void WorkerImpl::HostDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,
+                          Clock::time_point last, Clock::time_point arrived) {
+  std::unique_lock lock(mu_);
+  if (op->t_first_issue == Clock::time_point{}) op->t_first_issue = first;
+  (void)last;
+  op->t_arrived = arrived;
+  Status result = s;
+  if ((s.code() == Code::kAborted || s.code() == Code::kPeerLost) && failure_.ok()) {
+    // As for the same-host path (LocalDone): a local worker that left, or a sum lost at the
+    // host's pusher, mostly means the job failed; the verdict names the cause.
+    cv_.wait_for(lock, kVerdictGrace, [this] { return !failure_.ok(); });
+    if (!failure_.ok()) result = failure_;
+  }
+  op->host_done = true;
+  if (!result.ok()) {
+    RecordFailureLocked(*op, result);
+    // Ended early (a local worker left, the job failed): no more answers will be awaited. A
+    // host job that ended on a partition's failure ended after every partition was answered.
+    if (op->outstanding != 0) op->abandoned = true;
+  }
+  TryFinishLocked(*op);
+}
+
+}  // namespace gradlink
