@@ -9,7 +9,7 @@ namespace gradlink::server {
 
 PartitionState::PartitionState(uint64_t key, uint32_t partition, std::string name, DataType dtype,
                                uint64_t count, std::vector<uint32_t> contributors,
-                               uint32_t workers)
+                               uint32_t workers, std::vector<uint32_t> host_of)
     : key_(key),
       partition_(partition),
       name_(std::move(name)),
@@ -18,6 +18,7 @@ PartitionState::PartitionState(uint64_t key, uint32_t partition, std::string nam
       contributors_(std::move(contributors)),
       num_workers_(static_cast<uint32_t>(contributors_.size())),
       divisor_(workers),
+      host_of_(std::move(host_of)),
       wire_bytes_(count * DataTypeSize(dtype)),
       acc_bytes_(count * DataTypeSize(reduce::AccumulatorType(dtype))),
       stage_(num_workers_, Stage::kFree),
@@ -25,6 +26,7 @@ PartitionState::PartitionState(uint64_t key, uint32_t partition, std::string nam
       flags_(num_workers_, 0),
       gone_(num_workers_, false),
       staging_(num_workers_) {
+  left_ = contributors_;
   for (uint32_t i = 0; i < num_workers_; ++i) {
     const uint32_t r = contributors_[i];
     if (r >= index_of_.size()) index_of_.resize(r + 1, -1);
@@ -231,14 +233,22 @@ void PartitionState::FailRankLocked(uint32_t index) {
   stage_[index] = Stage::kFailed;
   if (failure_.empty()) {
     failure_ = Describe() + " round " + std::to_string(round_) + ": worker " +
-               std::to_string(contributors_[index]) + " left the job before pushing it";
+               std::to_string(left_[index]) + " left the job before " +
+               (left_[index] == contributors_[index]
+                    ? std::string("pushing it")
+                    : "its host's partial sum was pushed (by rank " +
+                          std::to_string(contributors_[index]) + ")");
     failure_code_ = Code::kAborted;
   }
 }
 
 bool PartitionState::MarkGone(uint32_t worker) {
   std::lock_guard<std::mutex> lock(mu_);
-  const int32_t index = IndexOf(worker);
+  const int32_t index = host_of_.empty() ? IndexOf(worker)
+                        : worker < host_of_.size() && host_of_[worker] < num_workers_
+                            ? static_cast<int32_t>(host_of_[worker])
+                            : -1;
+  if (index >= 0 && !gone_[index]) left_[index] = worker;
   if (index < 0 || gone_[index]) return false;
   const uint32_t rank = static_cast<uint32_t>(index);
   gone_[rank] = true;

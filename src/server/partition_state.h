@@ -42,8 +42,11 @@ class PartitionState {
  public:
   // `contributors`: the ranks whose pushes are summed, in summing order (every worker, or one
   // per host: control/topology.h); `workers`: the job's, the divisor of an average.
+  // `host_of` (hierarchical): each worker's host, the index of its host's contributor: a worker
+  // that leaves fails its host's contribution, whoever pushes it. Empty: each worker its own.
   PartitionState(uint64_t key, uint32_t partition, std::string name, DataType dtype,
-                 uint64_t count, std::vector<uint32_t> contributors, uint32_t workers);
+                 uint64_t count, std::vector<uint32_t> contributors, uint32_t workers,
+                 std::vector<uint32_t> host_of = {});
   // Every one of `num_workers` workers contributes, in rank order (flat aggregation).
   PartitionState(uint64_t key, uint32_t partition, std::string name, DataType dtype,
                  uint64_t count, uint32_t num_workers)
@@ -124,7 +127,9 @@ class PartitionState {
   const std::vector<uint32_t> contributors_;
   const uint32_t num_workers_;  // contributors
   const uint32_t divisor_;      // the job's workers
-  std::vector<int32_t> index_of_;  // by rank
+  std::vector<int32_t> index_of_;  // by rank: its push's contributor index, or -1
+  const std::vector<uint32_t> host_of_;  // by rank (hierarchical); empty: index_of_
+  std::vector<uint32_t> left_;     // per contributor: the rank whose leaving failed it
   const size_t wire_bytes_;
   const size_t acc_bytes_;
 

@@ -249,7 +249,8 @@ class ServerImpl final : public Server {
         if (!slot) {
           slot = std::make_unique<PartitionState>(
               f.header.key, p, a.name, dtype, a.partitions[p].count,
-              topology::Contributors(hosts_, mode, f.header.key, p), num_workers_);
+              topology::Contributors(hosts_, mode, f.header.key, p), num_workers_,
+              mode == topology::Mode::kFlat ? std::vector<uint32_t>() : hosts_.host_of);
         }
       }
     }

@@ -12,11 +12,9 @@
 namespace gradlink {
 
 Status WorkerImpl::OpenHostPath(const wire::WelcomeMsg& welcome, Clock::time_point deadline) {
+  // Opened even with hierarchical = false: the host's other workers wait for every one of its
+  // workers to open it. Such a worker declares every key flat, which makes it flat for all.
   if (!hosts_.hierarchical()) return Status::Ok();
-  if (!opts_.hierarchical) {
-    GL_LOG(kInfo) << "worker " << rank_ << ": hierarchical aggregation off (hierarchical = false)";
-    return Status::Ok();
-  }
   const uint32_t host = hosts_.host_of[rank_];
   const std::vector<uint32_t>& ranks = hosts_.ranks_on[host];
   // Named after this run of the job (the scheduler's random instance) and the host, hashed as
@@ -46,12 +44,17 @@ Status WorkerImpl::OpenHostPath(const wire::WelcomeMsg& welcome, Clock::time_poi
   }
   GL_ASSIGN_OR_RETURN(std::shared_ptr<LocalReduce> local, LocalReduce::Open(lo));
   if (!local) return Status::Ok();  // no room in /dev/shm: flat (Open warned)
-  const std::string what = "host " + std::to_string(host) + " of " +
+  const std::string what = !opts_.hierarchical ? std::string() : "host " + std::to_string(host) + " of " +
                            std::to_string(hosts_.hosts()) + ", local rank " +
                            std::to_string(lo.rank) + " of " + std::to_string(lo.ranks) + ", " +
                            (opts_.half_partials ? "16-bit" : "fp32") + " partials";
-  GL_LOG(kInfo) << "worker " << rank_ << ": hierarchical on (" << what << ", host "
-                << hosts_.machine[host] << ", " << local->arena_bytes() << "-byte segment)";
+  if (what.empty()) {
+    GL_LOG(kInfo) << "worker " << rank_ << ": hierarchical aggregation off (hierarchical = "
+                  << "false): every key of the job is aggregated flat";
+  } else {
+    GL_LOG(kInfo) << "worker " << rank_ << ": hierarchical on (" << what << ", host "
+                  << hosts_.machine[host] << ", " << local->arena_bytes() << "-byte segment)";
+  }
   std::lock_guard lock(mu_);  // FailAll (the control thread) reads it
   local_ = std::move(local);
   host_path_ = true;
@@ -61,7 +64,7 @@ Status WorkerImpl::OpenHostPath(const wire::WelcomeMsg& welcome, Clock::time_poi
 }
 
 uint8_t WorkerImpl::BindHost(TensorState& t) {
-  if (!host_path_) return static_cast<uint8_t>(topology::Mode::kFlat);
+  if (!host_path_ || !opts_.hierarchical) return static_cast<uint8_t>(topology::Mode::kFlat);
   const bool half = t.dtype == DataType::kFloat16 || t.dtype == DataType::kBFloat16;
   // For other dtypes the two modes are one: say kHostPartials, so that workers that differ in
   // half_partials do not disagree on an fp32 key.

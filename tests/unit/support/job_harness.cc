@@ -69,6 +69,7 @@ void Job::Start(const JobConfig& config) {
       if (!config.server_weights.empty()) o.weight = config.server_weights[i];
       o.memory_budget_bytes = config.server_memory_budget;
       if (!config.server_ids.empty()) o.id = config.server_ids[i];
+      if (config.per_server) config.per_server(i, o);
       Result<std::unique_ptr<Server>> s = StartServerOn(o, fabric_);
       if (s.ok()) servers_[i] = std::move(s).value();
       else errors[i] = s.status();

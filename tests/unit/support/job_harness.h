@@ -65,6 +65,8 @@ struct JobConfig {
   std::chrono::milliseconds operation_timeout = WorkerOptions{}.operation_timeout;
   // Last word on each worker's options (by rank), after everything above.
   std::function<void(uint32_t rank, WorkerOptions&)> per_worker;
+  // Likewise for each server's (by start index).
+  std::function<void(size_t index, ServerOptions&)> per_server;
 };
 
 class Job {
