@@ -27,6 +27,16 @@ Scenarios (n = --workers worker hosts, k = each of --servers):
   lanes      the ps runs with separate push/pull lanes and with --single-lane, side by side.
   baselines  Gloo ring all-reduce (torch.distributed) and Open MPI (TCP) on the n worker hosts.
              Model: the ring bound 2(n-1)/n * M/B.
+  hier       workers sharing hosts: --hosts H worker hosts x --local L workers each (the L in
+             one namespace: one host; ranks host-major, host h has ranks hL .. hL+L-1), k server
+             hosts (-k, default H). gradlink-hier (gradlink's defaults: the workers of a host sum
+             through shared memory, a host moves M each way), gradlink-flat
+             (GRADLINK_HIERARCHICAL=0: each worker moves M, a host L x M), and the baselines
+             with the same placement (L ranks per namespace). Every system runs one job per size
+             and the table adds the busiest worker host's NIC bytes per step per tensor byte (tx
+             and rx, from the nc0 counters over that size's job) against the model's: hier 1.0,
+             flat L, ring 2(N-1)/N. Model: max(M/B, HM/(kB)), times L for flat. Default sizes
+             16M-64M.
   all        ps, mixed, lanes (one table each; the baselines are run once, in ps).
   hold       (for tests) set up the cluster, start an idle process on every host, print
              "ready PREFIX" and wait for a signal.
@@ -60,6 +70,7 @@ again; the others go on; the exit status is then 1.
   bench/netcluster --scenario ps --workers 4 --servers 4,2 --results /tmp/nc.md
   bench/netcluster --scenario mixed --workers 4 --servers 0,1,2,4
   bench/netcluster --scenario ps --servers 4 --partition-bytes 64K,256K,1M --baselines none
+  bench/netcluster --scenario hier --hosts 2 --local 4 -k 2 --mtu 9000
   bench/netcluster --cleanup
 """
 
@@ -615,10 +626,12 @@ def parse_gradlink_table(text):
 
 def run_gradlink(cl, bin_dir, workers, servers, sizes, iters, warmup, partition=None,
                  max_in_flight=None, single_lane=False, timeout=None, extra_env=None,
-                 max_ahead=None, worker_args=(), worker_procs=None):
-    """One gradlink job: gradlink-bench workers on the hosts `workers` (list of host indices),
-    gradlink-servers at `servers` (list of (host, weight or None)), the scheduler on workers[0].
-    `worker_args` go to every gradlink-bench; `worker_procs`, a list, gets the workers' Procs.
+                 max_ahead=None, worker_args=(), worker_procs=None, ranks=False):
+    """One gradlink job: gradlink-bench workers on the hosts `workers` (list of host indices; a
+    host listed L times runs L workers), gradlink-servers at `servers` (list of (host, weight or
+    None)), the scheduler on workers[0]. `worker_args` go to every gradlink-bench; `worker_procs`,
+    a list, gets the workers' Procs. With `ranks`, worker i claims rank i (GRADLINK_RANK=i), so
+    the ranks follow `workers` (otherwise they go in the order the workers join).
     Returns {size: (mean_us, min_us)} from rank 0's table (every element checked)."""
     b, e = sizes[0], sizes[-1]
     f = sizes[1] / sizes[0] if len(sizes) > 1 else 2.0
@@ -651,7 +664,8 @@ def run_gradlink(cl, bin_dir, workers, servers, sizes, iters, warmup, partition=
         if single_lane:
             argv.append("--single-lane")
         argv += list(worker_args)
-        wk.append(cl.spawn(host, "worker%d" % i, argv, env))
+        wk.append(cl.spawn(host, "worker%d" % i, argv,
+                           dict(env, GRADLINK_RANK=str(i)) if ranks else env))
     procs += wk
     if worker_procs is not None:
         worker_procs.extend(wk)
@@ -746,9 +760,19 @@ def run_mpi(cl, bin_dir, workers, sizes, iters, warmup, log=print):
     os.chmod(agent, 0o755)
     b, e = sizes[0], sizes[-1]
     f = sizes[1] / sizes[0] if len(sizes) > 1 else 2.0
-    hosts = ",".join("%s:1" % cl.ns(h) for h in workers)
+    # One slot per rank a host runs: a host listed L times in `workers` gets L ranks, filled in
+    # order (--map-by slot), so rank r runs on workers[r] when `workers` lists each host's ranks
+    # together (host-major).
+    slots = {}
+    for h in workers:
+        slots[h] = slots.get(h, 0) + 1
+    if any(workers[i] != workers[i + 1] and workers[i] in workers[i + 1:]
+           for i in range(len(workers) - 1)):
+        raise ValueError("run_mpi: each host's ranks must be listed together, got %s" % workers)
+    hosts = ",".join("%s:%d" % (cl.ns(h), c) for h, c in slots.items())
+    mapping = ["--map-by", "slot"] if max(slots.values()) > 1 else []
     argv = [shutil.which("mpirun"), "--allow-run-as-root", "-np", str(len(workers)), "-H", hosts,
-            "--bind-to", "none", "--mca", "plm_rsh_agent", agent, "--mca",
+            "--bind-to", "none"] + mapping + ["--mca", "plm_rsh_agent", agent, "--mca",
             "plm_rsh_no_tree_spawn", "1", "--mca", "pml", "ob1",
             "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", IFACE,
             "--mca", "oob_tcp_if_include", IFACE,
@@ -766,18 +790,65 @@ def run_mpi(cl, bin_dir, workers, sizes, iters, warmup, log=print):
                 if attempt == 2:
                     raise
                 log("netcluster: mpirun did not start its ranks (within 60 s); retrying once\n"
-                    "%s\n%s" % (err, cl.describe(workers)))
+                    "%s\n%s" % (err, cl.describe(list(slots))))
                 continue
             cl.wait_all([p], run_time_limit(sizes, iters, warmup, cl.rate_bps), "mpi job")
         finally:
             cl.kill([p])
-            cl.kill_inside(workers)  # orteds and ranks that outlived a failed mpirun
+            cl.kill_inside(list(slots))  # orteds and ranks that outlived a failed mpirun
         break
     rows = parse_json_rows(p.out(), "mpi_allreduce")
     if sorted(rows) != sorted(sizes):
         raise RunError("mpi_allreduce printed sizes %s, expected %s\n%s" % (
             sorted(rows), sizes, p.tail()))
     return rows
+
+
+# ---- hierarchical aggregation (scenario hier) -------------------------------------------------
+
+# What a gradlink worker logs (GRADLINK_LOG_LEVEL=info) when the job aggregates hierarchically:
+# the workers of a host sum through shared memory, one host's sum goes to the servers.
+HIER_ON = re.compile(r"hierarchical on\b")
+
+
+def hier_workers(hosts, local):
+    """Host-major placement, the host of each rank: host h runs ranks h*L .. h*L+L-1."""
+    return [h for h in range(hosts) for _ in range(local)]
+
+
+def host_bytes(cl, hosts, run, nbytes, steps):
+    """Runs `run()` (one job of `steps` operations on `nbytes` bytes) and returns (what it
+    returned, [(tx, rx) per host]): the bytes each of `hosts`' interfaces (nc0) sent and received
+    while it ran, per step and per byte of the tensor. Everything the job sent is counted: its
+    start (rendezvous, connections), barriers and the warmup steps too, so these are upper
+    bounds on a timed step's bytes, close to it when steps * nbytes is large."""
+    before = [cl.link_bytes(h) for h in hosts]
+    out = run()
+    after = [cl.link_bytes(h) for h in hosts]
+    unit = float(nbytes * steps)
+    return out, [((x[0] - y[0]) / unit, (x[1] - y[1]) / unit) for x, y in zip(after, before)]
+
+
+def per_size_jobs(cl, hosts, sizes, steps, run_sizes, record):
+    """One job per size (`run_sizes([size])` returns its rows), so that each size's bytes are
+    counted apart: record[size] gets, for this run, [(tx/M, rx/M) per host in `hosts`] per step
+    (host_bytes). Returns the rows of all the jobs."""
+    rows = {}
+    for size in sizes:
+        r, per_host = host_bytes(cl, hosts, lambda: run_sizes([size]), size, steps)
+        rows.update(r)
+        record.setdefault(size, []).append(per_host)
+    return rows
+
+
+def hier_host_bytes(s, size):
+    """(tx/M, rx/M) of system `s` at `size`: over repeats, the median of the busiest worker
+    host's bytes per step per tensor byte (host_bytes); None when not measured."""
+    v = s.hostbytes.get(size)
+    if not v:
+        return None
+    return (statistics.median(max(tx for tx, _ in rep) for rep in v),
+            statistics.median(max(rx for _, rx in rep) for rep in v))
 
 
 # ---- models -----------------------------------------------------------------------------------
@@ -805,13 +876,19 @@ class System:
         self.name, self.kind, self.run, self.model, self.model_name = name, kind, run, model, model_name
         self.note = note
         self.failed = None  # the first line of its error, once a run failed
+        # Scenario hier: {size: [per run: [(tx/M, rx/M) per worker host]]} (per_size_jobs), the
+        # model's bytes per host and step per tensor byte (each way), and per gradlink job
+        # whether its workers logged "hierarchical on".
+        self.hostbytes, self.bytes_model, self.hier_log = {}, None, []
 
 
 # ---- report -----------------------------------------------------------------------------------
 
 
-def report(title, systems, results, sizes, rate_bps, out):
-    """Tables per size; results[(system name, size)] = list of mean times (us) over repeats."""
+def report(title, systems, results, sizes, rate_bps, out, extra=(), notes=()):
+    """Tables per size; results[(system name, size)] = list of mean times (us) over repeats.
+    `extra`: more columns, (header, fn(system, size, median us) -> cell text); `notes`: more
+    lines of explanation, after the tables."""
     byte_s = rate_bps / 8
     lines = ["### " + title, ""]
     base = {}
@@ -824,6 +901,7 @@ def report(title, systems, results, sizes, rate_bps, out):
         head = ["system", "time ms (min-max)", "algbw GB/s", "Gbit/s", "of link", "model ms",
                 "of model"]
         head += ["x %s" % k for k in ("gloo", "mpi") if k in base]
+        head += [h for h, _ in extra]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
         for s in systems:
@@ -843,6 +921,7 @@ def report(title, systems, results, sizes, rate_bps, out):
                 bv = results.get((base[k], size))
                 row.append("%.2f" % (statistics.median(bv) / med) if (s.kind == "gradlink" and bv)
                            else "")
+            row += [fn(s, size, med) for _, fn in extra]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     lines.append("Link traffic: the busiest host link's bytes in its busier direction, per byte "
@@ -863,6 +942,7 @@ def report(title, systems, results, sizes, rate_bps, out):
             lines.append("- %s: %s" % (s.name, s.note))
         if s.failed:
             lines.append("- %s: **FAILED**: %s" % (s.name, s.failed))
+    lines += list(notes)
     lines.append("time: median over repeats of each run's mean time per operation; algbw = size / "
                  "median time; of link = algbw / link rate (%s); model: %s; of model = model time / "
                  "measured time; x gloo / x mpi = that system's median time / gradlink's." % (
@@ -1001,6 +1081,8 @@ def build_systems(a, cl, scenario, n, ks, sizes, pm, log):
                 gradlink("gradlink mixed n=%d k=%d%s" % (n, k, v[0]), servers, v, a.single_lane,
                          lambda M, k=k: pm.mixed_time(n, k, M, byte_s),
                          "mixed placement 2n(n-1)M/((n^2+kn-2k)B)", note)
+    elif scenario == "hier":
+        hier_systems(a, cl, ks[0], sizes, pm, log, variants, systems)
     if scenario in ("ps", "mixed", "baselines") and a.baselines:
         ring = lambda M: ring_bound_time(n, M, byte_s)
         for base in a.baselines:
@@ -1024,6 +1106,162 @@ def build_systems(a, cl, scenario, n, ks, sizes, pm, log):
     return systems
 
 
+def hier_systems(a, cl, k, sizes, pm, log, variants, systems):
+    """Scenario hier: a.hosts worker hosts x a.local workers each (ranks host-major), k server
+    hosts after them. gradlink-hier (gradlink's defaults: hierarchical where workers share a
+    host), gradlink-flat (GRADLINK_HIERARCHICAL=0), and the baselines with the same placement.
+    Every system runs one job per size (per_size_jobs) so each size's host bytes are apart."""
+    H, L = a.hosts, a.local
+    n = H * L
+    byte_s = a.rate / 8
+    workers = hier_workers(H, L)
+    worker_hosts = list(range(H))
+    servers = [(H + i, None) for i in range(k)]
+    steps = a.iters + a.warmup
+
+    def gradlink(mode, variant):
+        tag, partition, inflight, ahead, venv = variant
+        env = dict(venv, **a.gradlink_env)
+        if mode == "flat":
+            env["GRADLINK_HIERARCHICAL"] = "0"
+        # Info: the workers say whether the job is hierarchical (the report shows it).
+        env.setdefault("GRADLINK_LOG_LEVEL", os.environ.get("GRADLINK_LOG_LEVEL", "info"))
+        if mode == "hier":
+            model = lambda M: pm.ps_bound_time(H, k, M, byte_s)
+            model_name = "hier, PS bound per host max(M/B, HM/(kB))"
+        else:
+            model = lambda M: L * pm.ps_bound_time(H, k, M, byte_s)
+            model_name = "flat, PS bound of L workers per host max(LM/B, HLM/(kB))"
+        s = System("gradlink-%s%s" % (mode, tag), "gradlink", None, model, model_name)
+        s.bytes_model = 1.0 if mode == "hier" else float(L)
+
+        def one(sz):
+            wk = []
+            rows = run_gradlink(cl, a.bin, workers, servers, sz, a.iters, a.warmup, partition,
+                                inflight, a.single_lane, extra_env=env, max_ahead=ahead,
+                                worker_procs=wk, ranks=True)
+            s.hier_log.append(any(HIER_ON.search(p.err()) for p in wk))
+            return rows
+
+        s.run = lambda: per_size_jobs(cl, worker_hosts, sizes, steps, one, s.hostbytes)
+        systems.append(s)
+
+    for v in variants():
+        gradlink("hier", v)
+        gradlink("flat", v)
+    ring = lambda M: ring_bound_time(n, M, byte_s)
+    for base in a.baselines:
+        if base == "gloo":
+            why = gloo_unavailable()
+            if why:
+                log("netcluster: skipping Gloo: " + why)
+                continue
+            s = System("gloo ring N=%d" % n, "gloo", None, ring, "ring bound 2(N-1)M/(NB)")
+            s.run = (lambda s: lambda: per_size_jobs(
+                cl, worker_hosts, sizes, steps,
+                lambda sz: run_gloo(cl, workers, sz, a.iters, a.warmup), s.hostbytes))(s)
+        elif base == "mpi":
+            why = mpi_unavailable(a.bin)
+            if why:
+                log("netcluster: skipping Open MPI: " + why)
+                continue
+            s = System("mpi tcp N=%d" % n, "mpi", None, ring, "ring bound 2(N-1)M/(NB)")
+            s.run = (lambda s: lambda: per_size_jobs(
+                cl, worker_hosts, sizes, steps,
+                lambda sz: run_mpi(cl, a.bin, workers, sz, a.iters, a.warmup, log),
+                s.hostbytes))(s)
+        else:
+            continue
+        if base == "gloo":
+            # A ring through the ranks in host-major order: each host's last rank sends its
+            # 2(N-1)/N M to the next host's first, each host's first receives as much. Open MPI
+            # picks its algorithm by size and ranks (coll tuned): no one byte model.
+            s.bytes_model = 2.0 * (n - 1) / n
+        systems.append(s)
+
+
+def hier_columns(systems, results, rate_bps):
+    """report() columns of scenario hier: the bound as a fraction of the link, hier vs flat,
+    and the busiest worker host's NIC bytes per step per tensor byte, tx and rx."""
+    by_name = {s.name: s for s in systems}
+
+    def bound(s, size, med):
+        return "%.3f" % (size / s.model(size) / (rate_bps / 8)) if s.model else "-"
+
+    def vs_flat(s, size, med):
+        if not s.name.startswith("gradlink-hier"):
+            return ""
+        flat = by_name.get(s.name.replace("gradlink-hier", "gradlink-flat", 1))
+        v = flat and results.get((flat.name, size))
+        return "%.2f" % (statistics.median(v) / med) if v else "-"
+
+    def nic(i):
+        def cell(s, size, med):
+            hb = hier_host_bytes(s, size)
+            return "%.3f" % hb[i] if hb else "-"
+        return cell
+
+    def model(s, size, med):
+        return "%.3f" % s.bytes_model if s.bytes_model else "-"
+
+    return [("bound of link", bound), ("x flat", vs_flat), ("host tx/M", nic(0)),
+            ("host rx/M", nic(1)), ("model tx,rx/M", model)]
+
+
+def hier_notes(a, systems, k):
+    L = a.local
+    notes = ["- placement: %d worker hosts x %d workers (ranks host-major: host h has ranks "
+             "%d*h .. %d*h+%d; GRADLINK_RANK for gradlink, the rank order for Gloo, mpirun "
+             "--map-by slot), %d server hosts; every system runs one job per size." % (
+                 a.hosts, L, L, L, L - 1, k)]
+    for s in systems:
+        if s.kind == "gradlink" and s.hier_log:
+            on = sum(s.hier_log)
+            flat = s.name.startswith("gradlink-flat")
+            if flat:
+                why = (" (as asked: GRADLINK_HIERARCHICAL=0)" if not on else
+                       " (**hierarchical although GRADLINK_HIERARCHICAL=0**)")
+            else:
+                why = "" if on else (" (these binaries aggregate flat, or log at a level above "
+                                     "info: hierarchy not active)")
+            notes.append("- %s: workers logged \"hierarchical on\" in %d of %d jobs%s" % (
+                s.name, on, len(s.hier_log), why))
+    notes.append(
+        "host tx/M, rx/M: NIC bytes per step of the busiest worker host (nc0 counters, frames "
+        "with their TCP/IP headers, ACKs included) per byte of the tensor M, median over "
+        "repeats; counted over the whole job of that one size and divided by its %d steps "
+        "(%d timed + %d warmup: every step moves the same bytes), so the job's start, barriers "
+        "and aligning push_pulls are counted too (an upper bound, within a few %% at MiB sizes)."
+        " Model: hier 1.0 each way, flat L = %d, Gloo's ring 2(N-1)/N (Open MPI chooses its "
+        "algorithm by size and ranks: none); bound of link = M / model time "
+        "/ link rate (hier: min(1, k/H); flat: that / L); x flat = gradlink-flat's median time / "
+        "gradlink-hier's." % (a.iters + a.warmup, a.iters, a.warmup, L))
+    return notes
+
+
+HIER_CELL_TEXT = (" Scenario hier: then, for gradlink-hier, its speedup over gradlink-flat (flat's "
+                  "median time ÷ hier's); last, the busiest worker host's NIC bytes per step "
+                  "per tensor byte, tx/rx (model: hier 1.0, flat L, ring 2(N-1)/N; counted over "
+                  "the job of that size, start and warmup included).")
+
+
+def hier_cell(systems, results):
+    """render_summary's extra text of a cell in scenario hier: x flat, then host tx/rx per M."""
+    by_name = {s.name: s for s in systems}
+
+    def cell(s, size, med):
+        text = ""
+        if s.name.startswith("gradlink-hier"):
+            flat = by_name.get(s.name.replace("gradlink-hier", "gradlink-flat", 1))
+            v = flat and results.get((flat.name, size))
+            text += " · %.2fx flat" % (statistics.median(v) / med) if v else " · -"
+        hb = hier_host_bytes(s, size)
+        if hb:
+            text += " · %.2f/%.2f" % hb
+        return text
+    return cell
+
+
 def hold(cl):
     for h in range(cl.hosts):
         cl.spawn(h, "idle%d" % h, ["sleep", "3600"])
@@ -1037,19 +1275,25 @@ def main(argv=None):
                                  epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", default="ps",
-                    choices=["ps", "mixed", "lanes", "baselines", "all", "hold"])
-    ap.add_argument("--workers", "-n", type=int, default=4, help="worker hosts n (default 4)")
+                    choices=["ps", "mixed", "lanes", "baselines", "all", "hold", "hier"])
+    ap.add_argument("--workers", "-n", type=int, default=None, help="worker hosts n (default 4)")
+    ap.add_argument("--hosts", type=int, default=None,
+                    help="hier: worker hosts H (default: --workers if given, else 2)")
+    ap.add_argument("--local", type=int, default=2,
+                    help="hier: workers per worker host L, in one namespace (default 2)")
     ap.add_argument("--servers", "-k", default=None,
                     help="server hosts k, comma-separated (default: 4,2 for ps and lanes; "
-                         "0,1,2,4 for mixed)")
+                         "0,1,2,4 for mixed; H for hier, one value)")
     ap.add_argument("--rate", type=parse_rate, default=parse_rate("1gbit"),
                     help="link rate in tc syntax (default 1gbit)")
     ap.add_argument("--burst", type=parse_size, default=None,
                     help="tbf bucket (default: 1 ms of the rate, at least 128K)")
     ap.add_argument("--latency-ms", type=float, default=10.0, help="tbf queue, in ms (default 10)")
     ap.add_argument("--mtu", type=int, default=1500)
-    ap.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("4M"))
-    ap.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("256M"))
+    ap.add_argument("-b", "--minbytes", type=parse_size, default=None,
+                    help="smallest size (default 4M; 16M for hier)")
+    ap.add_argument("-e", "--maxbytes", type=parse_size, default=None,
+                    help="largest size (default 256M; 64M for hier)")
     ap.add_argument("-f", "--stepfactor", type=float, default=4.0)
     ap.add_argument("--iters", type=int, default=5, help="timed iterations per size (default 5)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed iterations per size (default 1)")
@@ -1115,6 +1359,21 @@ def main(argv=None):
             ap.error("%s: '%s' must list integers >= %d" % (what, text, 0 if allow_zero else 1))
         return v
 
+    if a.scenario == "hier":
+        a.hosts = a.hosts if a.hosts is not None else (a.workers or 2)
+        a.workers = a.hosts
+        if a.hosts < 2:
+            ap.error("--hosts: scenario hier needs >= 2 worker hosts (on one host every sum "
+                     "stays on the host)")
+        if a.local < 1:
+            ap.error("--local must be >= 1")
+    elif a.hosts is not None:
+        ap.error("--hosts is for scenario hier (the others: --workers)")
+    a.workers = 4 if a.workers is None else a.workers
+    if a.minbytes is None:
+        a.minbytes = parse_size("16M" if a.scenario == "hier" else "4M")
+    if a.maxbytes is None:
+        a.maxbytes = max(a.minbytes, parse_size("64M" if a.scenario == "hier" else "256M"))
     if a.workers < 1:
         ap.error("--workers must be >= 1")
     if a.stepfactor <= 1:
@@ -1147,7 +1406,8 @@ def main(argv=None):
     scenarios = ["ps", "mixed", "lanes"] if a.scenario == "all" else [a.scenario]
     plan = []
     for sc in scenarios:
-        default = {"mixed": "0,1,2,4", "baselines": "0", "hold": "0"}.get(sc, "4,2")
+        default = {"mixed": "0,1,2,4", "baselines": "0", "hold": "0",
+                   "hier": str(a.workers)}.get(sc, "4,2")
         ks = ints(a.servers if a.servers is not None else default, "--servers")
         if a.scenario == "all" and sc in ("ps", "lanes"):
             ks = [k for k in ks if k >= 1][:1 if sc == "lanes" else None]
@@ -1155,6 +1415,8 @@ def main(argv=None):
                 ap.error("--servers: scenario %s needs a k >= 1" % sc)
         if sc in ("ps", "lanes") and min(ks) < 1:
             ap.error("--servers: scenario %s needs k >= 1 dedicated server hosts" % sc)
+        if sc == "hier" and (len(ks) != 1 or ks[0] < 1):
+            ap.error("--servers: scenario hier takes one k >= 1 (default H)")
         if sc == "mixed" and max(ks) > a.workers:
             ap.error("--servers: mixed placement needs k <= n (%d)" % a.workers)
         plan.append((sc, ks))
@@ -1178,8 +1440,10 @@ def main(argv=None):
         with Cluster(hosts, a.rate, a.burst, a.latency_ms, a.mtu, log=log) as cl:
             if a.scenario == "hold":
                 hold(cl)
-            header = ["## %s — netcluster %s, n=%d, %s links (%s)" % (
-                commit_id(), a.scenario, a.workers, fmt_rate(a.rate), started), "",
+            shape = ("H=%d x L=%d" % (a.hosts, a.local) if a.scenario == "hier"
+                     else "n=%d" % a.workers)
+            header = ["## %s — netcluster %s, %s, %s links (%s)" % (
+                commit_id(), a.scenario, shape, fmt_rate(a.rate), started), "",
                 "Command: `%s`" % command, "",
                 "%d hosts (namespaces; bridge in its own), tbf burst %d B, latency %g ms, MTU %d; "
                 "gradlink with UCX_TLS=tcp UCX_NET_DEVICES=%s%s; fp32 sum, every element "
@@ -1212,14 +1476,21 @@ def main(argv=None):
                                 results[(s.name, size)] = cache[(s.name, size)]
                 title = {"ps": "Dedicated servers (PS)", "mixed": "Mixed placement",
                          "lanes": "Separate push/pull lanes vs one lane",
-                         "baselines": "Baselines"}[sc]
-                report("%s: n=%d, k=%s" % (title, a.workers, ",".join(map(str, ks))), systems,
-                       results, sizes, a.rate, out)
+                         "baselines": "Baselines",
+                         "hier": "Hierarchical vs flat, workers sharing hosts"}[sc]
+                extra, notes, cell, cell_text = (), (), None, ""
+                if sc == "hier":
+                    extra = hier_columns(systems, results, a.rate)
+                    notes = hier_notes(a, systems, ks[0])
+                    cell, cell_text = hier_cell(systems, results), HIER_CELL_TEXT
+                report("%s: %s, k=%s" % (title, shape, ",".join(map(str, ks))), systems,
+                       results, sizes, a.rate, out, extra, notes)
                 summaries.append((sc, render_summary(
-                    "%s — netcluster %s, n=%d, k=%s, %s links, MTU %d (%s)" % (
-                        commit_id(), sc, a.workers, ",".join(map(str, ks)), fmt_rate(a.rate),
+                    "%s — netcluster %s, %s, k=%s, %s links, MTU %d (%s)" % (
+                        commit_id(), sc, shape, ",".join(map(str, ks)), fmt_rate(a.rate),
                         cl.mtu, started),
-                    command, given, tuned_defaults(ap), systems, results, sizes, a.rate)))
+                    command, given, tuned_defaults(ap), systems, results, sizes, a.rate,
+                    cell, cell_text)))
                 if sc == "lanes":
                     out.append(lanes_summary(systems, results, sizes, a.rate))
                     print(out[-1], flush=True)
@@ -1281,9 +1552,11 @@ def tuned_defaults(ap):
     return "no tuning flags: gradlink chooses partitions, window and lead for the job itself"
 
 
-def render_summary(heading, command, given, defaults, systems, results, sizes, rate_bps):
+def render_summary(heading, command, given, defaults, systems, results, sizes, rate_bps,
+                   extra_cell=None, extra_text=""):
     """The netcluster-SCENARIO section of bench/RESULTS.md (a string): per system and size, the
-    fraction of its model's bound reached and gradlink's speedups over the baselines."""
+    fraction of its model's bound reached and gradlink's speedups over the baselines.
+    `extra_cell(system, size, median us)` adds text to a cell; `extra_text` says what it is."""
     base = {}
     for s in systems:
         if s.kind in ("gloo", "mpi"):
@@ -1311,6 +1584,8 @@ def render_summary(heading, command, given, defaults, systems, results, sizes, r
                     if k in base:
                         bv = results.get((base[k], z))
                         cell += " · %.2fx" % (statistics.median(bv) / med) if bv else " · -"
+            if extra_cell:
+                cell += extra_cell(s, z, med)
             cells.append(cell)
         out.append("| %s | %s |" % (s.name, " | ".join(cells)))
     models = "; ".join(sorted({"%s: %s" % (s.kind, s.model_name) for s in systems}))
@@ -1318,7 +1593,8 @@ def render_summary(heading, command, given, defaults, systems, results, sizes, r
             "%s; medians over repeats; every element checked." % (
                 models, "; then gradlink's speedup over " + " and over ".join(
                     {"gloo": "Gloo", "mpi": "Open MPI"}[k] for k in ("gloo", "mpi") if k in base)
-                + " (their median time ÷ gradlink's)" if base else "", fmt_rate(rate_bps))]
+                + " (their median time ÷ gradlink's)" if base else "", fmt_rate(rate_bps))
+            + extra_text]
     traffic = []
     for s in systems:
         v = results.get((s.name, "traffic"))

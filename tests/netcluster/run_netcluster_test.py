@@ -16,6 +16,16 @@
            one timed step): every method trains, the ranks end bit-identical, the methods agree
            with DDP over Gloo, the table has a row per method; and with --tolerance -1 (any
            difference too large) the run fails naming the method, so the check is live.
+  hier     workers sharing hosts (bench/netcluster --scenario hier at its smallest): 2 worker
+           hosts x 2 workers (ranks host-major) and 2 server hosts, gradlink-hier (the defaults)
+           and gradlink-flat (GRADLINK_HIERARCHICAL=0), 64K - 1M. Checks: every element of every
+           result is exact, rank r runs on host r // 2, flat's hosts each send and receive 2 x M
+           per step (the link counters see every worker's pushes and pulls), flat never says
+           "hierarchical on"; and where the binaries say "hierarchical on" (worker log, info),
+           a hier host sends and receives at most 1.3 x M per timed step (counted from the
+           difference of two jobs that differ only in their number of timed steps); otherwise
+           it says the byte bound was not checked. Then the scenario's table from the command
+           line has both systems and the host bytes columns.
   cleanup  everything is removed when the body fails, on SIGTERM and on SIGINT of a running
            harness (namespaces and the processes inside), and `--cleanup` removes the leftovers
            of a killed run but not the namespaces of a running one.
@@ -29,6 +39,7 @@ Usage: run_netcluster_test.py --bin-dir DIR [--budget S] CASE
 import argparse
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -175,6 +186,131 @@ def case_hosts(a):
         expect(sent[1] < payload // 10, "host 1 sent %d bytes with the same-host path on" % sent[1])
 
 
+def case_hier(a):
+    H, L, k = 2, 2, 2
+    sizes = list(nc.sizes_of(64 << 10, 1 << 20, 4))  # 64K 256K 1M
+    big = sizes[-1]
+    iters, warmup = 3, 1
+    workers = nc.hier_workers(H, L)
+    expect(workers == [0, 0, 1, 1], "host-major placement of 2 x 2 is %s" % workers)
+    servers = [(H + i, None) for i in range(k)]
+    worker_hosts = list(range(H))
+    in_force = re.compile(r"worker (\d+) in force: .*?\bhost (\S+?)/\d+")
+    t0 = time.monotonic()
+    with nc.Cluster(H + k, 1e9) as cl:
+        def job(mode, sz, n_iters, logs):
+            env = {"GRADLINK_LOG_LEVEL": "info"}
+            if mode == "flat":
+                env["GRADLINK_HIERARCHICAL"] = "0"
+            wk = []
+            # Every element of every result is checked by gradlink-bench (a wrong one fails it).
+            rows = nc.run_gradlink(cl, a.bin_dir, workers, servers, sz, n_iters, warmup,
+                                   extra_env=env, worker_procs=wk, ranks=True, timeout=60)
+            logs.append([p.err() for p in wk])
+            return rows
+
+        measured = {}
+        for mode in ("hier", "flat"):
+            logs, record = [], {}
+            rows = nc.per_size_jobs(cl, worker_hosts, sizes, iters + warmup,
+                                    lambda sz: job(mode, sz, iters, logs), record)
+            # Bytes of the timed steps alone: two jobs of the largest size that differ only in
+            # their number of timed steps; their difference has no start, no warmup.
+            extra = 4
+            _, short = nc.host_bytes(cl, worker_hosts, lambda: job(mode, [big], iters, logs),
+                                     1, 1)
+            _, long_ = nc.host_bytes(cl, worker_hosts,
+                                     lambda: job(mode, [big], iters + extra, logs), 1, 1)
+            timed = [((l[0] - s_[0]) / (extra * big), (l[1] - s_[1]) / (extra * big))
+                     for s_, l in zip(short, long_)]
+            on = [any(nc.HIER_ON.search(x) for x in j) for j in logs]
+            measured[mode] = (timed, on)
+            print("gradlink-%s: %s" % (mode, " ".join(
+                "%s:%.1fms" % (nc.human(z), rows[z][0] / 1e3) for z in sizes)))
+            for z in sizes:
+                print("  %s: per host per step (job of that size, start and warmup included): %s"
+                      % (nc.human(z), " ".join("h%d tx %.3f rx %.3f M" % (h, tx, rx)
+                                                for h, (tx, rx) in enumerate(record[z][0]))))
+            print("  %s, timed steps only (difference of %d and %d timed steps): %s" % (
+                nc.human(big), iters, iters + extra,
+                " ".join("h%d tx %.3f rx %.3f M" % (h, tx, rx) for h, (tx, rx) in enumerate(timed))))
+            print("  workers logged \"hierarchical on\" in %d of %d jobs" % (sum(on), len(on)))
+            # Rank r on host r // L: the workers name their host in their "in force" line.
+            for j in logs:
+                hosts = {}
+                for text in j:
+                    m = in_force.search(text)
+                    if m:
+                        hosts[int(m.group(1))] = m.group(2)
+                if len(hosts) != len(workers):
+                    print("  (no \"in force\" line naming each worker's host: placement by "
+                          "rank not checked)")
+                    break
+                for r in range(len(workers)):
+                    same = [q for q in range(len(workers)) if hosts[q] == hosts[r]]
+                    expect(same == [q for q in range(len(workers)) if workers[q] == workers[r]],
+                           "%s: rank %d shares its host %s with ranks %s, expected host-major "
+                           "placement %s" % (mode, r, hosts[r], same, workers))
+
+        timed, on = measured["flat"]
+        expect(not any(on), "gradlink-flat (GRADLINK_HIERARCHICAL=0) said \"hierarchical on\"")
+        # Flat: every worker pushes M and pulls M through its host's link.
+        for h, (tx, rx) in enumerate(timed):
+            expect(0.95 * L <= tx <= 1.3 * L and 0.95 * L <= rx <= 1.3 * L,
+                   "gradlink-flat: host %d moved tx %.3f rx %.3f x M per step, expected about "
+                   "%d (L workers' pushes and pulls)" % (h, tx, rx, L))
+        timed, on = measured["hier"]
+        if any(on) and not all(on):
+            raise Failure("gradlink-hier said \"hierarchical on\" in %d of %d jobs only" % (
+                sum(on), len(on)))
+        if all(on):
+            for h, (tx, rx) in enumerate(timed):
+                expect(tx <= 1.3 and rx <= 1.3,
+                       "gradlink-hier: host %d moved tx %.3f rx %.3f x M per timed step, more "
+                       "than 1.3 x M: the host's workers did not sum among themselves first" % (
+                           h, tx, rx))
+            expect(all(tx >= 0.9 for tx, _ in timed),
+                   "gradlink-hier: a host sent less than its M per step: %s" % timed)
+            print("hierarchy on: every host moved <= 1.3 x M each way per timed step")
+        else:
+            print("hierarchy not active in these binaries: byte bound not checked")
+    print("library runs: %.1f s" % (time.monotonic() - t0))
+
+    # The scenario from the command line: its table has both systems and the host bytes.
+    # A harness that runs past the budget gets SIGTERM: it removes its namespaces and exits.
+    p = subprocess.Popen(harness_cmd("--scenario", "hier", "--hosts", "2", "--local", "2", "-k", "2",
+                                     "-b", "64K", "-e", "256K", "--iters", "2", "--warmup", "1",
+                                     "--repeats", "1", "--baselines", "none", "--link-check", "0",
+                                     "--results", "-", "--bin", a.bin_dir),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=max(20, a.budget - 10 - (time.monotonic() - t0)))
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+        raise Failure("netcluster --scenario hier ran past the budget (stopped: %s):\n%s\n%s" % (
+            p.returncode, out[-3000:], err[-3000:]))
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    expect(p.returncode == 0, "netcluster --scenario hier failed (%d):\n%s\n%s" % (
+        p.returncode, out[-3000:], err[-3000:]))
+    head = [ln for ln in out.splitlines() if ln.startswith("| system |")]
+    expect(head and "host tx/M" in head[0] and "host rx/M" in head[0] and "x flat" in head[0],
+           "no host bytes columns in:\n" + out)
+    width = head[0].count("|")
+    for name in ("gradlink-hier", "gradlink-flat"):
+        rows = [ln for ln in out.splitlines()
+                if ln.startswith("| %s |" % name) and ln.count("|") == width]
+        expect(len(rows) == 2, "expected a %s row per size (2) in:\n%s" % (name, out))
+        expect(all(re.search(r"\| \d+\.\d{3} \| \d+\.\d{3} \| \d+\.\d{3} \|$", ln)
+                   for ln in rows), "%s: no host tx/M, rx/M and model in its rows:\n%s" % (
+                       name, "\n".join(rows)))
+    print("netcluster --scenario hier: a table per size with gradlink-hier and gradlink-flat")
+
+
 def harness_cmd(*args):
     return [sys.executable, HARNESS] + list(args)
 
@@ -305,7 +441,8 @@ def case_train(a):
                p.returncode, p.stdout, p.stderr))
 
 
-CASES = {"smoke": case_smoke, "hosts": case_hosts, "cleanup": case_cleanup, "train": case_train}
+CASES = {"smoke": case_smoke, "hosts": case_hosts, "cleanup": case_cleanup, "train": case_train,
+         "hier": case_hier}
 
 
 def main():
