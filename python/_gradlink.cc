@@ -219,6 +219,7 @@ class PyWorker {
     in_force["fusion_threshold_bytes"] = f.fusion_threshold_bytes;
     in_force["local_arena_bytes"] = f.local_arena_bytes;
     in_force["same_host_path"] = f.same_host_path;
+    in_force["hierarchy"] = f.hierarchy;
     in_force["single_lane"] = f.single_lane;
     in_force["host"] = f.host;
     in_force["ucx"] = f.ucx;

@@ -38,8 +38,10 @@ too. A ctest test runs a slice of them (--slice A:B) and appends one JSON line p
 --results; the "summary" case merges those files and prints min/median/max detection times
 per (signal, victim role) and per (signal, victim role, phase). Detection times leave out the
 straggler (asleep in this test's code when the signal landed; its bound is still checked).
-Even-numbered trials sum through the servers (--local-arena 0), odd-numbered ones through the
-same-host path, which is the default with every worker on one host.
+Trials take the three data paths in turn (trial index mod 3): through the servers (--local-arena
+0); the same-host path, which is the default with every worker on one host; and hierarchical
+aggregation, with workers 0 and 1 on one emulated host and worker 2 on another (GRADLINK_HOST):
+a local worker's loss then meets a host channel at push, local sum and pull.
 The "shutdown" case runs five fixed trials aimed at Shutdown() after a failure.
 
 Problems that match an open bug (KNOWN_BUGS below) are tagged with its id. By default they fail
@@ -239,12 +241,13 @@ class Trial:
         self.straggler = None  # worker rank (pull, barrier)
         self.offset = 0.0      # seconds after the phase's marker at which the signal lands
         # Every worker is on this host, where the sums go through shared memory by default:
-        # half the trials turn that off, so that both data paths meet every fault.
-        self.path = "servers" if index % 2 == 0 else "same-host"
+        # a third of the trials turn that off, a third split the workers over two emulated
+        # hosts (hierarchical aggregation), so that every data path meets every fault.
+        self.path = ("servers", "same-host", "hierarchical")[index % 3]
 
     def label(self):
         who = self.role if self.role == "scheduler" else "%s %d" % (self.role, self.victim)
-        return "#%02d SIG%-4s %-9s %-11s %-9s" % (self.index, self.sig, self.phase, who,
+        return "#%02d SIG%-4s %-9s %-11s %-12s" % (self.index, self.sig, self.phase, who,
                                                   self.path)
 
 
@@ -320,12 +323,15 @@ def run_trial(h, t, results):
                     str(SHUTDOWN_DEADLINE_MS)]
             if t.path == "servers":
                 argv += ["--local-arena", "0"]
+            env = None
+            if t.path == "hierarchical":
+                env = {"GRADLINK_HOST": "fault-host-%s" % ("a" if r < 2 else "b")}
             if r == t.straggler:
                 argv += ["--straggle-ms", str(STRAGGLE_MS)]
             if t.phase == "handshake" and r == WORKERS - 1:
                 argv += ["--sleep-before-connect-ms", str(LATE_MS),
                          "--connect-timeout-s", str(LATE_CONNECT_TIMEOUT_S)]
-            workers.append(h.spawn("t%02d-worker%d" % (t.index, r), "worker", r, argv))
+            workers.append(h.spawn("t%02d-worker%d" % (t.index, r), "worker", r, argv, env=env))
         trial_procs += workers
         by_role = {"scheduler": [sched], "server": servers, "worker": workers}
         victim = by_role[t.role][t.victim]

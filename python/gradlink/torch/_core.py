@@ -444,7 +444,8 @@ def stats():
     bytes_unpacked, bytes_copied_eager, bytes_copied_bounce, protocol_errors, partitions_held,
     peak_bytes_ahead; and ``in_force``, the settings in force (partition_bytes,
     max_bytes_in_flight, max_bytes_ahead, fusion_buffer_bytes, fusion_threshold_bytes,
-    local_arena_bytes, same_host_path, single_lane, host, ucx: the UCX_* variables in force, and
+    local_arena_bytes, same_host_path, hierarchy (hierarchical aggregation: "host h of H, local
+    rank l of L, ..." or "" when off), single_lane, host, ucx: the UCX_* variables in force, and
     chosen: which of the first three gradlink chose for the job, and why)."""
     return _require().worker.stats()
 
