@@ -13,7 +13,10 @@ namespace gradlink {
 
 Status WorkerImpl::OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_point deadline) {
   if (opts_.local_arena_bytes == 0 || size_ < 2) return Status::Ok();
-  if (hosts_.hosts() > 1) return OpenHostPath(welcome, deadline);
+  if (hosts_.hosts() > 1) {
+    GL_LOG(kInfo) << "worker " << rank_ << ": same-host path off (workers on several hosts)";
+    return OpenHostPath(welcome, deadline);
+  }
   const wire::Member* first = nullptr;  // worker 0
   const std::string* host = nullptr;
   bool one_host = true;
