@@ -75,6 +75,7 @@ struct Args {
   uint64_t partition_bytes = 4u << 20;
   uint64_t max_in_flight = 32u << 20;
   uint64_t local_arena = gl::WorkerOptions().local_arena_bytes;  // 0: the servers' path
+  std::string host;  // WorkerOptions::host_name; empty: the default ("machine/pid")
   bool shutdown_after_failure = false;
   int shutdown_deadline_ms = 1500;
 };
@@ -136,6 +137,7 @@ class Runner {
     o.partition_bytes = a_.partition_bytes;
     o.max_bytes_in_flight = a_.max_in_flight;
     o.local_arena_bytes = a_.local_arena;
+    o.host_name = a_.host;
     o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(a_.connect_timeout_s * 1000));
     Line("CONNECTING " + Now());
     if (a_.die_after_connect_us >= 0) {
@@ -298,6 +300,8 @@ int main(int argc, char** argv) {
   app.add_option("--partition-bytes", a.partition_bytes);
   app.add_option("--max-in-flight", a.max_in_flight);
   app.add_option("--local-arena", a.local_arena, "same-host path: bytes of shared memory; 0: off");
+  app.add_option("--host", a.host, "the host this worker says it is on (workers that share one "
+                                   "sum through shared memory first)");
   app.add_flag("--shutdown-after-failure", a.shutdown_after_failure);
   app.add_option("--shutdown-deadline-ms", a.shutdown_deadline_ms);
   CLI11_PARSE(app, argc, argv);

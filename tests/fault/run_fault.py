@@ -323,15 +323,14 @@ def run_trial(h, t, results):
                     str(SHUTDOWN_DEADLINE_MS)]
             if t.path == "servers":
                 argv += ["--local-arena", "0"]
-            env = None
             if t.path == "hierarchical":
-                env = {"GRADLINK_HOST": "fault-host-%s" % ("a" if r < 2 else "b")}
+                argv += ["--host", "fault-host-%s" % ("a" if r < 2 else "b")]
             if r == t.straggler:
                 argv += ["--straggle-ms", str(STRAGGLE_MS)]
             if t.phase == "handshake" and r == WORKERS - 1:
                 argv += ["--sleep-before-connect-ms", str(LATE_MS),
                          "--connect-timeout-s", str(LATE_CONNECT_TIMEOUT_S)]
-            workers.append(h.spawn("t%02d-worker%d" % (t.index, r), "worker", r, argv, env=env))
+            workers.append(h.spawn("t%02d-worker%d" % (t.index, r), "worker", r, argv))
         trial_procs += workers
         by_role = {"scheduler": [sched], "server": servers, "worker": workers}
         victim = by_role[t.role][t.victim]
