@@ -346,6 +346,14 @@ int RunWorker(const Config& c) {
                   (unsigned long long)(count * sz), (unsigned long long)count,
                   c.dtype_name.c_str(), avg_us, min_us, algbw, busbw, check);
       PrintCopies(before, after);
+      if (after.local_busy_ns > before.local_busy_ns) {
+        // Every push_pull of the size (warmup and timed) did the same work in the segment.
+        const double busy_us =
+            (after.local_busy_ns - before.local_busy_ns) / 1e3 / std::max(1, c.warmup + c.iters);
+        std::printf("# same-host stage: %.1f us of this worker's threads per push_pull (copies "
+                    "and sums in shared memory), %.1f%% of the mean time\n",
+                    busy_us, 100.0 * busy_us / std::max(avg_us, 1e-9));
+      }
       if (c.verbose) PrintStages(stages, total_us, c.iters);
       std::fflush(stdout);
     } else if (wrong != 0) {

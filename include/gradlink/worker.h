@@ -107,8 +107,11 @@ struct WorkerStats {
   uint64_t bytes_copied_eager = 0;
   uint64_t bytes_copied_bounce = 0;
   // Same-host path: bytes copied into the shared segment (the sums are written straight into
-  // the caller's tensor).
+  // the caller's tensor); hierarchical aggregation: into it, and the sums out of it.
   uint64_t bytes_copied_local = 0;
+  // Time this worker's threads spent copying and summing in the shared segment (the same-host
+  // path, or this host's stage of hierarchical aggregation), in nanoseconds.
+  uint64_t local_busy_ns = 0;
   uint64_t protocol_errors = 0;  // bad frames received by this worker's lanes
   // WorkerOptions::max_bytes_ahead at work: partitions that waited for their operation's sums,
   // and the most bytes one operation has had pushed (or queued to push) and not answered.

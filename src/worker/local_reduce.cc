@@ -46,6 +46,25 @@ constexpr uint64_t kPollSums = 2;
 
 uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
 
+// Adds the time from its construction to its destruction to `total`: the segment's work
+// (copies and sums) as the stats report it. Two clock reads per chunk or partition.
+class BusyTimer {
+ public:
+  explicit BusyTimer(std::atomic<uint64_t>& total) : total_(total), start_(Clock::now()) {}
+  ~BusyTimer() {
+    total_.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                               Clock::now() - start_)
+                                               .count()),
+                     std::memory_order_relaxed);
+  }
+  BusyTimer(const BusyTimer&) = delete;
+  BusyTimer& operator=(const BusyTimer&) = delete;
+
+ private:
+  std::atomic<uint64_t>& total_;
+  const Clock::time_point start_;
+};
+
 void CpuRelax() {
 #if defined(__x86_64__)
   _mm_pause();
@@ -636,7 +655,10 @@ bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
     }
     if (!free) break;
     const uint64_t bytes = elems_of(r.next_post) * esize;
-    std::memcpy(slot(me, seq), job.data.data() + r.next_post * ch.chunk_elems * esize, bytes);
+    {
+      BusyTimer busy(busy_ns_);
+      std::memcpy(slot(me, seq), job.data.data() + r.next_post * ch.chunk_elems * esize, bytes);
+    }
     state[me].average[seq % 2].store(job.average ? 1 : 0, std::memory_order_relaxed);
     state[me].posted.store(seq, std::memory_order_release);
     RingPeers();
@@ -666,6 +688,7 @@ bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
       }
     }
     if (r.failure.ok()) {
+      BusyTimer busy(busy_ns_);
       const uint64_t n = elems_of(r.next_sum);
       std::byte* out = job.data.data() + r.next_sum * ch.chunk_elems * esize;
       const DataType acc_type = reduce::AccumulatorType(job.dtype);
@@ -771,7 +794,10 @@ bool LocalReduce::AdvanceHost(Running& r, uint64_t max_sums) {
       break;
     }
     const wire::PartitionPlan& p = job.parts[r.next_post];
-    std::memcpy(input(me, n), job.data.data() + p.offset * esize, p.count * esize);
+    {
+      BusyTimer busy(busy_ns_);
+      std::memcpy(input(me, n), job.data.data() + p.offset * esize, p.count * esize);
+    }
     head->rank[me].average[s].store(job.average ? 1 : 0, std::memory_order_relaxed);
     head->rank[me].posted.store(n, std::memory_order_release);
     bytes_copied_.fetch_add(p.count * esize, std::memory_order_relaxed);
@@ -817,6 +843,7 @@ bool LocalReduce::AdvanceHost(Running& r, uint64_t max_sums) {
     }
     const uint64_t count = job.parts[part].count;
     std::byte* out = entry(n);
+    std::optional<BusyTimer> busy(std::in_place, busy_ns_);
     // The servers' reducers, in local-rank order. The accumulator is the entry itself where it
     // has the accumulator's type (fp32 partials of a 16-bit tensor, fp32, fp64, int64).
     const DataType acc_type = reduce::AccumulatorType(job.dtype);
@@ -834,6 +861,7 @@ bool LocalReduce::AdvanceHost(Running& r, uint64_t max_sums) {
       for (uint32_t j = 2; j < ranks; ++j) reduce::Accumulate(job.dtype, acc, input(j, n), count);
     }
     if (acc != out) reduce::Store(job.dtype, out, acc, count, 1);
+    busy.reset();
     head->in_free[s].store(n, std::memory_order_release);
     if (ranks > 1) RingPeers();
     ++r.next_own;
@@ -860,10 +888,14 @@ bool LocalReduce::AdvanceHost(Running& r, uint64_t max_sums) {
                                Name(pusher) + ", which pushes it for this host" +
                                (pusher == me ? "" : " (its error names the cause)"));
       }
-    } else if (job.wire == job.dtype) {
-      std::memcpy(job.data.data() + p.offset * esize, entry(n), p.count * esize);
     } else {
-      reduce::Store(job.dtype, job.data.data() + p.offset * esize, entry(n), p.count, 1);
+      BusyTimer busy(busy_ns_);
+      if (job.wire == job.dtype) {
+        std::memcpy(job.data.data() + p.offset * esize, entry(n), p.count * esize);
+      } else {
+        reduce::Store(job.dtype, job.data.data() + p.offset * esize, entry(n), p.count, 1);
+      }
+      bytes_copied_.fetch_add(p.count * esize, std::memory_order_relaxed);
     }
     e.copied[me].store(n, std::memory_order_release);
     if (ranks > 1) RingPeers();

@@ -159,6 +159,7 @@ class LocalReduce {
 
   uint64_t arena_bytes() const;  // of the segment, as worker 0 reserved it
   uint64_t bytes_copied() const { return bytes_copied_.load(std::memory_order_relaxed); }
+  uint64_t busy_ns() const { return busy_ns_.load(std::memory_order_relaxed); }
   bool busy() const { return jobs_.load(std::memory_order_acquire) > 0; }  // jobs not yet done
 
  private:
@@ -210,6 +211,7 @@ class LocalReduce {
   std::atomic<uint32_t> callers_waiting_{0};
   std::atomic<uint64_t> jobs_{0};  // started, not yet done
   std::atomic<uint64_t> bytes_copied_{0};
+  std::atomic<uint64_t> busy_ns_{0};  // time spent copying and summing (BusyTimer)
   std::thread background_;
 };
 

@@ -244,7 +244,10 @@ WorkerStats WorkerImpl::Stats() const {
   s.partitions_held = counters_->partitions_held.load(std::memory_order_relaxed);
   s.peak_bytes_ahead = counters_->peak_bytes_ahead.load(std::memory_order_relaxed);
   s.in_force = in_force_;
-  if (local_) s.bytes_copied_local = local_->bytes_copied();
+  if (local_) {
+    s.bytes_copied_local = local_->bytes_copied();
+    s.local_busy_ns = local_->busy_ns();
+  }
   for (const Lane* lane : {push_lane_.get(), pull_lane_.get()}) {
     if (lane == nullptr) continue;
     const transport::LaneStats ls = lane->stats();

@@ -42,7 +42,8 @@ Trials take the three data paths in turn (trial index mod 3): through the server
 0); the same-host path, which is the default with every worker on one host; and hierarchical
 aggregation, with workers 0 and 1 on one emulated host and worker 2 on another (GRADLINK_HOST):
 a local worker's loss then meets a host channel at push, local sum and pull.
-The "shutdown" case runs five fixed trials aimed at Shutdown() after a failure.
+The "shutdown" case runs five fixed trials aimed at Shutdown() after a failure; the "hierarchy"
+case six with a worker as the victim on the hierarchical path (push, pull, barrier; either host).
 
 Problems that match an open bug (KNOWN_BUGS below) are tagged with its id. By default they fail
 the trial like any other; with --tolerate-known (CMake: -DGRADLINK_FAULT_TOLERATE_KNOWN=ON) a
@@ -51,7 +52,7 @@ trial whose problems are all tagged passes and is reported as KNOWN.
 Usage: run_fault.py --bin-dir DIR --fault-worker EXE [--budget S] [--seed N] [--slice A:B]
                     [--results FILE] [--only PHASE,ROLE,SIGNAL] [--tolerate-known] CASE
        run_fault.py --trials 50 summary --merge FILE...
-CASE: trials | shutdown | summary | wireup
+CASE: trials | shutdown | summary | wireup | hierarchy
 Standard library only: runs under Debian's /usr/bin/python3.
 """
 
@@ -667,6 +668,31 @@ def case_shutdown(h, args):
         raise Failure("%d of %d trials failed" % (failures, len(trials)))
 
 
+def case_hierarchy(h, args):
+    """Hierarchical aggregation (workers 0 and 1 on one emulated host, worker 2 on another):
+    a local worker killed or hung mid-push (its host's partials half posted, half summed) or
+    while the others wait for their pulls, on the two-worker host and on the one-worker host.
+    Every survivor, local or remote, must fail naming it, in the bounds of every trial."""
+    fixed = [("push", "worker", "KILL", 1), ("push", "worker", "STOP", 0),
+             ("push", "worker", "KILL", 2), ("pull", "worker", "KILL", 1),
+             ("pull", "worker", "STOP", 2), ("barrier", "worker", "STOP", 1)]
+    trials = []
+    for i, (phase, role, sig, victim) in enumerate(fixed):
+        t = Trial(200 + i, phase, role, sig)
+        t.path = "hierarchical"
+        t.victim = victim
+        if phase in ("pull", "barrier"):
+            t.straggler = victim
+            t.offset = 0.25
+        else:
+            t.offset = 0.05
+        trials.append(t)
+    results, failures = run_list(h, trials, args.results)
+    report(results)
+    if failures:
+        raise Failure("%d of %d trials failed" % (failures, len(trials)))
+
+
 def case_summary(h, args):
     results = []
     missing = []
@@ -788,7 +814,7 @@ def case_wireup(h, args):
 
 
 CASES = {"trials": case_trials, "shutdown": case_shutdown, "summary": case_summary,
-         "wireup": case_wireup}
+         "wireup": case_wireup, "hierarchy": case_hierarchy}
 
 
 def main():
