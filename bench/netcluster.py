@@ -809,6 +809,9 @@ def run_mpi(cl, bin_dir, workers, sizes, iters, warmup, log=print):
 # What a gradlink worker logs (GRADLINK_LOG_LEVEL=info) when the job aggregates hierarchically:
 # the workers of a host sum through shared memory, one host's sum goes to the servers.
 HIER_ON = re.compile(r"hierarchical on\b")
+# gradlink-bench (rank 0), after each size's row: the time its threads spent copying and summing
+# in shared memory per push_pull, and its share of the mean time.
+HOST_STAGE = re.compile(r"# same-host stage: ([\d.]+) us .*?, ([\d.]+)% of the mean time")
 
 
 def hier_workers(hosts, local):
@@ -880,6 +883,9 @@ class System:
         # model's bytes per host and step per tensor byte (each way), and per gradlink job
         # whether its workers logged "hierarchical on".
         self.hostbytes, self.bytes_model, self.hier_log = {}, None, []
+        # Scenario hier, gradlink: {size: [per run: (us, % of the mean time) of rank 0's
+        # same-host stage]} (gradlink-bench's "# same-host stage" line).
+        self.stage = {}
 
 
 # ---- report -----------------------------------------------------------------------------------
@@ -1141,6 +1147,10 @@ def hier_systems(a, cl, k, sizes, pm, log, variants, systems):
                                 inflight, a.single_lane, extra_env=env, max_ahead=ahead,
                                 worker_procs=wk, ranks=True)
             s.hier_log.append(any(HIER_ON.search(p.err()) for p in wk))
+            for p in wk:
+                m = HOST_STAGE.search(p.out())
+                if m:
+                    s.stage.setdefault(sz[0], []).append((float(m.group(1)), float(m.group(2))))
             return rows
 
         s.run = lambda: per_size_jobs(cl, worker_hosts, sizes, steps, one, s.hostbytes)
@@ -1204,8 +1214,15 @@ def hier_columns(systems, results, rate_bps):
     def model(s, size, med):
         return "%.3f" % s.bytes_model if s.bytes_model else "-"
 
+    def stage(s, size, med):
+        v = s.stage.get(size)
+        if not v:
+            return "-"
+        return "%.1f ms, %.1f%%" % (statistics.median(us for us, _ in v) / 1e3,
+                                    statistics.median(p for _, p in v))
+
     return [("bound of link", bound), ("x flat", vs_flat), ("host tx/M", nic(0)),
-            ("host rx/M", nic(1)), ("model tx,rx/M", model)]
+            ("host rx/M", nic(1)), ("model tx,rx/M", model), ("host stage (rank 0)", stage)]
 
 
 def hier_notes(a, systems, k):
@@ -1235,7 +1252,11 @@ def hier_notes(a, systems, k):
         " Model: hier 1.0 each way, flat L = %d, Gloo's ring 2(N-1)/N (Open MPI chooses its "
         "algorithm by size and ranks: none); bound of link = M / model time "
         "/ link rate (hier: min(1, k/H); flat: that / L); x flat = gradlink-flat's median time / "
-        "gradlink-hier's." % (a.iters + a.warmup, a.iters, a.warmup, L))
+        "gradlink-hier's; host stage (rank 0) = the time rank 0's threads spent copying and "
+        "summing in its host's shared memory per push_pull (WorkerStats::local_busy_ns, every "
+        "step of the job) and its share of the mean time, median over repeats: the same-host "
+        "stage's cost on one worker, overlapped with the network or not." % (
+            a.iters + a.warmup, a.iters, a.warmup, L))
     return notes
 
 
