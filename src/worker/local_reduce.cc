@@ -134,12 +134,14 @@ uint64_t ChannelBytes(uint32_t ranks, uint64_t slot_bytes) {
 // life, from 1) and each input slot's averaging; per input slot, the last partition summed out
 // of it (the slot is free again); per result entry, the partition whose sum it holds (ready),
 // with its failure code, and what each rank copied out of it.
-constexpr uint32_t kHostSlots = 4;
+constexpr uint32_t kHostSlots = 8;
 constexpr uint32_t kHostEntries = 32;
 // Input slots and result entries get this much of the arena at most (per rank for the slots),
-// in whole partitions, at least one: 64 KiB partitions give 4 slots and 32 entries (2 MiB in
-// flight per tensor and host, more than a host's window: bench/RESULTS.md, "Hierarchy").
-constexpr uint64_t kHostSlotBudget = 256u << 10;
+// in whole partitions, at least one: 64 KiB partitions give 8 slots and 32 entries (2 MiB in
+// flight per tensor and host, more than a host's window). On 3 hosts x 2 workers, 16 slots
+// gave 3-5% more than 4 in one run, about the noise; 8 is between at half 16's memory
+// (bench/RESULTS.md, "Hierarchy").
+constexpr uint64_t kHostSlotBudget = 512u << 10;
 constexpr uint64_t kHostEntryBudget = 2u << 20;
 
 struct alignas(kLine) HostRank {
