@@ -30,6 +30,13 @@ def test_push_pull_and_broadcast_basics(run_job, env):
         assert "BASICS OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
 
 
+def test_horovod_allreduce_family_compression_and_optimizer_keywords(run_job):
+    job = run_job(3, 2, "hvd_api.py")
+    assert job.rc == 0, job.explain()
+    for r in range(3):
+        assert "HVD API OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
+
+
 def test_grouped_push_pull(run_job):
     job = run_job(3, 2, "grouped.py")
     assert job.rc == 0, job.explain()

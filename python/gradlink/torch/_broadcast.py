@@ -68,11 +68,16 @@ def _named_tensors(params):
         items = list(params.items())
     else:
         items = list(params)
+        # Plain tensors (model.parameters(), as Horovod takes them) are named by position: every
+        # worker must pass them in the same order.
+        items = [("%d" % i, item) if isinstance(item, torch.Tensor) else item
+                 for i, item in enumerate(items)]
         for item in items:
             if not (isinstance(item, tuple) and len(item) == 2):
                 raise InvalidArgumentError(
-                    "broadcast_parameters: expected a state_dict, a module or (name, tensor) "
-                    "pairs such as model.named_parameters()")
+                    "broadcast_parameters: expected a state_dict, a module, tensors "
+                    "(model.parameters()) or (name, tensor) pairs such as "
+                    "model.named_parameters()")
     names = [n for n, _ in items]
     if len(set(names)) != len(names):
         raise InvalidArgumentError("broadcast_parameters: names are not unique")
@@ -82,8 +87,9 @@ def _named_tensors(params):
 def broadcast_parameters(params, root_rank=0, prefix="parameters"):
     """Makes every worker's tensors equal to root_rank's, in place.
 
-    `params`: a state_dict (model.state_dict(): parameters and buffers), a module, or (name,
-    tensor) pairs (model.named_parameters()). Keys are "broadcast.<prefix>.<name>": use another
+    `params`: a state_dict (model.state_dict(): parameters and buffers), a module, (name,
+    tensor) pairs (model.named_parameters()), or tensors (model.parameters(), named by their
+    position: the same order on every worker). Keys are "broadcast.<prefix>.<name>": use another
     `prefix` for a second model whose parameter names collide with different shapes."""
     handles = []
     items = _named_tensors(params)

@@ -8,6 +8,7 @@ import torch
 from gradlink import InvalidArgumentError
 
 from . import _core
+from . import _horovod
 
 # A gradient that is ready while the rest of its bucket is not.
 _PENDING = object()
@@ -17,9 +18,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # Mixed into a subclass of the wrapped optimizer's class (see DistributedOptimizer).
 
     def __init__(self, params, named_parameters, backward_passes_per_step=1, average=True,
-                 prefix="grad", bucket_bytes=None):
+                 prefix="grad", bucket_bytes=None, compression=_horovod.Compression.none,
+                 predivide=1.0, sparse_as_dense=False):
         super(self.__class__, self).__init__(params)
         _core._require()
+        self._gl_compression = compression
+        self._gl_predivide = float(predivide)
+        self._gl_sparse_as_dense = sparse_as_dense
+        self._gl_finish = {}  # id(handle) -> what to do with the bucket's result
         if backward_passes_per_step < 1:
             raise InvalidArgumentError("backward_passes_per_step must be >= 1")
         all_params = [p for group in self.param_groups for p in group["params"]]
@@ -129,15 +135,36 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 # Unused in this step on this worker: every worker must still push (rounds stay
                 # aligned), a zero gradient.
                 q.grad = torch.zeros_like(q)
+            elif q.grad.is_sparse and self._gl_sparse_as_dense:
+                q.grad = q.grad.to_dense()
         names = ["%s.%s" % (self._gl_prefix, self._gl_names[q]) for q in members]
         priority = max(self._gl_priority[q] for q in members)
+        # What travels: the gradients themselves, or their compressed copies (Compression.fp16),
+        # divided by gradient_predivide_factor first.
+        wires, ctxs = [], []
+        with torch.no_grad():
+            for q in members:
+                w, c = self._gl_compression.compress(q.grad)
+                if self._gl_predivide != 1.0:
+                    w.mul_(1.0 / self._gl_predivide)
+                wires.append(w)
+                ctxs.append(c)
         if len(members) == 1:
-            handle = _core.push_pull_async(members[0].grad, average=self._gl_average,
+            handle = _core.push_pull_async(wires[0], average=self._gl_average,
                                            name=names[0], priority=priority)
         else:
-            handle = _core.grouped_push_pull_async([q.grad for q in members],
-                                                   average=self._gl_average, names=names,
+            handle = _core.grouped_push_pull_async(wires, average=self._gl_average, names=names,
                                                    priority=priority)
+        if ctxs != [None] * len(ctxs) or self._gl_predivide != 1.0:
+            def finish(members=members, wires=wires, ctxs=ctxs):
+                with torch.no_grad():
+                    for q, w, c in zip(members, wires, ctxs):
+                        r = self._gl_compression.decompress(w, c)
+                        if r.data_ptr() != q.grad.data_ptr():
+                            q.grad.copy_(r)
+                        if self._gl_predivide != 1.0:
+                            q.grad.mul_(self._gl_predivide)
+            self._gl_finish[id(handle)] = finish
         self._gl_started[b] = handle
         for q in members:
             self._gl_handles[q] = handle
@@ -180,7 +207,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if id(handle) not in waited:
                     waited.add(id(handle))
                     _core.synchronize(handle)
+                    finish = self._gl_finish.pop(id(handle), None)
+                    if finish is not None:
+                        finish()
         finally:
+            self._gl_finish.clear()
             for p in self._gl_handles:
                 self._gl_delay[p] = self.backward_passes_per_step
             self._gl_handles.clear()
@@ -218,9 +249,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, backward_passes_per_step=1,
-                         average=True, prefix="grad", bucket_bytes=None):
+def DistributedOptimizer(optimizer, named_parameters=None, compression=_horovod.Compression.none,
+                         backward_passes_per_step=1, op=None, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=_horovod.global_process_set, *, average=None,
+                         prefix="grad", bucket_bytes=None):
     """Wraps `optimizer` so that gradients are averaged over all workers.
+
+    horovod.torch's signature and positional order (Horovod 0.28): compression
+    (Compression.fp16: gradients travel as fp16, summed in fp32 on the servers), op (Average,
+    default, or Sum; `average=` is gradlink's older spelling of the same), and
+    gradient_predivide_factor f (each gradient is divided by f before the sum and multiplied by
+    f after the average, as Horovod does; Average only). sparse_as_dense=True densifies sparse
+    gradients. num_groups and groups are not taken: gradlink forms its own buckets
+    (bucket_bytes, below); other process sets than the global one neither.
 
     During backward, a hook on each parameter's gradient accumulator starts push_pull of that
     gradient as soon as it is ready (overlapping communication with the rest of backward);
@@ -240,10 +282,22 @@ def DistributedOptimizer(optimizer, named_parameters=None, backward_passes_per_s
 
     The result is an instance of a subclass of optimizer's class, built from its param_groups
     (its state is kept)."""
+    resolved = _horovod._resolve_op(average, op, "DistributedOptimizer")
+    if gradient_predivide_factor != 1.0 and resolved != _horovod.Average:
+        raise ValueError("DistributedOptimizer: gradient_predivide_factor is supported with "
+                         "op=Average only")
+    if gradient_predivide_factor <= 0:
+        raise ValueError("DistributedOptimizer: gradient_predivide_factor must be positive")
+    if num_groups or groups is not None:
+        raise InvalidArgumentError(
+            "DistributedOptimizer: num_groups and groups are not implemented; gradlink groups "
+            "small gradients into buckets of bucket_bytes by itself")
+    _horovod._check_process_set(process_set, "DistributedOptimizer")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
-    opt = cls(optimizer.param_groups, named_parameters, backward_passes_per_step, average, prefix,
-              bucket_bytes)
+    opt = cls(optimizer.param_groups, named_parameters, backward_passes_per_step,
+              resolved == _horovod.Average, prefix, bucket_bytes, compression,
+              gradient_predivide_factor, sparse_as_dense)
     if optimizer.state:
         opt.state.update(optimizer.state)
     return opt

@@ -1,0 +1,266 @@
+"""horovod.torch's allreduce family, reduce ops and compression, on gradlink's push_pull.
+
+Semantics as Horovod 0.28 documents them: `allreduce*` return a new tensor and leave the input
+alone, `allreduce_*` work in place; `average` and `op` are exclusive (op defaults to Average);
+prescale_factor multiplies each rank's input before the sum, postscale_factor the result after
+it (and after the average). Sums and averages run on the servers (fp16/bf16 accumulated in fp32,
+bit-reproducible); Min, Max, Product and Adasum are not implemented by gradlink's servers yet and
+raise InvalidArgumentError naming the op. Process sets other than the global one likewise.
+"""
+
+import enum
+
+import torch
+
+from gradlink import InvalidArgumentError
+
+from . import _core
+
+
+class ReduceOp(enum.IntEnum):
+    """horovod.torch's reduce ops (hvd.Average, hvd.Sum, ...)."""
+
+    Average = 0
+    Sum = 1
+    Adasum = 2
+    Min = 3
+    Max = 4
+    Product = 5
+
+
+Average = ReduceOp.Average
+Sum = ReduceOp.Sum
+Adasum = ReduceOp.Adasum
+Min = ReduceOp.Min
+Max = ReduceOp.Max
+Product = ReduceOp.Product
+
+
+class ProcessSet:
+    """A set of ranks a collective runs over. gradlink runs collectives over every worker only:
+    `global_process_set` is the one set there is (add_process_set raises)."""
+
+    def __init__(self, ranks=None):
+        self.ranks = None if ranks is None else sorted(int(r) for r in ranks)
+        self.process_set_id = 0 if ranks is None else None
+
+    def included(self):
+        return True if self.ranks is None else _core.rank() in self.ranks
+
+    def size(self):
+        return _core.size() if self.ranks is None else len(self.ranks)
+
+    def rank(self):
+        return _core.rank() if self.ranks is None else self.ranks.index(_core.rank())
+
+    def __repr__(self):
+        return "ProcessSet(global)" if self.ranks is None else "ProcessSet(%s)" % self.ranks
+
+
+global_process_set = ProcessSet()
+
+
+def add_process_set(process_set):
+    raise InvalidArgumentError(
+        "add_process_set: gradlink runs every collective over all workers; process sets other "
+        "than global_process_set are not implemented")
+
+
+def remove_process_set(process_set):
+    raise InvalidArgumentError("remove_process_set: only global_process_set exists")
+
+
+def _check_process_set(process_set, what):
+    if process_set is not global_process_set and getattr(process_set, "ranks", None) is not None:
+        raise InvalidArgumentError(
+            "%s: process_set %r: gradlink runs collectives over all workers only "
+            "(global_process_set)" % (what, process_set))
+
+
+class Compressor:
+    """horovod.torch.Compression's interface: compress(tensor) -> (tensor, ctx) before the
+    allreduce, decompress(tensor, ctx) after it."""
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class NoneCompressor(Compressor):
+    """No compression."""
+
+
+class FP16Compressor(Compressor):
+    """Floating-point tensors travel as fp16 (half the bytes); the servers accumulate them in
+    fp32 and round once; the result is cast back to the tensor's dtype."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
+            return tensor.to(torch.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tensor.to(ctx)
+
+
+class Compression:
+    """hvd.Compression.none / hvd.Compression.fp16."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor
+
+
+def _resolve_op(average, op, what):
+    if average is not None and op is not None:
+        raise ValueError("%s: the op parameter supersedes average; give only one" % what)
+    if op is None:
+        op = Average if average is None or average else Sum
+    op = ReduceOp(op)
+    if op not in (Average, Sum):
+        raise InvalidArgumentError(
+            "%s: op=%s is not implemented by gradlink's servers (they sum and average; Min, "
+            "Max, Product and Adasum are not there yet)" % (what, op.name))
+    return op
+
+
+def _scale(tensor, factor):
+    if factor != 1.0:
+        tensor.mul_(factor)
+
+
+class _AllreduceHandle:
+    """An allreduce in flight: the push_pull's handle, then the postscale and the copy-out
+    (out-of-place and compressed variants)."""
+
+    def __init__(self, inner, result, finish, name):
+        self._inner, self._result, self._finish, self.name = inner, result, finish, name
+        self._done = False
+
+    def poll(self):
+        return self._done or self._inner.poll()
+
+    def wait(self, timeout=None):
+        if not self._done:
+            self._inner.wait(timeout)
+            with torch.no_grad():
+                self._result = self._finish()
+            self._done = True
+        return self._result
+
+    def timing(self):
+        return self._inner.timing()
+
+
+def _start(tensor, out, average, name, op, prescale_factor, postscale_factor, process_set,
+           compression, what):
+    """Starts the allreduce of `tensor` into `out` (the same tensor: in place)."""
+    _core._check_tensor(tensor, what)
+    _check_process_set(process_set, what)
+    op = _resolve_op(average, op, what)
+    ctx = _core._require()
+    if name is None:
+        name = "allreduce.noname.%d" % next(ctx.noname)
+    with torch.no_grad():
+        # What travels: `out` itself, or its compressed copy.
+        wire, cctx = compression.compress(out.detach())
+        _scale(wire, prescale_factor)
+        inner = _core.push_pull_async(wire, average=op == Average, name=name)
+
+    def finish():
+        result = compression.decompress(wire, cctx)
+        if result.data_ptr() != out.data_ptr():
+            out.detach().copy_(result)
+        _scale(out.detach(), postscale_factor)
+        return out
+
+    return _AllreduceHandle(inner, out, finish, name)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    """Starts an in-place allreduce of `tensor`; synchronize(handle) returns `tensor`."""
+    return _start(tensor, tensor, average, name, op, prescale_factor, postscale_factor,
+                  process_set, Compression.none, "allreduce_async_")
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """Averages (or sums, op=Sum) `tensor` over all workers, in place; returns it."""
+    return _core.synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                              postscale_factor, process_set))
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    """Starts an allreduce into a new tensor; `tensor` is left alone. synchronize(handle)
+    returns the result."""
+    out = tensor.detach().clone()
+    return _start(tensor, out, average, name, op, prescale_factor, postscale_factor,
+                  process_set, Compression.none, "allreduce_async")
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """The allreduce of `tensor` over all workers, as a new tensor (`tensor` is left alone).
+    `compression`: Compression.fp16 sends floating-point tensors as fp16."""
+    out = tensor.detach().clone()
+    return _core.synchronize(_start(tensor, out, average, name, op, prescale_factor,
+                                    postscale_factor, process_set, compression, "allreduce"))
+
+
+class _GroupHandle:
+    """Handles of a grouped allreduce; waits for all, returns their results in order."""
+
+    def __init__(self, handles):
+        self._handles = handles
+
+    def poll(self):
+        return all(h.poll() for h in self._handles)
+
+    def wait(self, timeout=None):
+        return [h.wait(timeout) for h in self._handles]
+
+
+def _grouped(tensors, in_place, average, name, op, prescale_factor, postscale_factor,
+             process_set, compression, what):
+    tensors = list(tensors)
+    if name is None:
+        name = "grouped_allreduce.noname.%d" % next(_core._require().noname)
+    handles = []
+    for i, t in enumerate(tensors):
+        out = t if in_place else t.detach().clone()
+        handles.append(_start(t, out, average, "%s.%d" % (name, i), op, prescale_factor,
+                              postscale_factor, process_set, compression, what))
+    return _GroupHandle(handles)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    return _grouped(tensors, True, average, name, op, prescale_factor, postscale_factor,
+                    process_set, Compression.none, "grouped_allreduce_async_")
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    return _core.synchronize(grouped_allreduce_async_(tensors, average, name, op,
+                                                      prescale_factor, postscale_factor,
+                                                      process_set))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    return _grouped(tensors, False, average, name, op, prescale_factor, postscale_factor,
+                    process_set, Compression.none, "grouped_allreduce_async")
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    return _core.synchronize(_grouped(tensors, False, average, name, op, prescale_factor,
+                                      postscale_factor, process_set, compression,
+                                      "grouped_allreduce"))

@@ -1,0 +1,136 @@
+"""horovod.torch's allreduce family, ops, compression and DistributedOptimizer keywords, as a
+Horovod script calls them (`import gradlink.torch as hvd`), against single-process references
+(asserts inside)."""
+
+import torch
+
+import gradlink
+import gradlink.torch as hvd
+
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+
+
+def inputs(r, n=1000, dtype=torch.float32):
+    g = torch.Generator().manual_seed(100 + r)
+    return torch.randn(n, generator=g).to(dtype)
+
+
+# Out of place: a new tensor, the input untouched; Average by default, op=Sum, average=False.
+x = inputs(rank)
+keep = x.clone()
+want_sum = sum(inputs(r) for r in range(size))
+y = hvd.allreduce(x, name="oop.avg")
+assert torch.equal(x, keep), "allreduce changed its input"
+assert torch.allclose(y, want_sum / size, atol=1e-6), (y[:3], (want_sum / size)[:3])
+assert torch.allclose(hvd.allreduce(x, op=hvd.Sum, name="oop.sum"), want_sum, atol=1e-5)
+assert torch.allclose(hvd.allreduce(x, average=False, name="oop.sum2"), want_sum, atol=1e-5)
+
+# In place, and async with synchronize/poll; pre- and postscale.
+z = inputs(rank)
+out = hvd.allreduce_(z, op=hvd.Sum, name="inplace")
+assert out is z and torch.allclose(z, want_sum, atol=1e-5)
+h = hvd.allreduce_async(inputs(rank), op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0,
+                        name="scaled")
+r = hvd.synchronize(h)
+assert hvd.poll(h)
+assert torch.allclose(r, want_sum * 1.5, atol=1e-5), (r[:3], (want_sum * 1.5)[:3])
+h = hvd.allreduce_async_(inputs(rank), name="async_inplace")
+assert torch.allclose(hvd.synchronize(h), want_sum / size, atol=1e-6)
+
+# Grouped.
+ts = [inputs(rank, n) for n in (10, 300, 5000)]
+res = hvd.grouped_allreduce(ts, op=hvd.Sum, name="grp")
+for n, t in zip((10, 300, 5000), res):
+    assert torch.allclose(t, sum(inputs(q, n) for q in range(size)), atol=1e-5), n
+res = hvd.synchronize(hvd.grouped_allreduce_async_(ts, name="grp_"))
+assert all(a is b for a, b in zip(res, ts))
+
+# Compression.fp16: fp16 on the wire, summed in fp32, cast back: the same as summing the fp16
+# values exactly and rounding once to fp16.
+c = hvd.allreduce(x, op=hvd.Sum, compression=hvd.Compression.fp16, name="fp16")
+assert c.dtype == torch.float32
+want16 = sum(inputs(q).to(torch.float16).float() for q in range(size)).to(torch.float16).float()
+assert torch.equal(c, want16), (c[:3], want16[:3])
+
+# Ops the servers do not have: a clear error naming them; average and op together: ValueError.
+for op in (hvd.Min, hvd.Max, hvd.Product, hvd.Adasum):
+    try:
+        hvd.allreduce(x, op=op, name="bad")
+    except gradlink.InvalidArgumentError as e:
+        assert op.name in str(e), str(e)
+    else:
+        raise AssertionError("op %s did not raise" % op.name)
+try:
+    hvd.allreduce(x, average=True, op=hvd.Sum)
+except ValueError:
+    pass
+else:
+    raise AssertionError("average and op together did not raise")
+try:
+    hvd.add_process_set([0])
+except gradlink.InvalidArgumentError:
+    pass
+else:
+    raise AssertionError("add_process_set did not raise")
+
+# broadcast_parameters with model.parameters() (plain tensors, named by position).
+model = torch.nn.Linear(8, 4)
+torch.manual_seed(rank)
+with torch.no_grad():
+    for p in model.parameters():
+        p.copy_(torch.randn_like(p))
+hvd.broadcast_parameters(model.parameters(), root_rank=0)
+torch.manual_seed(0)
+for p in model.parameters():
+    assert torch.equal(p, torch.randn_like(p)), "broadcast_parameters(model.parameters())"
+
+# DistributedOptimizer with Horovod's keywords: compression=fp16, op=Sum /
+# gradient_predivide_factor, against the same step computed here from every rank's gradient.
+def grads_of(r):
+    m = torch.nn.Linear(8, 4)
+    with torch.no_grad():
+        for p, q in zip(m.parameters(), model.parameters()):
+            p.copy_(q)
+    g = torch.Generator().manual_seed(7 + r)
+    m(torch.randn(16, 8, generator=g)).pow(2).sum().backward()
+    return [p.grad.clone() for p in m.parameters()]
+
+
+all_grads = [grads_of(r) for r in range(size)]
+for kind, kwargs in (("sum", dict(op=hvd.Sum)),
+                     ("predivide", dict(gradient_predivide_factor=4.0)),
+                     ("fp16", dict(compression=hvd.Compression.fp16))):
+    m = torch.nn.Linear(8, 4)
+    with torch.no_grad():
+        for p, q in zip(m.parameters(), model.parameters()):
+            p.copy_(q)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                   named_parameters=m.named_parameters(prefix=kind), **kwargs)
+    g = torch.Generator().manual_seed(7 + rank)
+    m(torch.randn(16, 8, generator=g)).pow(2).sum().backward()
+    opt.synchronize()
+    for i, p in enumerate(m.parameters()):
+        total = sum(gr[i] for gr in all_grads)
+        if kind == "sum":
+            want = total
+        elif kind == "predivide":
+            want = sum(gr[i] / 4.0 for gr in all_grads) / size * 4.0
+        else:
+            want = (sum(gr[i].to(torch.float16).float() for gr in all_grads) / size).to(
+                torch.float16).float()
+        tol = 1e-5 if kind != "fp16" else 0
+        assert torch.allclose(p.grad, want, atol=tol, rtol=0), (kind, i, p.grad.flatten()[:3],
+                                                               want.flatten()[:3])
+    with opt.skip_synchronize():
+        opt.step()
+try:
+    hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Sum,
+                             gradient_predivide_factor=2.0)
+except ValueError:
+    pass
+else:
+    raise AssertionError("gradient_predivide_factor with op=Sum did not raise")
+
+hvd.shutdown()
+print("HVD API OK rank %d" % rank)
