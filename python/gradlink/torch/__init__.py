@@ -73,6 +73,18 @@ from ._horovod import (  # noqa: F401
     Sum,
     add_process_set,
     allreduce,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
     allreduce_,
     allreduce_async,
     allreduce_async_,
@@ -84,6 +96,10 @@ from ._horovod import (  # noqa: F401
     remove_process_set,
 )
 from ._optimizer import DistributedOptimizer  # noqa: F401
+
+# horovod.common.exceptions.HorovodInternalError: what a failed collective raises. gradlink's
+# errors are GradlinkError subclasses, so `except hvd.HorovodInternalError` catches them all.
+HorovodInternalError = GradlinkError
 
 __all__ = [
     "Adasum",
@@ -106,6 +122,19 @@ __all__ = [
     "grouped_allreduce_async",
     "grouped_allreduce_async_",
     "remove_process_set",
+    "ccl_built",
+    "cross_rank",
+    "cross_size",
+    "cuda_built",
+    "ddl_built",
+    "gloo_built",
+    "gloo_enabled",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
+    "rocm_built",
+    "HorovodInternalError",
     "AbortedError",
     "GradlinkError",
     "InvalidArgumentError",

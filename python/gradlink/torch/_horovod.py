@@ -264,3 +264,57 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     return _core.synchronize(_grouped(tensors, False, average, name, op, prescale_factor,
                                       postscale_factor, process_set, compression,
                                       "grouped_allreduce"))
+
+
+def cross_rank():
+    """Horovod's cross rank: this worker's host among the hosts, with ranks placed host-major
+    (local_size() workers per host, as torchrun and gradlink-run place them)."""
+    return _core.rank() // max(1, _core.local_size())
+
+
+def cross_size():
+    """The number of hosts, with local_size() workers each (see cross_rank)."""
+    local = max(1, _core.local_size())
+    return (_core.size() + local - 1) // local
+
+
+# What this build has, answered truthfully: gradlink moves tensors through its own servers
+# (over UCX), not through MPI, Gloo, NCCL, DDL or oneCCL, and has no GPU support yet.
+def mpi_built():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_threads_supported():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def nccl_built():
+    return 0
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False

@@ -132,5 +132,14 @@ except ValueError:
 else:
     raise AssertionError("gradient_predivide_factor with op=Sum did not raise")
 
+# What the build has, answered truthfully; host-major cross ranks; HorovodInternalError is what
+# gradlink raises.
+assert not any(f() for f in (hvd.mpi_built, hvd.mpi_enabled, hvd.gloo_built, hvd.gloo_enabled,
+                             hvd.nccl_built, hvd.ddl_built, hvd.ccl_built, hvd.cuda_built,
+                             hvd.rocm_built, hvd.mpi_threads_supported))
+assert hvd.cross_size() * hvd.local_size() >= size and hvd.cross_rank() < hvd.cross_size()
+assert hvd.cross_rank() == rank // hvd.local_size()
+assert issubclass(gradlink.MismatchError, hvd.HorovodInternalError)
+
 hvd.shutdown()
 print("HVD API OK rank %d" % rank)
