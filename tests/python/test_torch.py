@@ -205,6 +205,21 @@ def test_uncaught_exception_fails_the_others_fast(run_job, tmp_path):
     assert raised and "worker 1" in raised[0], job.explain()
 
 
+# A Horovod-style script with only its import changed: DistributedOptimizer with fp16
+# compression, broadcasts, hvd.allreduce of a metric; every rank ends with rank 0's parameters.
+@pytest.mark.parametrize("flags", [[], ["--fp16-allreduce"]], ids=["fp32", "fp16"])
+def test_horovod_style_synthetic_benchmark(run_job, flags):
+    script = os.path.join(REPO, "examples", "hvd_synthetic_benchmark.py")
+    job = run_job(2, 2, [script, "--check", "--num-iters", "2", "--width", "64"] + flags,
+                  timeout=120)
+    assert job.rc == 0, job.explain()
+    assert any("total img/sec on 2 worker(s)" in line for line in job.lines("[worker 0]")), \
+        job.explain()
+    for r in range(2):
+        assert ("hvd_synthetic_benchmark: check: rank %d parameters identical to rank 0's" % r
+                in job.lines("[worker %d]" % r)), job.explain()
+
+
 def test_train_lm_check(run_job):
     script = os.path.join(REPO, "examples", "train_lm.py")
     job = run_job(2, 2, [script, "--check", "--steps", "8", "--d-model", "32", "--layers", "1",
