@@ -37,6 +37,13 @@ def test_horovod_allreduce_family_compression_and_optimizer_keywords(run_job):
         assert "HVD API OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
 
 
+def test_horovod_allgather_reducescatter_alltoall(run_job):
+    job = run_job(3, 2, "hvd_gather.py")
+    assert job.rc == 0, job.explain()
+    for r in range(3):
+        assert "HVD GATHER OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
+
+
 def test_grouped_push_pull(run_job):
     job = run_job(3, 2, "grouped.py")
     assert job.rc == 0, job.explain()

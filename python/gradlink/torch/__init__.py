@@ -61,6 +61,18 @@ from ._core import (  # noqa: F401
     synchronize,
 )
 from ._ddp import DDPHookState, ddp_hook  # noqa: F401
+from ._gather import (  # noqa: F401
+    allgather,
+    allgather_async,
+    allgather_object,
+    alltoall,
+    broadcast_,
+    broadcast_async_,
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_reducescatter,
+    reducescatter,
+)
 from ._horovod import (  # noqa: F401
     Adasum,
     Average,
@@ -122,6 +134,16 @@ __all__ = [
     "grouped_allreduce_async",
     "grouped_allreduce_async_",
     "remove_process_set",
+    "allgather",
+    "allgather_async",
+    "allgather_object",
+    "alltoall",
+    "broadcast_",
+    "broadcast_async_",
+    "grouped_allgather",
+    "grouped_allgather_async",
+    "grouped_reducescatter",
+    "reducescatter",
     "ccl_built",
     "cross_rank",
     "cross_size",
