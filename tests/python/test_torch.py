@@ -44,6 +44,13 @@ def test_horovod_allgather_reducescatter_alltoall(run_job):
         assert "HVD GATHER OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
 
 
+def test_byteps_api(run_job):
+    job = run_job(3, 2, "bps_api.py")
+    assert job.rc == 0, job.explain()
+    for r in range(3):
+        assert "BPS API OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
+
+
 def test_grouped_push_pull(run_job):
     job = run_job(3, 2, "grouped.py")
     assert job.rc == 0, job.explain()

@@ -1,0 +1,1 @@
+"""BytePS-compatible front ends for gradlink: `import gradlink.byteps.torch as bps`."""
