@@ -108,6 +108,7 @@ from ._horovod import (  # noqa: F401
     remove_process_set,
 )
 from ._optimizer import DistributedOptimizer  # noqa: F401
+from ._timeline import start_timeline, stop_timeline  # noqa: F401
 
 # horovod.common.exceptions.HorovodInternalError: what a failed collective raises. gradlink's
 # errors are GradlinkError subclasses, so `except hvd.HorovodInternalError` catches them all.
@@ -134,6 +135,8 @@ __all__ = [
     "grouped_allreduce_async",
     "grouped_allreduce_async_",
     "remove_process_set",
+    "start_timeline",
+    "stop_timeline",
     "allgather",
     "allgather_async",
     "allgather_object",

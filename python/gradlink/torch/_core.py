@@ -6,11 +6,14 @@ import os
 import queue
 import sys
 import threading
+import time
 
 import torch
 
 import gradlink
 from gradlink import InvalidArgumentError
+
+from . import _timeline
 
 # torch dtype -> gradlink dtype name (the types the servers can sum).
 DTYPES = {
@@ -239,6 +242,8 @@ def barrier(timeout=None):
 def shutdown():
     """Leaves the job cleanly (pending operations fail with AbortedError). Idempotent."""
     global _ctx
+    if _ctx is not None:
+        _timeline.stop_timeline()  # a timeline still recording is written, as Horovod does
     with _ctx_lock:
         ctx, _ctx = _ctx, None
     if ctx is None:
@@ -254,9 +259,10 @@ class _Pending:
     """A started operation: waits for the C++ handle once, then runs the copy-backs `finish`
     (staging buffers or non-contiguous members written back into the caller's tensors)."""
 
-    __slots__ = ("_h", "_finish", "_done", "_timeout", "name")
+    __slots__ = ("_h", "_finish", "_done", "_timeout", "name", "_started")
 
     def __init__(self, h, finish, timeout, name):
+        self._started = time.monotonic()
         self._h = h
         self._finish = finish  # callables
         self._done = False
@@ -275,6 +281,8 @@ class _Pending:
                         f()
             self._done = True
             self._finish = None
+            if _timeline.active():
+                _timeline.record(self.name, self._started, self._h.timing())
 
     def timing(self):
         """Seconds by stage (pack, queue, push, reduce, pull, unpack, total) once done."""

@@ -9,6 +9,9 @@ import gradlink.torch as hvd
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
+import json, os, sys  # noqa: E401,E402
+timeline_path = os.path.join(sys.argv[1] if len(sys.argv) > 1 else ".", "timeline.%d.json" % rank)
+hvd.start_timeline(timeline_path)
 
 
 def piece(r, dtype=torch.float32):
@@ -80,5 +83,16 @@ assert torch.equal(even, torch.arange(size, dtype=torch.int32).repeat_interleave
 b = torch.full((5,), float(rank))
 assert hvd.broadcast_(b, root_rank=size - 1, name="b_") is b and torch.all(b == size - 1)
 
+# The timeline: Chrome-trace JSON, one row per tensor, stages in order and not overlapping.
+hvd.stop_timeline()
+trace = json.load(open(timeline_path))["traceEvents"]
+rows = {e["args"]["name"]: e["tid"] for e in trace if e["name"] == "thread_name"}
+assert "allgather.ag.torch.float32.shapes" in rows, sorted(rows)[:5]
+spans = [e for e in trace if e["ph"] == "X"]
+assert spans and {e["name"] for e in spans} <= {"pack", "queue", "push", "reduce", "pull",
+                                                  "unpack"}, {e["name"] for e in spans}
+for tid in set(e["tid"] for e in spans):
+    mine = [e for e in spans if e["tid"] == tid]
+    assert all(e["dur"] > 0 and e["pid"] == rank for e in mine)
 hvd.shutdown()
 print("HVD GATHER OK rank %d" % rank)

@@ -1,0 +1,69 @@
+"""horovod.torch's start_timeline / stop_timeline: a Chrome-trace JSON (chrome://tracing,
+Perfetto) of every push_pull this worker waited for, one row per tensor, its stages as measured
+by the worker (queue: to the first partition handed to the transport; push: to every push sent;
+reduce: to the last sum back, the servers' time included; pull: to every sum written; pack and
+unpack for fused groups). Times are this process's monotonic clock, in microseconds."""
+
+import json
+import threading
+import time
+
+from gradlink import InvalidArgumentError
+
+from . import _core
+
+_STAGES = ("pack", "queue", "push", "reduce", "pull", "unpack")
+_lock = threading.Lock()
+_active = None  # {"path", "events", "rows"} while a timeline is being recorded
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts recording; stop_timeline() (or shutdown) writes `file_path`. `mark_cycles` is
+    accepted for Horovod's signature (gradlink has no cycles to mark)."""
+    global _active
+    _core._require()
+    with _lock:
+        if _active is not None:
+            raise InvalidArgumentError("start_timeline: a timeline is already being recorded to "
+                                       "%s" % _active["path"])
+        _active = {"path": str(file_path), "events": [], "rows": {}}
+
+
+def stop_timeline():
+    """Writes the timeline started by start_timeline() and stops recording; no-op if none."""
+    global _active
+    with _lock:
+        t, _active = _active, None
+    if t is None:
+        return
+    rank = _core.rank() if _core.is_initialized() else 0
+    meta = [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": "rank %d" % rank}}]
+    meta += [{"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": n}}
+             for n, tid in t["rows"].items()]
+    with open(t["path"], "w") as f:
+        json.dump({"traceEvents": meta + t["events"], "displayTimeUnit": "ms"}, f)
+
+
+def record(name, started, timing):
+    """One finished operation: `started` (time.monotonic() at the call), its stage seconds."""
+    with _lock:
+        t = _active
+        if t is None:
+            return
+        tid = t["rows"].setdefault(name, len(t["rows"]))
+        rank = _core.rank()
+        at = started * 1e6
+        for stage in _STAGES:
+            d = timing.get(stage, 0.0) * 1e6
+            if d > 0:
+                t["events"].append({"name": stage, "cat": "push_pull", "ph": "X", "ts": at,
+                                    "dur": d, "pid": rank, "tid": tid, "args": {"tensor": name}})
+                at += d
+
+
+def active():
+    return _active is not None
+
+
+def now():
+    return time.monotonic()
