@@ -131,14 +131,8 @@ void WorkerImpl::StartHostLocked(TensorState& t, const std::shared_ptr<Op>& op) 
   op->push_flags.assign(t.parts.size(), 0);
   op->max_ahead = LeadLimit(max_bytes_ahead_, t.servers_spanned);
   ops_[op->id] = op;
-  LocalReduce::Job job;
+  LocalReduce::Job job = SegmentJob(t, *op);
   job.host = *t.host;
-  job.data = op->data;
-  job.dtype = t.dtype;
-  job.count = t.count;
-  job.round = op->round;
-  job.average = op->options.average;
-  job.what = "key " + KeyHex(t.key) + " '" + t.name + "'";
   job.wire = t.wire;
   job.parts = t.parts;
   job.pusher = t.pusher;
@@ -176,13 +170,7 @@ void WorkerImpl::HostDone(const std::shared_ptr<Op>& op, const Status& s, Clock:
   if (op->t_first_issue == Clock::time_point{}) op->t_first_issue = first;
   (void)last;
   op->t_arrived = arrived;
-  Status result = s;
-  if ((s.code() == Code::kAborted || s.code() == Code::kPeerLost) && failure_.ok()) {
-    // As for the same-host path (LocalDone): a local worker that left, or a sum lost at the
-    // host's pusher, mostly means the job failed; the verdict names the cause.
-    cv_.wait_for(lock, kVerdictGrace, [this] { return !failure_.ok(); });
-    if (!failure_.ok()) result = failure_;
-  }
+  const Status result = CauseOfLocked(lock, s);
   op->host_done = true;
   if (!result.ok()) {
     RecordFailureLocked(*op, result);

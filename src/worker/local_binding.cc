@@ -100,17 +100,32 @@ bool WorkerImpl::LocalBindingOkLocked(TensorState& t, Op& op) {
   return false;
 }
 
+LocalReduce::Job WorkerImpl::SegmentJob(const TensorState& t, const Op& op) {
+  LocalReduce::Job job;
+  job.data = op.data;
+  job.dtype = t.dtype;
+  job.count = t.count;
+  job.round = op.round;
+  job.average = op.options.average;
+  job.what = "key " + KeyHex(t.key) + " '" + t.name + "'";
+  return job;
+}
+
+Status WorkerImpl::CauseOfLocked(std::unique_lock<internal::StateMutex>& lock, const Status& s) {
+  if ((s.code() != Code::kAborted && s.code() != Code::kPeerLost) || !failure_.ok()) return s;
+  // A worker that left mid-operation mostly left because the job failed (it heard the
+  // scheduler go silent a moment before us), and a sum lost at another worker mostly means the
+  // same: give the verdict, or this worker's own detection, the grace a failed data endpoint
+  // gets, so the op names the cause.
+  cv_.wait_for(lock, kVerdictGrace, [this] { return !failure_.ok(); });
+  return failure_.ok() ? s : failure_;
+}
+
 void WorkerImpl::StartLocalLocked(TensorState& t, const std::shared_ptr<Op>& op) {
   t.busy = true;
   op->started = true;
-  LocalReduce::Job job;
+  LocalReduce::Job job = SegmentJob(t, *op);
   job.channel = *t.local;
-  job.data = op->data;
-  job.dtype = t.dtype;
-  job.count = t.count;
-  job.round = op->round;
-  job.average = op->options.average;
-  job.what = "key " + KeyHex(t.key) + " '" + t.name + "'";
   job.done = [this, op](const Status& s, Clock::time_point first, Clock::time_point last,
                         Clock::time_point arrived) { LocalDone(op, s, first, last, arrived); };
   local_->Start(std::move(job));
@@ -122,15 +137,7 @@ void WorkerImpl::LocalDone(const std::shared_ptr<Op>& op, const Status& s, Clock
   op->t_first_issue = first;
   op->t_pushed = last;
   op->t_arrived = arrived;
-  Status result = s;
-  if (s.code() == Code::kAborted && failure_.ok()) {
-    // A worker that left mid-operation mostly left because the job failed (it heard the
-    // scheduler go silent a moment before us): give the verdict, or this worker's own
-    // detection, the grace a failed data endpoint gets, so the op names the cause.
-    cv_.wait_for(lock, kVerdictGrace, [this] { return !failure_.ok(); });
-    if (!failure_.ok()) result = failure_;
-  }
-  FinishLocked(*op, result);
+  FinishLocked(*op, s.code() == Code::kAborted ? CauseOfLocked(lock, s) : s);
 }
 
 }  // namespace gradlink

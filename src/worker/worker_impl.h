@@ -310,6 +310,11 @@ class WorkerImpl final : public Worker {
   bool LocalBindingOkLocked(TensorState& t, Op& op);
 
   void StartLocalLocked(TensorState& t, const std::shared_ptr<Op>& op);
+  // The fields of a segment job (same-host path or host channel) that come from t and op.
+  static LocalReduce::Job SegmentJob(const TensorState& t, const Op& op);
+  // `s` (kAborted or kPeerLost: a peer of the segment left or lost a sum), or the job's
+  // failure if it arrives within kVerdictGrace: that names the cause. Waits on cv_ with `lock`.
+  Status CauseOfLocked(std::unique_lock<internal::StateMutex>& lock, const Status& s);
 
   // On the thread driving the same-host path.
   void LocalDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,

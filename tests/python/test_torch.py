@@ -22,6 +22,13 @@ SERVERS = {"GRADLINK_LOCAL_ARENA_BYTES": "0"}
 PATHS = pytest.mark.parametrize("env", [SERVERS, SAME_HOST], ids=["servers", "same-host"])
 
 
+def expect_ok(job, tag, workers):
+    """The job ended well and every worker printed "<tag> OK rank <r>"."""
+    assert job.rc == 0, job.explain()
+    for r in range(workers):
+        assert "%s OK rank %d" % (tag, r) in job.lines("[worker %d]" % r), job.explain()
+
+
 @PATHS
 def test_push_pull_and_broadcast_basics(run_job, env):
     job = run_job(3, 2, "basics.py", env=env)
@@ -31,24 +38,15 @@ def test_push_pull_and_broadcast_basics(run_job, env):
 
 
 def test_horovod_allreduce_family_compression_and_optimizer_keywords(run_job):
-    job = run_job(3, 2, "hvd_api.py")
-    assert job.rc == 0, job.explain()
-    for r in range(3):
-        assert "HVD API OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
+    expect_ok(run_job(3, 2, "hvd_api.py"), "HVD API", 3)
 
 
 def test_horovod_allgather_reducescatter_alltoall(run_job):
-    job = run_job(3, 2, "hvd_gather.py")
-    assert job.rc == 0, job.explain()
-    for r in range(3):
-        assert "HVD GATHER OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
+    expect_ok(run_job(3, 2, "hvd_gather.py"), "HVD GATHER", 3)
 
 
 def test_byteps_api(run_job):
-    job = run_job(3, 2, "bps_api.py")
-    assert job.rc == 0, job.explain()
-    for r in range(3):
-        assert "BPS API OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
+    expect_ok(run_job(3, 2, "bps_api.py"), "BPS API", 3)
 
 
 def test_grouped_push_pull(run_job):

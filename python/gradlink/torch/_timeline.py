@@ -6,7 +6,6 @@ unpack for fused groups). Times are this process's monotonic clock, in microseco
 
 import json
 import threading
-import time
 
 from gradlink import InvalidArgumentError
 
@@ -63,7 +62,3 @@ def record(name, started, timing):
 
 def active():
     return _active is not None
-
-
-def now():
-    return time.monotonic()

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -46,6 +47,15 @@ JobConfig HierConfig(std::vector<uint32_t> host_of, uint32_t servers = 2) {
   config.local_arena_bytes = 32 << 20;
   config.per_worker = [host_of](uint32_t rank, WorkerOptions& o) {
     o.host_name = "host-" + std::to_string(host_of[rank]) + "/" + std::to_string(rank);
+  };
+  return config;
+}
+
+// `config` with `more` applied to each worker's options after its host name.
+JobConfig With(JobConfig config, std::function<void(uint32_t, WorkerOptions&)> more) {
+  config.per_worker = [named = config.per_worker, more](uint32_t rank, WorkerOptions& o) {
+    named(rank, o);
+    more(rank, o);
   };
   return config;
 }
@@ -215,12 +225,8 @@ TEST(HierarchyTest, TheTwoOrdersDifferOnTheseInputs) {
 // bits, as without hierarchy.
 TEST(HierarchyTest, FlatModeIsTheRankOrderSum) {
   const std::vector<uint32_t> host_of = {0, 0, 1, 1};
-  JobConfig config = HierConfig(host_of);
-  const auto named = config.per_worker;
-  config.per_worker = [named](uint32_t rank, WorkerOptions& o) {
-    named(rank, o);
-    o.hierarchical = false;
-  };
+  const JobConfig config =
+      With(HierConfig(host_of), [](uint32_t, WorkerOptions& o) { o.hierarchical = false; });
   const Outcome run = PushPullTwice(config, DataType::kFloat32, 30000, false);
   const auto want = Expected(DataType::kFloat32, run.in, host_of, true, false, false);
   for (uint32_t r = 0; r < 4; ++r) {
@@ -233,12 +239,9 @@ TEST(HierarchyTest, FlatModeIsTheRankOrderSum) {
 // One worker that turns hierarchy off makes every key flat for all: still the flat bits.
 TEST(HierarchyTest, OneFlatWorkerMakesTheKeyFlatForAll) {
   const std::vector<uint32_t> host_of = {0, 0, 1, 1};
-  JobConfig config = HierConfig(host_of);
-  const auto named = config.per_worker;
-  config.per_worker = [named](uint32_t rank, WorkerOptions& o) {
-    named(rank, o);
+  const JobConfig config = With(HierConfig(host_of), [](uint32_t rank, WorkerOptions& o) {
     if (rank == 3) o.hierarchical = false;
-  };
+  });
   const Outcome run = PushPullTwice(config, DataType::kFloat32, 30000, false);
   const auto want = Expected(DataType::kFloat32, run.in, host_of, true, false, false);
   for (uint32_t r = 0; r < 4; ++r) EXPECT_TRUE(run.out[r] == want) << "rank " << r;
@@ -253,12 +256,8 @@ TEST(HierarchyTest, SixteenBitPartials) {
   for (DataType t : {DataType::kFloat16, DataType::kBFloat16}) {
     for (bool average : {false, true}) {
       const Outcome fp32 = PushPullTwice(HierConfig(host_of), t, kCount, average);
-      JobConfig config = HierConfig(host_of);
-      const auto named = config.per_worker;
-      config.per_worker = [named](uint32_t rank, WorkerOptions& o) {
-        named(rank, o);
-        o.half_partials = true;
-      };
+      const JobConfig config =
+          With(HierConfig(host_of), [](uint32_t, WorkerOptions& o) { o.half_partials = true; });
       const Outcome half = PushPullTwice(config, t, kCount, average);
       const auto want32 = Expected(t, fp32.in, host_of, false, false, average);
       const auto want16 = Expected(t, half.in, host_of, false, true, average);
