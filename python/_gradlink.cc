@@ -69,6 +69,23 @@ gl::DataType DtypeFrom(const std::string& name) {
   return *t;
 }
 
+gl::Collective KindFrom(const std::string& name) {
+  for (auto k : {gl::Collective::kAllreduce, gl::Collective::kBroadcast, gl::Collective::kAllgather,
+                 gl::Collective::kReduceScatter, gl::Collective::kAlltoall}) {
+    if (name == gl::CollectiveName(k)) return k;
+  }
+  Raise(gl::InvalidArgument("unknown collective '" + name +
+                            "' (expected allreduce, broadcast, allgather, reduce_scatter or "
+                            "alltoall)"));
+}
+
+gl::ReduceOp OpFrom(const std::string& name) {
+  for (auto o : {gl::ReduceOp::kSum, gl::ReduceOp::kMin, gl::ReduceOp::kMax, gl::ReduceOp::kProduct}) {
+    if (name == gl::ReduceOpName(o)) return o;
+  }
+  Raise(gl::InvalidArgument("unknown reduce op '" + name + "' (expected sum, min, max or product)"));
+}
+
 // How often a blocking wait wakes up (GIL taken) to let Python deliver signals (Ctrl-C).
 constexpr auto kSignalPoll = std::chrono::milliseconds(100);
 
@@ -250,6 +267,55 @@ class PyWorker {
     }
     Check(t.status());
     return *t;
+  }
+
+  // A key for another collective than the sum (gradlink/collective.h): kind and op by name.
+  gl::TensorHandle declare_collective(const std::string& name, const std::string& dtype,
+                                      uint64_t count, const std::string& kind,
+                                      const std::string& op, uint32_t root,
+                                      std::vector<uint64_t> counts) {
+    gl::CollectiveSpec spec;
+    spec.kind = KindFrom(kind);
+    spec.op = OpFrom(op);
+    spec.root = root;
+    spec.counts = std::move(counts);
+    gl::Result<gl::TensorHandle> t = gl::Status();
+    {
+      py::gil_scoped_release release;
+      t = live().DeclareCollective(name, DtypeFrom(dtype), count, spec);
+    }
+    Check(t.status());
+    return *t;
+  }
+
+  // Runs a collective key: in_count elements at in_ptr in, out_count at out_ptr out (the
+  // worker checks them against the key). `keepalive` owns both buffers until it completes.
+  Handle run(const gl::TensorHandle& tensor, uintptr_t in_ptr, uint64_t in_count,
+             uintptr_t out_ptr, uint64_t out_count, const std::string& dtype, bool average,
+             int32_t priority, py::object keepalive) {
+    if (!tensor.valid()) Raise(gl::InvalidArgument("run on an undeclared tensor"));
+    const gl::DataType t = DtypeFrom(dtype);
+    if (t != tensor.dtype()) {
+      Raise(gl::InvalidArgument("run of '" + tensor.name() + "': buffers of " + dtype +
+                                ", declared " + std::string(gl::DataTypeName(tensor.dtype()))));
+    }
+    if ((in_ptr == 0 && in_count != 0) || (out_ptr == 0 && out_count != 0)) {
+      Raise(gl::InvalidArgument("run of '" + tensor.name() + "': a null pointer"));
+    }
+    const size_t size = gl::DataTypeSize(t);
+    std::span<const std::byte> in(reinterpret_cast<const std::byte*>(in_ptr), in_count * size);
+    std::span<std::byte> out(reinterpret_cast<std::byte*>(out_ptr), out_count * size);
+    gl::PushPullOptions po;
+    po.average = average;
+    po.priority = priority;
+    gl::PushPullHandle h;
+    {
+      py::gil_scoped_release release;
+      h = live().Run(tensor, in, out, po);
+    }
+    std::erase_if(inflight_, [](const auto& e) { return e.first.Poll(); });
+    if (!h.Poll()) inflight_.emplace_back(h, keepalive);
+    return Handle(h, tensor.name(), std::move(keepalive), operation_timeout_s_);
   }
 
   Handle push_pull(const gl::TensorHandle& tensor, uintptr_t data_ptr, uint64_t count,
@@ -451,6 +517,8 @@ PYBIND11_MODULE(_gradlink, m) {
         return std::string(gl::DataTypeName(t.dtype()));
       })
       .def_property_readonly("count", &gl::TensorHandle::count)
+      .def_property_readonly("input_count", &gl::TensorHandle::input_count)
+      .def_property_readonly("output_count", &gl::TensorHandle::output_count)
       .def_property_readonly("shape", [](const gl::TensorHandle& t) {
         return t.shape().empty() ? py::object(py::none()) : py::object(py::tuple(py::cast(t.shape())));
       })
@@ -493,6 +561,16 @@ PYBIND11_MODULE(_gradlink, m) {
       .def("stats", &PyWorker::stats, "Counters of the C++ worker (gradlink::WorkerStats).")
       .def("declare", &PyWorker::declare, py::arg("name"), py::arg("dtype"), py::arg("count"),
            py::arg("shape") = py::none())
+      .def("declare_collective", &PyWorker::declare_collective, py::arg("name"),
+           py::arg("dtype"), py::arg("count"), py::arg("kind"), py::arg("op") = "sum",
+           py::arg("root") = 0, py::arg("counts") = std::vector<uint64_t>(),
+           "Declares a key for a collective (kind: allreduce, broadcast, allgather, "
+           "reduce_scatter, alltoall; op: sum, min, max, product); see gradlink/collective.h.")
+      .def("run", &PyWorker::run, py::arg("tensor"), py::arg("in_ptr"), py::arg("in_count"),
+           py::arg("out_ptr"), py::arg("out_count"), py::arg("dtype"), py::arg("average") = false,
+           py::arg("priority") = 0, py::arg("keepalive") = py::none(),
+           "Starts a declared collective from in_count elements at in_ptr into out_count at "
+           "out_ptr. `keepalive` (owning both) is held until the operation completes.")
       .def("push_pull", &PyWorker::push_pull, py::arg("tensor"), py::arg("data_ptr"),
            py::arg("count"), py::arg("dtype"), py::arg("average") = false,
            py::arg("priority") = 0, py::arg("keepalive") = py::none(),

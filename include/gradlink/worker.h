@@ -37,6 +37,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gradlink/collective.h"
 #include "gradlink/options.h"
 #include "gradlink/status.h"
 #include "gradlink/tensor.h"
@@ -60,6 +61,11 @@ class TensorHandle {
   uint64_t count() const;
   // The dimensions given to Declare (their product is count()); empty when none were given.
   const std::vector<uint64_t>& shape() const;
+  // What the key is for (the plain sum unless declared with a spec), and the elements of this
+  // worker's input and output buffers for Run() (both count() for a sum).
+  const CollectiveSpec& spec() const;
+  uint64_t input_count() const;
+  uint64_t output_count() const;
   bool valid() const { return state_ != nullptr; }
 
  private:
@@ -189,6 +195,24 @@ class Worker {
   // (a worker that gives none agrees with any).
   virtual Result<TensorHandle> Declare(std::string_view name, DataType dtype,
                                        std::span<const uint64_t> shape) = 0;
+
+  // Declares a key for another collective than the sum (gradlink/collective.h): `count`
+  // elements in all (the sum of the spec's counts where it has them). Every worker must give
+  // the same spec, else every worker's operations on the key fail with kMismatch naming the
+  // ranks; a spec that does not fit the job (counts, root) is kInvalidArgument, here or, for
+  // what only the job knows, at the plan. Such keys go through the servers, never a host's
+  // segment (which only sums). Declaring again: as above, the spec must agree too.
+  virtual Result<TensorHandle> DeclareCollective(std::string_view name, DataType dtype,
+                                                 uint64_t count, const CollectiveSpec& spec) = 0;
+
+  // Runs the key's collective: this worker's `input` (input_count() elements) goes in, its
+  // result lands in `output` (output_count() elements); both must stay alive and untouched
+  // until Wait() has returned non-kTimeout. `input` may be `output` where the two have the same
+  // size (allreduce and broadcast in place). A broadcast's non-roots' input is not read.
+  // options.average only for a sum (kInvalidArgument otherwise). Keys declared with Declare()
+  // run as PushPull (out of place: the input is copied into the output first).
+  virtual PushPullHandle Run(const TensorHandle& tensor, std::span<const std::byte> input,
+                             std::span<std::byte> output, const PushPullOptions& options = {}) = 0;
 
   // Starts summing `data` (exactly count * dtype-size bytes) over all workers, in place. The
   // buffer must stay alive and untouched until the handle's Wait() has returned non-kTimeout.

@@ -1,7 +1,10 @@
 // The reducers' entry points (reduce.h): which kernel table runs (the best the CPU supports,
 // or the one a test forces), and the per-dtype switch into it.
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "reduce/kernels.h"
 
@@ -130,6 +133,58 @@ void Load(DataType t, void* acc, const void* x, size_t n) {
     case DataType::kInt64:
       if (acc != x) std::memcpy(acc, x, n * DataTypeSize(t));
       return;
+  }
+}
+
+namespace {
+
+template <typename A>
+A FoldOne(ReduceOp op, A a, A x) {
+  if constexpr (std::is_floating_point_v<A>) {
+    if (op == ReduceOp::kProduct) return a * x;
+    if (std::isnan(a)) return a;
+    if (std::isnan(x)) return x;
+    if (a == x) {  // equal, or -0.0 and +0.0: min takes the negative zero, max the positive
+      return (op == ReduceOp::kMin) == std::signbit(x) ? x : a;
+    }
+    return (op == ReduceOp::kMin) == (x < a) ? x : a;
+  } else {
+    using U = std::make_unsigned_t<A>;
+    if (op == ReduceOp::kProduct) return static_cast<A>(static_cast<U>(a) * static_cast<U>(x));
+    return op == ReduceOp::kMin ? std::min(a, x) : std::max(a, x);
+  }
+}
+
+// acc (type A) op= x (wire type W, converted by `widen`).
+template <typename A, typename W, typename Widen>
+void FoldLoop(ReduceOp op, void* acc, const void* x, size_t n, Widen widen) {
+  A* a = static_cast<A*>(acc);
+  const W* w = static_cast<const W*>(x);
+  for (size_t i = 0; i < n; ++i) a[i] = FoldOne<A>(op, a[i], widen(w[i]));
+}
+
+}  // namespace
+
+void Fold(ReduceOp op, DataType t, void* acc, const void* x, size_t n) {
+  if (op == ReduceOp::kSum) {
+    Accumulate(t, acc, x, n);
+    return;
+  }
+  auto same = [](auto v) { return v; };
+  switch (t) {
+    case DataType::kFloat32: FoldLoop<float, float>(op, acc, x, n, same); return;
+    case DataType::kFloat64: FoldLoop<double, double>(op, acc, x, n, same); return;
+    case DataType::kFloat16:
+      FoldLoop<float, uint16_t>(op, acc, x, n, [](uint16_t h) { return internal::HalfToFloatImpl(h); });
+      return;
+    case DataType::kBFloat16:
+      FoldLoop<float, uint16_t>(op, acc, x, n,
+                                [](uint16_t h) { return internal::BFloat16ToFloatImpl(h); });
+      return;
+    case DataType::kInt32:
+      FoldLoop<int64_t, int32_t>(op, acc, x, n, [](int32_t v) { return int64_t{v}; });
+      return;
+    case DataType::kInt64: FoldLoop<int64_t, int64_t>(op, acc, x, n, same); return;
   }
 }
 

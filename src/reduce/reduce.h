@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gradlink/collective.h"
 #include "gradlink/tensor.h"
 
 namespace gradlink::reduce {
@@ -36,6 +37,12 @@ void Accumulate(DataType t, void* acc, const void* x, size_t n);
 
 // acc[i] = x[i], converting wire dtype t to the accumulator type.
 void Load(DataType t, void* acc, const void* x, size_t n);
+
+// acc[i] = op(acc[i], x[i]) for kMin, kMax and kProduct (kSum: Accumulate). x holds wire dtype
+// t, acc AccumulatorType(t). Min and max propagate NaN (acc's, if both are) and order -0.0
+// below +0.0; integer products wrap (int32's in int64, narrowed by Store to what wrapping int32
+// arithmetic gives). Scalar loops: these reductions are rare next to sums.
+void Fold(ReduceOp op, DataType t, void* acc, const void* x, size_t n);
 
 // out[i] = acc[i] / divisor (divisor 1: plain sum), converted to wire dtype t. out may alias acc
 // when the two types have the same size.

@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "common/naming.h"
+#include "control/layout.h"
 #include "reduce/reduce.h"
 #include "scheduler/scheduler_impl.h"
 
@@ -317,13 +318,15 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
   // and all ask for the same partials; a worker that cannot (or was told not to) makes the
   // key flat for every worker. Two hierarchical modes that differ are a mismatch below.
   decl.mode = static_cast<topology::Mode>(d0.mode);
+  decl.spec = d0.spec;
   bool modes_differ = false;
   for (const auto& [rank, hd] : decl.by_rank) {
     const auto m = static_cast<topology::Mode>(hd.second.mode);
     if (m == topology::Mode::kFlat) decl.mode = topology::Mode::kFlat;
     if (m != topology::Mode::kFlat && m != static_cast<topology::Mode>(d0.mode)) modes_differ = true;
   }
-  if (!hosts_.hierarchical()) decl.mode = topology::Mode::kFlat;
+  // Hosts sum first only for sums: a host stage has no min, max or routing.
+  if (!hosts_.hierarchical() || !decl.spec.is_sum()) decl.mode = topology::Mode::kFlat;
   if (decl.mode == topology::Mode::kFlat) modes_differ = false;
   // Partitions are cut in what travels (fp32 for a 16-bit tensor's host partials), so that the
   // tuned partition size is the bytes on the wire.
@@ -345,24 +348,32 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
     }
   }
   std::string disagree;
+  bool specs_differ = false;
   for (const auto& [rank, hd] : decl.by_rank) {
     const auto& [h, d] = hd;
     const bool shape_differs = shape0 != nullptr && !d.shape.empty() && d.shape != *shape0;
     const bool mode_differs = modes_differ && d.mode != d0.mode;
+    const bool spec_differs = d.spec != d0.spec;
     if (h.dtype != h0.dtype || h.count != h0.count || d.partition_bytes != d0.partition_bytes ||
-        d.name != d0.name || shape_differs || mode_differs) {
+        d.name != d0.name || shape_differs || mode_differs || spec_differs) {
       disagree += (disagree.empty() ? "" : ", ") + std::string("rank ") + std::to_string(rank) +
                   (d.name != d0.name ? " declared name '" + d.name + "' as " : " declared ") +
                   std::string(DataTypeName(static_cast<DataType>(h.dtype))) + "[" +
                   std::to_string(h.count) + "]" + ShapeSuffix(d.shape) + " with " +
-                  PartitionsText(d.partition_bytes) + (mode_differs ? ModeText(d.mode) : "");
+                  PartitionsText(d.partition_bytes) + (mode_differs ? ModeText(d.mode) : "") +
+                  (spec_differs || !d0.spec.is_sum() ? " for " + DescribeSpec(d.spec) : "");
+      if (spec_differs) specs_differ = true;
     }
   }
   decl.planned = true;
 
   const std::string keyhex = KeyHex(key);
   const uint64_t per_part = std::max<uint64_t>(1, decl.partition_bytes / DataTypeSize(wire_type));
-  if (disagree.empty() && decl.count / per_part >= wire::kMaxPartitionsPerTensor) {
+  if (disagree.empty()) decl.status = layout::Check(decl.spec, opts_.num_workers, decl.count);
+  if (!decl.status.ok()) {
+    decl.status = InvalidArgument("key " + keyhex + " '" + decl.name + "': " +
+                                  decl.status.message());
+  } else if (disagree.empty() && decl.count / per_part >= wire::kMaxPartitionsPerTensor) {
     decl.status = InvalidArgument(
         "key " + keyhex + " '" + decl.name + "': " + std::to_string(decl.count) +
         " elements in " + std::to_string(decl.partition_bytes) + "-byte partitions exceed " +
@@ -377,7 +388,11 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
                              std::to_string(decl.count) + "]" +
                              ShapeSuffix(first->second.second.shape) + " with " +
                              PartitionsText(d0.partition_bytes) +
-                             (modes_differ ? ModeText(d0.mode) : "") + ", " + disagree);
+                             (modes_differ ? ModeText(d0.mode) : "") +
+                             (specs_differ || !d0.spec.is_sum()
+                                  ? " for " + DescribeSpec(d0.spec)
+                                  : std::string()) +
+                             ", " + disagree);
     }
     RefuseKey(key, decl);
     return Status::Ok();
@@ -386,7 +401,8 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
   a.name = decl.name;
   const Placer before = placer_;
   a.mode = static_cast<uint8_t>(decl.mode);
-  a.partitions = placer_.Plan(wire_type, decl.count, decl.partition_bytes);
+  a.spec = decl.spec;
+  a.partitions = PlanSegments(decl, wire_type);
   if (Status admitted = Admit(keyhex, decl, a.partitions); !admitted.ok()) {
     placer_ = before;  // the refused key takes no room
     decl.status = std::move(admitted);
@@ -413,12 +429,37 @@ void SchedulerImpl::RefuseKey(uint64_t key, Declaration& decl) {
   SendToWorkers(decl.assign_header, decl.assign_payload);
 }
 
+std::vector<wire::PartitionPlan> SchedulerImpl::PlanSegments(const Declaration& decl,
+                                                              DataType wire_type) {
+  // Each segment is cut on its own, so no partition straddles two (control/layout.h). One that
+  // no server sees (nobody receives it) is one unplaced partition on server 0, costing nothing.
+  std::vector<wire::PartitionPlan> plan;
+  for (const layout::Segment& seg : layout::Segments(decl.spec, opts_.num_workers, decl.count)) {
+    if (seg.count == 0) continue;
+    if (layout::PeersOf(seg, opts_.num_workers).local_only()) {
+      plan.push_back(wire::PartitionPlan{seg.offset, seg.count, 0});
+      continue;
+    }
+    for (wire::PartitionPlan p : placer_.Plan(wire_type, seg.count, decl.partition_bytes)) {
+      p.offset += seg.offset;
+      plan.push_back(p);
+    }
+  }
+  return plan;
+}
+
 Status SchedulerImpl::Admit(const std::string& keyhex, const Declaration& decl,
                             const std::vector<wire::PartitionPlan>& plan) {
   std::vector<uint64_t> need(held_.size(), 0);
+  const std::vector<layout::Segment> segments =
+      layout::Segments(decl.spec, opts_.num_workers, decl.count);
   for (const wire::PartitionPlan& p : plan) {
+    const layout::Peers peers =
+        layout::PeersOf(segments[layout::SegmentAt(segments, p.offset)], opts_.num_workers);
+    if (peers.local_only()) continue;
     const uint32_t contributors =
-        decl.mode == topology::Mode::kFlat ? opts_.num_workers : hosts_.hosts();
+        decl.mode != topology::Mode::kFlat ? hosts_.hosts()
+                                           : static_cast<uint32_t>(peers.contributors.size());
     const uint64_t bytes = reduce::ServerBytesHeld(topology::WireType(decl.dtype, decl.mode),
                                                    p.count, contributors);
     need[p.server] = bytes > UINT64_MAX - need[p.server] ? UINT64_MAX : need[p.server] + bytes;

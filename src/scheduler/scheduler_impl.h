@@ -92,6 +92,7 @@ struct Declaration {
   uint64_t count = 0;
   uint64_t partition_bytes = 0;
   topology::Mode mode = topology::Mode::kFlat;  // how the servers aggregate it
+  CollectiveSpec spec;                          // what the key is for (every worker's)
   std::map<uint32_t, std::pair<wire::Header, wire::DeclareMsg>> by_rank;
   bool planned = false;
   Status status;  // kMismatch when the workers disagree
@@ -202,6 +203,8 @@ class SchedulerImpl final : public Scheduler {
   // Per server id: its memory budget (ServerOptions::memory_budget_bytes, or the default share
   // of its host's memory) and the bytes its planned partitions hold (reduce::ServerBytesHeld).
   std::vector<uint64_t> budget_, held_;
+  // The key's partitions, each segment cut on its own and placed (control/layout.h).
+  std::vector<wire::PartitionPlan> PlanSegments(const Declaration& decl, DataType wire_type);
   // kResourceExhausted naming the tensor, its bytes and the first server whose budget `plan`
   // would exceed; OK when every server can hold its share (then held_ counts it).
   Status Admit(const std::string& keyhex, const Declaration& decl,

@@ -1,6 +1,7 @@
 #include "server/partition_state.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/naming.h"
 #include "reduce/reduce.h"
@@ -9,7 +10,8 @@ namespace gradlink::server {
 
 PartitionState::PartitionState(uint64_t key, uint32_t partition, std::string name, DataType dtype,
                                uint64_t count, std::vector<uint32_t> contributors,
-                               uint32_t workers, std::vector<uint32_t> host_of)
+                               uint32_t workers, std::vector<uint32_t> host_of,
+                               Routing routing)
     : key_(key),
       partition_(partition),
       name_(std::move(name)),
@@ -17,18 +19,25 @@ PartitionState::PartitionState(uint64_t key, uint32_t partition, std::string nam
       count_(count),
       contributors_(std::move(contributors)),
       num_workers_(static_cast<uint32_t>(contributors_.size())),
+      routing_(std::move(routing)),
+      participants_(contributors_),
       divisor_(workers),
       host_of_(std::move(host_of)),
       wire_bytes_(count * DataTypeSize(dtype)),
-      acc_bytes_(count * DataTypeSize(reduce::AccumulatorType(dtype))),
-      stage_(num_workers_, Stage::kFree),
-      cookie_(num_workers_, 0),
-      flags_(num_workers_, 0),
-      gone_(num_workers_, false),
-      staging_(num_workers_) {
-  left_ = contributors_;
-  for (uint32_t i = 0; i < num_workers_; ++i) {
-    const uint32_t r = contributors_[i];
+      // A relayed push keeps its dtype: no accumulator to widen into.
+      acc_bytes_(routing_.copy ? wire_bytes_
+                               : count * DataTypeSize(reduce::AccumulatorType(dtype))) {
+  participants_.insert(participants_.end(), routing_.requesters.begin(),
+                       routing_.requesters.end());
+  num_part_ = static_cast<uint32_t>(participants_.size());
+  stage_.assign(num_part_, Stage::kFree);
+  cookie_.assign(num_part_, 0);
+  flags_.assign(num_part_, 0);
+  gone_.assign(num_part_, false);
+  staging_.resize(num_workers_);
+  left_ = participants_;
+  for (uint32_t i = 0; i < num_part_; ++i) {
+    const uint32_t r = participants_[i];
     if (r >= index_of_.size()) index_of_.resize(r + 1, -1);
     index_of_[r] = static_cast<int32_t>(i);
   }
@@ -51,7 +60,7 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
   if (index < 0) {
     return ProtocolError(Describe() + ": push from rank " + std::to_string(sender) +
                          ", which does not push this partition" +
-                         (num_workers_ == divisor_ ? std::string()
+                         (host_of_.empty() ? std::string()
                                                    : " (each host's partial sum comes from one rank)"));
   }
   const uint32_t rank = static_cast<uint32_t>(index);
@@ -66,14 +75,18 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
   }
   cookie_[rank] = h.cookie;
   flags_[rank] = h.flags;
-  if (h.dtype != static_cast<uint8_t>(dtype_) || h.count != count_) {
+  // A requester pushes nothing: its push only asks for the result.
+  const bool requester = rank >= num_workers_;
+  const uint64_t expected = requester ? 0 : count_;
+  if (h.dtype != static_cast<uint8_t>(dtype_) || h.count != expected) {
     const std::string got =
         IsValidDataType(h.dtype) ? std::string(DataTypeName(static_cast<DataType>(h.dtype)))
                                  : "dtype " + std::to_string(h.dtype);
     if (failure_.empty()) {
       failure_ = Describe() + ": rank " + std::to_string(sender) + " pushed " + got + "[" +
                  std::to_string(h.count) + "], declared " + std::string(DataTypeName(dtype_)) +
-                 "[" + std::to_string(count_) + "]";
+                 "[" + std::to_string(count_) + "]" +
+                 (requester ? " (of which it pushes none: it only receives)" : "");
       failure_code_ = Code::kMismatch;
     }
     stage_[rank] = Stage::kFailed;
@@ -81,6 +94,7 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
     return Mismatch(failure_);
   }
   stage_[rank] = Stage::kReceiving;
+  if (requester) return std::span<std::byte>();
   // Rank 0 comes first in the sum, so where the accumulator has the wire dtype its push can land
   // in the accumulator itself (acc = s0; acc += s1 gives the same bits as acc = s0 + s1): one
   // staging buffer fewer per partition. Not while round-2's result is still going out of that
@@ -121,10 +135,12 @@ uint32_t PartitionState::SummableEndLocked() const {
 }
 
 bool PartitionState::RoundOverLocked() const {
-  // A failed round sums nothing more: staged pushes only wait for the others.
-  for (Stage s : stage_) {
+  // A failed round sums nothing more: staged pushes only wait for the others. A requester's
+  // push (nothing to sum) is done once it has arrived.
+  for (uint32_t i = 0; i < num_part_; ++i) {
+    const Stage s = stage_[i];
     if (!(s == Stage::kSummed || s == Stage::kFailed ||
-          (s == Stage::kStaged && !failure_.empty()))) {
+          (s == Stage::kStaged && (!failure_.empty() || i >= num_workers_)))) {
       return false;
     }
   }
@@ -148,10 +164,14 @@ std::optional<Completion> PartitionState::Progress() {
   if (last > first) {
     Hold(acc, acc_bytes_);
     uint32_t r = first;
+    const ReduceOp op = routing_.op;
     if (r == 0 && direct) {
       r = 1;  // rank 0's push is in the accumulator already
+    } else if (r == 0 && routing_.copy) {
+      std::memcpy(acc.data(), staging_[0].data(), wire_bytes_);
+      r = 1;
     } else if (r == 0) {
-      if (num_workers_ == 1) {
+      if (num_workers_ == 1 || op != ReduceOp::kSum) {
         reduce::Load(dtype_, acc.data(), staging_[0].data(), count_);
         r = 1;
       } else {
@@ -159,7 +179,7 @@ std::optional<Completion> PartitionState::Progress() {
         r = 2;
       }
     }
-    for (; r < last; ++r) reduce::Accumulate(dtype_, acc.data(), staging_[r].data(), count_);
+    for (; r < last; ++r) reduce::Fold(op, dtype_, acc.data(), staging_[r].data(), count_);
   }
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -183,12 +203,17 @@ std::optional<Completion> PartitionState::Progress() {
                             std::to_string(contributors_[r]) + " disagree on averaging");
       }
     }
-    for (uint32_t r = 1; r < num_workers_ && c.status.ok(); ++r) {
+    if ((f0 & wire::kFlagAverage) && (routing_.copy || routing_.op != ReduceOp::kSum)) {
+      c.status = InvalidArgument(Describe() + " round " + std::to_string(round_) + ": rank " +
+                                 std::to_string(contributors_[0]) + " asked for an average, " +
+                                 "which only a sum has");
+    }
+    for (uint32_t r = 1; r < num_part_ && c.status.ok(); ++r) {
       if (flags_[r] != f0) {
         c.status = Mismatch(Describe() + " round " + std::to_string(round_) + ": rank " +
                             std::to_string(contributors_[0]) + " " +
                             ((f0 & wire::kFlagAverage) ? "averages" : "sums") + " but rank " +
-                            std::to_string(contributors_[r]) + " " +
+                            std::to_string(participants_[r]) + " " +
                             ((flags_[r] & wire::kFlagAverage) ? "averages" : "sums"));
         break;
       }
@@ -196,7 +221,9 @@ std::optional<Completion> PartitionState::Progress() {
   }
   if (c.status.ok()) {
     const uint32_t divisor = (flags_[0] & wire::kFlagAverage) ? divisor_ : 1;
-    if (acc_bytes_ == wire_bytes_) {
+    if (routing_.copy) {
+      c.result = acc;  // the contributor's push, as it came
+    } else if (acc_bytes_ == wire_bytes_) {
       reduce::Store(dtype_, acc.data(), acc.data(), count_, divisor);
       c.result = acc;
     } else {
@@ -206,7 +233,7 @@ std::optional<Completion> PartitionState::Progress() {
       c.result = out;
     }
   }
-  sends_pending_[slot] = num_workers_;
+  sends_pending_[slot] = num_part_;
   direct_ = false;
   ++round_;
   next_ = 0;
@@ -216,7 +243,7 @@ std::optional<Completion> PartitionState::Progress() {
   // has left there is nobody to tell, and failing each next round at once would only complete
   // round after round (their sends fail as fast), never letting go of the engine.
   if (!std::all_of(gone_.begin(), gone_.end(), [](bool g) { return g; })) {
-    for (uint32_t r = 0; r < num_workers_; ++r) {
+    for (uint32_t r = 0; r < num_part_; ++r) {
       if (gone_[r]) FailRankLocked(r);
     }
   }
@@ -234,7 +261,8 @@ void PartitionState::FailRankLocked(uint32_t index) {
   if (failure_.empty()) {
     failure_ = Describe() + " round " + std::to_string(round_) + ": worker " +
                std::to_string(left_[index]) + " left the job before " +
-               (left_[index] == contributors_[index]
+               (index >= num_workers_ ? std::string("asking for it")
+                : left_[index] == contributors_[index]
                     ? std::string("pushing it")
                     : "its host's partial sum was pushed (by rank " +
                           std::to_string(contributors_[index]) + ")");
@@ -245,7 +273,7 @@ void PartitionState::FailRankLocked(uint32_t index) {
 bool PartitionState::MarkGone(uint32_t worker) {
   std::lock_guard<std::mutex> lock(mu_);
   const int32_t index = host_of_.empty() ? IndexOf(worker)
-                        : worker < host_of_.size() && host_of_[worker] < num_workers_
+                        : worker < host_of_.size() && host_of_[worker] < num_part_
                             ? static_cast<int32_t>(host_of_[worker])
                             : -1;
   if (index >= 0 && !gone_[index]) left_[index] = worker;

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "gradlink/collective.h"
 #include "gradlink/status.h"
 #include "gradlink/tensor.h"
 #include "wire/frame.h"
@@ -38,6 +39,18 @@ struct Completion {
   std::vector<uint64_t> cookies;       // per contributor, echoed in its pull response
 };
 
+// What a partition does besides summing every contributor for every contributor
+// (control/layout.h): the reduction, whether its one contributor's push is only routed (relay,
+// gather, all-to-all: the result is that push, in its own dtype), and the participants that push
+// nothing but ask for the result (a push of 0 elements), and which participants receive it (the
+// others get a reply of 0 elements, so that their round ends too).
+struct Routing {
+  ReduceOp op = ReduceOp::kSum;
+  bool copy = false;                // one contributor, its push relayed as it is
+  std::vector<uint32_t> requesters; // ranks, after the contributors
+  std::vector<bool> receives;       // per participant (contributors, then requesters); empty: all
+};
+
 class PartitionState {
  public:
   // `contributors`: the ranks whose pushes are summed, in summing order (every worker, or one
@@ -46,7 +59,7 @@ class PartitionState {
   // that leaves fails its host's contribution, whoever pushes it. Empty: each worker its own.
   PartitionState(uint64_t key, uint32_t partition, std::string name, DataType dtype,
                  uint64_t count, std::vector<uint32_t> contributors, uint32_t workers,
-                 std::vector<uint32_t> host_of = {});
+                 std::vector<uint32_t> host_of = {}, Routing routing = {});
   // Every one of `num_workers` workers contributes, in rank order (flat aggregation).
   PartitionState(uint64_t key, uint32_t partition, std::string name, DataType dtype,
                  uint64_t count, uint32_t num_workers)
@@ -57,8 +70,11 @@ class PartitionState {
   uint32_t partition() const { return partition_; }
   DataType dtype() const { return dtype_; }
   uint64_t count() const { return count_; }
-  // The ranks a completed round is sent to, in the order of Completion::cookies.
-  const std::vector<uint32_t>& contributors() const { return contributors_; }
+  // The ranks a completed round is sent to (contributors, then requesters), in the order of
+  // Completion::cookies; receives(i): whether participants()[i] gets the result (else a reply of
+  // 0 elements).
+  const std::vector<uint32_t>& participants() const { return participants_; }
+  bool receives(uint32_t i) const { return routing_.receives.empty() || routing_.receives[i]; }
   const std::string& name() const { return name_; }
 
   // A push header arrived. Returns the staging buffer to receive into. An error means: drop
@@ -126,6 +142,9 @@ class PartitionState {
   const uint64_t count_;
   const std::vector<uint32_t> contributors_;
   const uint32_t num_workers_;  // contributors
+  const Routing routing_;
+  std::vector<uint32_t> participants_;  // contributors_, then routing_.requesters
+  uint32_t num_part_ = 0;       // participants
   const uint32_t divisor_;      // the job's workers
   std::vector<int32_t> index_of_;  // by rank: its push's contributor index, or -1
   const std::vector<uint32_t> host_of_;  // by rank (hierarchical); empty: index_of_

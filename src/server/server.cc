@@ -12,6 +12,7 @@
 #include "common/work_queue.h"
 #include "server/partition_state.h"
 #include "control/join.h"
+#include "control/layout.h"
 #include "control/topology.h"
 #include "server/start_on.h"
 #include "gradlink/env.h"
@@ -239,18 +240,37 @@ class ServerImpl final : public Server {
     if (mode != topology::Mode::kFlat && !hosts_.hierarchical()) {
       return ProtocolError("kAssign of a hierarchical key in a job whose workers do not share hosts");
     }
+    if (mode != topology::Mode::kFlat && !a.spec.is_sum()) {
+      return ProtocolError("kAssign of a hierarchical " + DescribeSpec(a.spec));
+    }
+    const uint32_t workers = num_workers_;
+    GL_RETURN_IF_ERROR(layout::CheckPlan(a.spec, workers, f.header.count, a.partitions));
+    const std::vector<layout::Segment> segments = layout::Segments(a.spec, workers, f.header.count);
+    const bool copy = a.spec.kind == Collective::kBroadcast ||
+                      a.spec.kind == Collective::kAllgather || a.spec.kind == Collective::kAlltoall;
     // What travels: the tensor's dtype, or fp32 for a 16-bit tensor's host partials.
     const DataType dtype = topology::WireType(static_cast<DataType>(f.header.dtype), mode);
     {
       std::unique_lock<std::shared_mutex> lock(parts_mu_);
       for (uint32_t p = 0; p < a.partitions.size(); ++p) {
         if (a.partitions[p].server != id_) continue;
+        const layout::Peers peers =
+            layout::PeersOf(segments[layout::SegmentAt(segments, a.partitions[p].offset)], workers);
+        if (peers.local_only()) continue;  // its worker copies it: no push ever comes
         auto& slot = parts_[{f.header.key, p}];
         if (!slot) {
-          slot = std::make_unique<PartitionState>(
-              f.header.key, p, a.name, dtype, a.partitions[p].count,
-              topology::Contributors(hosts_, mode, f.header.key, p), num_workers_,
-              mode == topology::Mode::kFlat ? std::vector<uint32_t>() : hosts_.host_of);
+          if (a.spec.is_sum()) {
+            slot = std::make_unique<PartitionState>(
+                f.header.key, p, a.name, dtype, a.partitions[p].count,
+                topology::Contributors(hosts_, mode, f.header.key, p), workers,
+                mode == topology::Mode::kFlat ? std::vector<uint32_t>() : hosts_.host_of);
+          } else {
+            server::Routing routing{a.spec.op, copy, peers.requesters, peers.receives};
+            slot = std::make_unique<PartitionState>(f.header.key, p, a.name, dtype,
+                                                    a.partitions[p].count, peers.contributors,
+                                                    workers, std::vector<uint32_t>(),
+                                                    std::move(routing));
+          }
         }
       }
     }
@@ -394,12 +414,17 @@ class ServerImpl final : public Server {
         text = std::make_shared<std::vector<std::byte>>(wire::EncodeText(c->status.message()));
         payload = *text;
       }
-      h.payload_bytes = payload.size();
       const uint32_t slot = c->slot;
-      const std::vector<uint32_t>& to = p->contributors();
+      const std::vector<uint32_t>& to = p->participants();
       for (uint32_t i = 0; i < to.size(); ++i) {
         h.cookie = c->cookies[i];
-        SendToWorker(to[i], h, payload, [this, p, slot, text](const Status& s) {
+        // A participant that receives nothing (a contributor to a relay, or to another rank's
+        // reduce-scatter segment) gets a reply of 0 elements: its round is over.
+        const bool empty = c->status.ok() && !p->receives(i);
+        h.count = empty ? 0 : c->status.ok() ? p->count() : 0;
+        h.payload_bytes = empty ? 0 : payload.size();
+        SendToWorker(to[i], h, empty ? std::span<const std::byte>() : payload,
+                     [this, p, slot, text](const Status& s) {
           if (!s.ok()) GL_LOG(kInfo) << "server " << id_ << ": pull response failed: " << s.ToString();
           if (p->SendDone(slot) && p->WaitsForSlot(slot)) {
             RunOnOwner(*p, [this, p] { RunEngine(p); });

@@ -27,6 +27,31 @@ bool GetRole(Reader& r, Role* role) {
   return true;
 }
 
+void PutSpec(Writer& w, const CollectiveSpec& s) {
+  w.U8(static_cast<uint8_t>(s.kind));
+  w.U8(static_cast<uint8_t>(s.op));
+  w.U32(s.root);
+  w.U32(static_cast<uint32_t>(s.counts.size()));
+  for (uint64_t c : s.counts) w.U64(c);
+}
+
+bool GetSpec(Reader& r, CollectiveSpec* s) {
+  uint8_t kind, op;
+  uint32_t n;
+  if (!r.U8(&kind) || kind > static_cast<uint8_t>(Collective::kAlltoall) || !r.U8(&op) ||
+      op > static_cast<uint8_t>(ReduceOp::kProduct) || !r.U32(&s->root) || !r.U32(&n) ||
+      n > kMaxSpecCounts || r.remaining() / 8 < n) {
+    return false;
+  }
+  s->kind = static_cast<Collective>(kind);
+  s->op = static_cast<ReduceOp>(op);
+  s->counts.resize(n);
+  for (uint64_t& c : s->counts) {
+    if (!r.U64(&c)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string ServerWeightError(double w) {
@@ -112,6 +137,7 @@ std::vector<std::byte> Encode(const DeclareMsg& m) {
   w.U32(static_cast<uint32_t>(m.shape.size()));
   for (uint64_t d : m.shape) w.U64(d);
   w.U8(m.mode);
+  PutSpec(w, m.spec);
   return w.Take();
 }
 
@@ -128,6 +154,7 @@ Result<DeclareMsg> DecodeDeclare(std::span<const std::byte> b) {
     if (!r.U64(&d)) return Bad("declare message (shape)");
   }
   if (!r.U8(&m.mode) || m.mode > kMaxAggregationMode) return Bad("declare message (aggregation mode)");
+  if (!GetSpec(r, &m.spec)) return Bad("declare message (collective)");
   if (!r.Done()) return Bad("declare message (trailing bytes)");
   return m;
 }
@@ -142,6 +169,7 @@ std::vector<std::byte> Encode(const AssignMsg& m) {
     w.U32(p.server);
   }
   w.U8(m.mode);
+  PutSpec(w, m.spec);
   return w.Take();
 }
 
@@ -166,7 +194,9 @@ Result<AssignMsg> DecodeAssign(std::span<const std::byte> b, uint64_t total_coun
     next += p.count;
   }
   if (next != total_count) return Bad("assign message (coverage)");
-  if (!r.U8(&m.mode) || m.mode > kMaxAggregationMode || !r.Done()) return Bad("assign message (aggregation mode)");
+  if (!r.U8(&m.mode) || m.mode > kMaxAggregationMode) return Bad("assign message (aggregation mode)");
+  if (!GetSpec(r, &m.spec)) return Bad("assign message (collective)");
+  if (!r.Done()) return Bad("assign message (trailing bytes)");
   return m;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gradlink/collective.h"
 #include "gradlink/status.h"
 #include "gradlink/tensor.h"
 
@@ -24,6 +25,8 @@ inline constexpr uint32_t kMaxMessageLength = 8192;
 inline constexpr uint32_t kMaxShapeDims = 64;
 // DeclareMsg::mode / AssignMsg::mode lie in [0, kMaxAggregationMode] (control/topology.h).
 inline constexpr uint8_t kMaxAggregationMode = 2;
+// CollectiveSpec::counts on the wire: at most this many (an all-to-all of 256 workers).
+inline constexpr uint32_t kMaxSpecCounts = 65536;
 // A server's placement weight (RegisterMsg::weight) lies in [kMinServerWeight, kMaxServerWeight]:
 // any ratio of two weights is at most 1e12, so load / weight never overflows a double.
 inline constexpr double kMinServerWeight = 1e-6;
@@ -83,6 +86,9 @@ struct DeclareMsg {
   // How this worker can aggregate the key (topology::Mode): kFlat, or a hierarchical mode when
   // the job's workers share hosts and this worker's host bound the key to its segment.
   uint8_t mode = 0;
+  // What the key is for (gradlink/collective.h); decoding checks the enums' ranges and the
+  // counts' bound, the scheduler the rest (control/layout.h).
+  CollectiveSpec spec = {};
 };
 
 struct PartitionPlan {
@@ -96,6 +102,9 @@ struct AssignMsg {
   std::string name;
   std::vector<PartitionPlan> partitions;
   uint8_t mode = 0;  // topology::Mode the scheduler chose for the key (valid values only)
+  // Every worker's (they agree). Decoding checks the enums' ranges and the counts' bound; the
+  // receiver checks the rest against its job (layout::CheckPlan).
+  CollectiveSpec spec = {};
 };
 
 std::vector<std::byte> Encode(const RegisterMsg& m);

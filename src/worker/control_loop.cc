@@ -160,6 +160,7 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
   }
   Status plan_status;
   std::vector<wire::PartitionPlan> parts;
+  std::vector<layout::Role> roles;
   topology::Mode mode = topology::Mode::kFlat;
   if (f.header.code != 0) {
     auto text = wire::DecodeText(f.payload);
@@ -169,6 +170,15 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
       return ProtocolError("kAssign shape differs from the declaration");
     }
     GL_ASSIGN_OR_RETURN(wire::AssignMsg a, wire::DecodeAssign(f.payload, t->count, num_servers_));
+    if (a.spec != t->spec) return ProtocolError("kAssign of another collective than declared");
+    GL_RETURN_IF_ERROR(layout::CheckPlan(a.spec, size_, t->count, a.partitions));
+    if (!a.spec.is_sum()) {
+      const std::vector<layout::Segment> segments = layout::Segments(a.spec, size_, t->count);
+      for (const wire::PartitionPlan& p : a.partitions) {
+        const uint32_t seg = layout::SegmentAt(segments, p.offset);
+        roles.push_back(layout::RoleOf(a.spec, segments, seg, size_, rank_, p.offset));
+      }
+    }
     parts = std::move(a.partitions);
     mode = static_cast<topology::Mode>(a.mode);
   }
@@ -179,6 +189,7 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     t->planned = true;
     t->plan_status = plan_status;
     t->parts = std::move(parts);
+    t->roles = std::move(roles);
     t->servers_spanned = ServersSpanned(t->parts);
     if (t->plan_status.ok()) t->plan_status = PlanHostLocked(*t, mode);
     if (!plan_status.ok()) {

@@ -139,6 +139,9 @@ const std::string& TensorHandle::name() const { return state_->name; }
 DataType TensorHandle::dtype() const { return state_->dtype; }
 uint64_t TensorHandle::count() const { return state_->count; }
 const std::vector<uint64_t>& TensorHandle::shape() const { return state_->shape; }
+const CollectiveSpec& TensorHandle::spec() const { return state_->spec; }
+uint64_t TensorHandle::input_count() const { return state_->input_count; }
+uint64_t TensorHandle::output_count() const { return state_->output_count; }
 
 Status PushPullHandle::Wait(Clock::time_point deadline) const {
   if (group_) return WaitGroup(*group_, deadline);

@@ -77,6 +77,7 @@ uint64_t WorkerImpl::ArenaBytes(bool creator) const {
 
 void WorkerImpl::BindLocal(TensorState& t) {
   if (!local_ || host_path_) return;  // the host's segment binds at Declare (BindHost)
+  if (!t.spec.is_sum()) return;       // the segment only sums: the rest go to the servers
   std::call_once(t.local_once, [&] {
     Result<std::optional<LocalReduce::Channel>> c = local_->Bind(t.key, t.dtype, t.count);
     if (c.ok() && !c->has_value()) {

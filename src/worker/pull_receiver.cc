@@ -34,7 +34,9 @@ Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
   }
   const wire::PartitionPlan& plan = t.parts[h.partition];
   const uint64_t size = DataTypeSize(t.wire);
-  if (h.dtype != static_cast<uint8_t>(t.wire) || h.count != plan.count) {
+  const layout::Role role = RoleIn(t, h.partition);
+  // A partition this worker only contributes to is answered with 0 elements.
+  if (h.dtype != static_cast<uint8_t>(t.wire) || h.count != (role.pull ? plan.count : 0)) {
     protocol_errors_++;
     return ProtocolError("pull reply has the wrong shape");
   }
@@ -42,7 +44,8 @@ Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
   op.receiving++;
   // A hierarchical op's sum lands where its partial was pushed from: the host's segment.
   if (op.host) return op.partial[h.partition];
-  return op.data.subspan(plan.offset * size, plan.count * size);
+  if (!role.pull) return std::span<std::byte>();
+  return op.data.subspan(role.out_offset * size, plan.count * size);
 }
 
 void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {

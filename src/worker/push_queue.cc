@@ -2,6 +2,7 @@
 // idle, its partitions queued by priority, pumped while bytes in flight and the op's lead allow,
 // handed to the push lane in pump order, and finished once nothing touches its buffer.
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "worker/worker_impl.h"
@@ -20,8 +21,50 @@ uint64_t LeadLimit(uint64_t per_server, uint32_t servers) {
   return per_server * servers;
 }
 
+std::shared_ptr<Op> WorkerImpl::StartCollective(const TensorHandle& tensor,
+                                                std::span<const std::byte> input,
+                                                std::span<std::byte> output,
+                                                const PushPullOptions& options) {
+  const auto failed = [&](Status s) {
+    auto op = std::make_shared<Op>();
+    op->t_call = Clock::now();
+    op->tensor = tensor.valid() ? tensor.state_ : std::make_shared<TensorState>();
+    Complete(*op, std::move(s));
+    return op;
+  };
+  if (!tensor.valid()) return failed(InvalidArgument("a collective on an undeclared tensor"));
+  const TensorState& t = *tensor.state_;
+  const uint64_t size = DataTypeSize(t.dtype);
+  const std::string what = "'" + t.name + "' (" + DescribeSpec(t.spec) + ")";
+  if (input.size() != t.input_count * size) {
+    return failed(InvalidArgument("input of " + std::to_string(input.size()) + " bytes for " +
+                                  what + ", whose input on rank " + std::to_string(rank_) +
+                                  " has " + std::to_string(t.input_count * size)));
+  }
+  if (output.size() != t.output_count * size) {
+    return failed(InvalidArgument("output of " + std::to_string(output.size()) + " bytes for " +
+                                  what + ", whose output on rank " + std::to_string(rank_) +
+                                  " has " + std::to_string(t.output_count * size)));
+  }
+  const bool reduces =
+      t.spec.kind == Collective::kAllreduce || t.spec.kind == Collective::kReduceScatter;
+  if (options.average && !(reduces && t.spec.op == ReduceOp::kSum)) {
+    return failed(InvalidArgument("average of " + what + ": only a sum averages"));
+  }
+  // What this worker copies itself; the servers' results land elsewhere in the output. A sum
+  // out of place is summed in place on the output.
+  const std::vector<layout::LocalCopy> sum_copy = {{0, 0, t.count}};
+  for (const layout::LocalCopy& c : t.spec.is_sum() ? sum_copy : t.copies) {
+    const std::byte* from = input.data() + c.in_offset * size;
+    std::byte* to = output.data() + c.out_offset * size;
+    if (from != to) std::memmove(to, from, c.count * size);
+  }
+  return StartOp(tensor, output, options, nullptr, input);
+}
+
 std::shared_ptr<Op> WorkerImpl::StartOp(const TensorHandle& tensor, std::span<std::byte> data,
-                            const PushPullOptions& options, std::shared_ptr<std::byte> owned) {
+                            const PushPullOptions& options, std::shared_ptr<std::byte> owned,
+                            std::span<const std::byte> input) {
   auto op = std::make_shared<Op>();
   op->t_call = Clock::now();
   op->timeout = opts_.operation_timeout;
@@ -35,7 +78,9 @@ std::shared_ptr<Op> WorkerImpl::StartOp(const TensorHandle& tensor, std::span<st
     Complete(*op, InvalidArgument("push_pull on an undeclared tensor"));
     return op;
   }
-  const uint64_t want = tensor.count() * DataTypeSize(tensor.dtype());
+  // A sum pushes its tensor and pulls into it; other collectives push their input.
+  op->input = tensor.spec().is_sum() ? std::span<const std::byte>(data) : input;
+  const uint64_t want = tensor.output_count() * DataTypeSize(tensor.dtype());
   if (data.size() != want) {
     Complete(*op, InvalidArgument("buffer of " + std::to_string(data.size()) +
                                   " bytes for '" + tensor.name() + "', which needs " +
@@ -95,6 +140,11 @@ void WorkerImpl::StartNextLocked(TensorState& t) {
     }
     op->parts.assign(t.parts.size(), Op::Part::kQueued);
     op->outstanding = static_cast<uint32_t>(t.parts.size());
+    for (uint32_t p = 0; p < t.roles.size(); ++p) {
+      if (t.roles[p].participates()) continue;
+      op->parts[p] = Op::Part::kDone;  // another pair of ranks' block, or copied locally
+      op->outstanding--;
+    }
     if (op->outstanding == 0) {
       FinishLocked(*op, Status::Ok());
       continue;
@@ -104,6 +154,7 @@ void WorkerImpl::StartNextLocked(TensorState& t) {
     op->max_ahead = LeadLimit(max_bytes_ahead_, t.servers_spanned);
     ops_[op->id] = op;
     for (uint32_t p = 0; p < t.parts.size(); ++p) {
+      if (op->parts[p] != Op::Part::kQueued) continue;
       pending_.push(Pending{op->options.priority, next_seq_++, op, p});
     }
   }
@@ -120,7 +171,8 @@ void WorkerImpl::PumpLocked() {
     const TensorState& t = *op.tensor;
     const wire::PartitionPlan& plan = t.parts[top.part];
     const uint64_t size = DataTypeSize(t.wire);
-    const uint64_t bytes = plan.count * size;
+    const layout::Role role = RoleIn(t, top.part);
+    const uint64_t bytes = PartBytes(op, top.part);
     if (!top.counted && max_bytes_ahead_ > 0) {
       // Held back behind its own op's earlier partitions, or over the op's lead: it waits
       // on the op (in order) for sums to come back, and the queue goes on with other ops.
@@ -148,11 +200,13 @@ void WorkerImpl::PumpLocked() {
     o.header.partition = top.part;
     o.header.dtype = static_cast<uint8_t>(t.wire);
     o.header.round = op.round;
-    o.header.count = plan.count;
+    o.header.count = role.push ? plan.count : 0;  // 0: a request for the result
     o.header.payload_bytes = bytes;
     o.header.cookie = op.id;
-    // A host's partial sum lies in its segment; a flat push is the caller's tensor itself.
-    o.payload = op.host ? op.partial[top.part] : op.data.subspan(plan.offset * size, bytes);
+    // A host's partial sum lies in its segment; a flat push is the caller's input itself.
+    o.payload = op.host      ? op.partial[top.part]
+                : role.push ? op.input.subspan(role.in_offset * size, bytes)
+                            : std::span<const std::byte>();
     o.op = top.op;
     to_issue_.push_back(std::move(o));
     pumped_ = true;
@@ -233,7 +287,14 @@ void WorkerImpl::AddAheadLocked(Op& op, uint64_t bytes) {
 }
 
 uint64_t WorkerImpl::PartBytes(const Op& op, uint32_t part) const {
-  return op.tensor->parts[part].count * DataTypeSize(op.tensor->wire);
+  const TensorState& t = *op.tensor;
+  return RoleIn(t, part).push ? t.parts[part].count * DataTypeSize(t.wire) : 0;
+}
+
+layout::Role WorkerImpl::RoleIn(const TensorState& t, uint32_t part) {
+  if (!t.roles.empty()) return t.roles[part];
+  const uint64_t at = t.parts[part].offset;
+  return layout::Role{true, true, at, at};
 }
 
 void WorkerImpl::ReleaseHeldLocked(const std::shared_ptr<Op>& op) {
@@ -250,7 +311,7 @@ void WorkerImpl::ReleaseHeldLocked(const std::shared_ptr<Op>& op) {
 void WorkerImpl::ReleaseCreditLocked(Op& op, uint32_t part) {
   if (op.parts[part] != Op::Part::kSent) return;
   op.parts[part] = Op::Part::kPushed;
-  bytes_in_flight_ -= op.tensor->parts[part].count * DataTypeSize(op.tensor->wire);
+  bytes_in_flight_ -= PartBytes(op, part);
 }
 
 void WorkerImpl::RecordFailureLocked(Op& op, const Status& s) {

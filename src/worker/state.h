@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "control/layout.h"
 #include "control/topology.h"
 #include "gradlink/worker.h"
 #include "wire/messages.h"
@@ -37,10 +38,16 @@ struct TensorState {
   DataType dtype{};
   uint64_t count = 0;
   std::vector<uint64_t> shape;  // as declared; empty when not given
+  CollectiveSpec spec;          // the plain sum unless declared with one
+  uint64_t input_count = 0, output_count = 0;  // this worker's buffers (layout.h)
+  std::vector<layout::LocalCopy> copies;       // what this worker copies itself, per op
   // Guarded by WorkerImpl::mu_.
   bool planned = false;
   Status plan_status;                      // kMismatch when the workers disagree
   std::vector<wire::PartitionPlan> parts;  // once planned
+  // Once planned, for a key that is not a plain sum: this worker's role in each partition
+  // (empty for a sum: every partition pushed from and pulled into its own place).
+  std::vector<layout::Role> roles;
   uint32_t servers_spanned = 0;            // distinct servers among `parts`
   // The same-host path (LocalReduce): bound on the tensor's first op; `local` empty when
   // the tensor goes through the servers.
@@ -71,7 +78,8 @@ struct TensorState {
 
 struct Op {
   std::shared_ptr<TensorState> tensor;
-  std::span<std::byte> data;
+  std::span<std::byte> data;         // the output (a sum's tensor, in place)
+  std::span<const std::byte> input;  // what is pushed: `data` but for other collectives
   PushPullOptions options;
   uint64_t id = 0;
   Clock::duration timeout{};  // WorkerOptions::operation_timeout: for Wait() without a deadline

@@ -157,8 +157,17 @@ Result<TensorHandle> WorkerImpl::Declare(std::string_view name, DataType dtype,
   return DeclareShaped(name, dtype, count, shape);
 }
 
+Result<TensorHandle> WorkerImpl::DeclareCollective(std::string_view name, DataType dtype,
+                                                   uint64_t count, const CollectiveSpec& spec) {
+  if (Status s = layout::Check(spec, size_, count); !s.ok()) {
+    return InvalidArgument("tensor '" + std::string(name) + "': " + s.message());
+  }
+  return DeclareShaped(name, dtype, count, {}, spec);
+}
+
 Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType dtype,
-                                               uint64_t count, std::span<const uint64_t> shape) {
+                                               uint64_t count, std::span<const uint64_t> shape,
+                                               const CollectiveSpec& spec) {
   if (name.empty() || name.size() > wire::kMaxNameLength) {
     return InvalidArgument("tensor name must have 1 to " +
                            std::to_string(wire::kMaxNameLength) + " characters");
@@ -190,12 +199,15 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
       const bool shape_differs =
           !shape.empty() && !old.shape.empty() &&
           !std::equal(shape.begin(), shape.end(), old.shape.begin(), old.shape.end());
-      if (old.dtype != dtype || old.count != count || shape_differs) {
+      if (old.dtype != dtype || old.count != count || shape_differs || old.spec != spec) {
+        const auto what = [](const CollectiveSpec& c) {
+          return c.is_sum() ? std::string() : " for " + DescribeSpec(c);
+        };
         return Mismatch("key " + KeyHex(key) + " '" + old.name + "' was declared as " +
                         std::string(DataTypeName(old.dtype)) + "[" + std::to_string(old.count) +
-                        "]" + ShapeSuffix(old.shape) + " on rank " + std::to_string(rank_) +
-                        ", now as " + std::string(DataTypeName(dtype)) + "[" +
-                        std::to_string(count) + "]" + ShapeSuffix(shape));
+                        "]" + ShapeSuffix(old.shape) + what(old.spec) + " on rank " +
+                        std::to_string(rank_) + ", now as " + std::string(DataTypeName(dtype)) +
+                        "[" + std::to_string(count) + "]" + ShapeSuffix(shape) + what(spec));
       }
       return TensorHandle(it->second);
     }
@@ -205,11 +217,17 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
     t->dtype = dtype;
     t->count = count;
     t->shape.assign(shape.begin(), shape.end());
+    t->spec = spec;
+    t->input_count = layout::InputCount(spec, size_, rank_, count);
+    t->output_count = layout::OutputCount(spec, size_, rank_, count);
+    if (!spec.is_sum()) t->copies = layout::LocalCopies(spec, size_, rank_, count);
     t->wire = dtype;
     tensors_[key] = t;
   }
-  // Outside the lock: a claim in the host's segment may wait on another process.
-  const uint8_t mode = BindHost(*t);
+  // Outside the lock: a claim in the host's segment may wait on another process. Only sums
+  // have a host stage.
+  const uint8_t mode =
+      spec.is_sum() ? BindHost(*t) : static_cast<uint8_t>(topology::Mode::kFlat);
   wire::Header h;
   h.type = MsgType::kDeclare;
   h.job = job_hash_;
@@ -218,7 +236,7 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
   h.dtype = static_cast<uint8_t>(dtype);
   h.count = count;
   // 0: the scheduler cuts the key as the job's tuning says.
-  wire::DeclareMsg d{t->name, opts_.partition_bytes.value_or(0), t->shape, mode};
+  wire::DeclareMsg d{t->name, opts_.partition_bytes.value_or(0), t->shape, mode, spec};
   Status s = channel_->Send(h, wire::Encode(d));
   if (!s.ok()) {
     FailAll(PeerLost("worker " + std::to_string(rank_) + " lost the scheduler: " + s.message()));
@@ -230,6 +248,11 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
 PushPullHandle WorkerImpl::PushPull(const TensorHandle& tensor, std::span<std::byte> data,
                         const PushPullOptions& options) {
   return PushPullHandle(StartOp(tensor, data, options, nullptr));
+}
+
+PushPullHandle WorkerImpl::Run(const TensorHandle& tensor, std::span<const std::byte> input,
+                               std::span<std::byte> output, const PushPullOptions& options) {
+  return PushPullHandle(StartCollective(tensor, input, output, options));
 }
 
 WorkerStats WorkerImpl::Stats() const {

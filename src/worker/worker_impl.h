@@ -78,6 +78,12 @@ class WorkerImpl final : public Worker {
   Result<TensorHandle> Declare(std::string_view name, DataType dtype,
                                std::span<const uint64_t> shape) override;
 
+  Result<TensorHandle> DeclareCollective(std::string_view name, DataType dtype, uint64_t count,
+                                         const CollectiveSpec& spec) override;
+
+  PushPullHandle Run(const TensorHandle& tensor, std::span<const std::byte> input,
+                     std::span<std::byte> output, const PushPullOptions& options) override;
+
   PushPullHandle PushPull(const TensorHandle& tensor, std::span<std::byte> data,
                           const PushPullOptions& options) override;
 
@@ -143,15 +149,18 @@ class WorkerImpl final : public Worker {
   Status DeclareFused(GroupPlan::Chunk& c, std::span<const TensorHandle> tensors);
   // Both Declare()s: `shape` empty when the caller gave none.
   Result<TensorHandle> DeclareShaped(std::string_view name, DataType dtype, uint64_t count,
-                                     std::span<const uint64_t> shape);
+                                     std::span<const uint64_t> shape,
+                                     const CollectiveSpec& spec = {});
 
   // Member `t` of fused tensor `f` failed its plan (e.g. another worker declared it with
   // another shape): f's key will never be planned, so its ops fail now with t's error.
   void MemberFailedLocked(TensorState& f, const TensorState& t);
 
   // Starts a PushPull of `data` into `tensor`; `owned` is a fusion buffer that `data` lies in.
+  // `input`: what a collective other than the sum pushes (a sum pushes `data`).
   std::shared_ptr<Op> StartOp(const TensorHandle& tensor, std::span<std::byte> data,
-                              const PushPullOptions& options, std::shared_ptr<std::byte> owned);
+                              const PushPullOptions& options, std::shared_ptr<std::byte> owned,
+                              std::span<const std::byte> input = {});
 
   struct Pending {
     int32_t priority;
@@ -202,7 +211,13 @@ class WorkerImpl final : public Worker {
 
   void AddAheadLocked(Op& op, uint64_t bytes);
 
+  // The bytes this worker pushes of `part` (0 where it only asks for the result).
   uint64_t PartBytes(const Op& op, uint32_t part) const;
+  // This worker's role in `part` of t (a sum's: push and pull in place).
+  static layout::Role RoleIn(const TensorState& t, uint32_t part);
+  // Run() of a key that is not a plain sum: checks, local copies, then the op as any other.
+  std::shared_ptr<Op> StartCollective(const TensorHandle& tensor, std::span<const std::byte> input,
+                                      std::span<std::byte> output, const PushPullOptions& options);
 
   // Lets the op's held partitions back into the queue, in order, as far as its lead allows;
   // their bytes count from now on, so the next answer does not let the same bytes in twice.

@@ -1,6 +1,5 @@
-"""Broadcasts through the servers: the root pushes its values, every other worker pushes zeros,
-so the sum is exactly the root's values (x + 0 == x in every dtype; non-root workers push -0.0
-for floating point, which keeps even the sign of a root's zero). No averaging."""
+"""Broadcasts through the servers' relay: the root pushes its tensor once, every other worker
+receives it (gradlink/collective.h), bit for bit in every dtype (routed as raw bits)."""
 
 import collections
 import io
@@ -10,14 +9,6 @@ import torch
 from gradlink import InvalidArgumentError
 
 from . import _core
-
-# Types the servers cannot sum travel as a wider integer and are converted back exactly.
-_WIDEN = {
-    torch.bool: torch.int32,
-    torch.uint8: torch.int32,
-    torch.int8: torch.int32,
-    torch.int16: torch.int32,
-}
 
 
 def broadcast_async(tensor, root_rank=0, name=None, priority=0):
@@ -31,29 +22,23 @@ def broadcast_async(tensor, root_rank=0, name=None, priority=0):
     if name is None:
         name = "noname.%d" % next(ctx.noname)
     name = "broadcast." + name
-    is_root = ctx.rank == root_rank
     with torch.no_grad():
         t = tensor.detach()
-        finish = None
-        if t.is_complex():
-            src = t if t.is_contiguous() else t.contiguous()
-            buf = torch.view_as_real(src)  # shares src's memory
-            if src is not t:
-                finish = lambda: t.copy_(src)  # noqa: E731
-        elif t.dtype in _WIDEN:
-            buf = t.to(_WIDEN[t.dtype]).contiguous()
-            finish = lambda: t.copy_(buf)  # noqa: E731
-        elif t.is_contiguous():
-            buf = t
-        else:
-            buf = t.contiguous()
-            finish = lambda: t.copy_(buf)  # noqa: E731
-        if not is_root:
-            if buf.is_floating_point():
-                buf.fill_(-0.0)
-            else:
-                buf.zero_()
-        return _core.start(tensor, buf, name, False, priority, finish=finish)
+        src = t if t.is_contiguous() else t.contiguous()
+        buf, dtype, _, narrow = _core.raw_view(src)
+        finish = []
+        if narrow is not None:
+            finish.append(narrow)
+        if src is not t:
+            finish.append(lambda: t.copy_(src))
+
+        def done():
+            for f in finish:
+                f()
+
+        return _core.start_collective("broadcast", tensor, buf, buf, name, dtype=dtype,
+                                      root=root_rank, priority=priority,
+                                      finish=done if finish else None)
 
 
 def broadcast(tensor, root_rank=0, name=None):

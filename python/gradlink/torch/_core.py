@@ -7,6 +7,7 @@ import queue
 import sys
 import threading
 import time
+import zlib
 
 import torch
 
@@ -37,6 +38,7 @@ class _Context:
         self.local_size = local_size
         self.timeout = timeout
         self.tensors = {}  # name -> gradlink.Tensor
+        self.collectives = {}  # key (name + spec) -> gradlink.Tensor
         self.noname = itertools.count()
         self.lock = threading.Lock()
         self.completer = None
@@ -324,6 +326,62 @@ def start(tensor, buf, name, average, priority, finish=None):
             % (name, buf.dtype, ", ".join(str(d) for d in DTYPES)))
     t = ctx.declare(name, dtype, buf.numel(), tuple(buf.shape))
     h = ctx.worker.push_pull(t, buf.data_ptr(), buf.numel(), dtype, average, priority, buf)
+    return PushPullHandle(h, tensor, finish, ctx.timeout, name)
+
+
+# Element types that routed collectives (broadcast, allgather, alltoall) carry as raw bits: the
+# servers copy them, never convert, so any dtype travels as a same-width gradlink type.
+_RAW = {8: (torch.int64, "int64"), 4: (torch.int32, "int32"), 2: (torch.int16, "fp16")}
+
+
+def raw_view(t):
+    """`t` (contiguous) as (buffer, gradlink dtype, elements per item, finish): a bit-exact view
+    for routing; 1-byte types are widened to int16 (and narrowed back by `finish`)."""
+    size = t.element_size()
+    if t.dtype == torch.bool or size == 1:
+        wide = t.to(torch.int16)
+        return wide, "fp16", 1, (lambda: t.copy_(wide))
+    for width in (8, 4, 2):
+        if size % width == 0:
+            dt, name = _RAW[width]
+            flat = t.reshape(-1)
+            if flat.is_complex():
+                flat = torch.view_as_real(flat).reshape(-1)
+            return flat.view(dt), name, size // width, None
+    raise InvalidArgumentError("dtype %s cannot be routed" % t.dtype)
+
+
+def start_collective(kind, tensor, inp, out, name, dtype=None, op="sum", root=0, counts=(),
+                     shared_counts=False, average=False, priority=0, finish=None):
+    """Declares `name` for the collective and starts it from `inp` into `out` (contiguous; the
+    same tensor for in-place allreduce and broadcast). synchronize() returns `tensor`."""
+    ctx = _require()
+    if dtype is None:
+        dtype = DTYPES.get(inp.dtype)
+        if dtype is None:
+            raise InvalidArgumentError(
+                "%s of '%s': dtype %s cannot be reduced (supported: %s)"
+                % (kind, name, inp.dtype, ", ".join(str(d) for d in DTYPES)))
+    counts = [int(c) for c in counts]
+    total = sum(counts) if counts else out.numel()
+    # Counts every rank learned from the others (allgather, alltoall) are the same on every
+    # rank: they join the key, so that calls with other splits get their own. What a rank
+    # derives from its own tensor (a reduce-scatter's split, a root, an op) stays out of it:
+    # ranks that disagree then meet on one key and get MismatchError naming them.
+    key = name if not shared_counts else "%s|%x" % (
+        name, zlib.crc32(",".join(str(c) for c in counts).encode()))
+    spec = (dtype, total, kind, op, root, tuple(counts))
+    with ctx.lock:
+        known = ctx.collectives.get(key)
+        if known is not None and known[1] == spec:
+            t = known[0]
+        else:  # new, or declared again otherwise (the worker raises MismatchError)
+            t = ctx.worker.declare_collective(key, dtype, total, kind, op, root, counts)
+            if len(ctx.collectives) > 4096:
+                ctx.collectives.clear()  # the worker keeps its declarations; this is a cache
+            ctx.collectives[key] = (t, spec)
+    h = ctx.worker.run(t, inp.data_ptr(), inp.numel(), out.data_ptr(), out.numel(), dtype,
+                       average, priority, (inp, out))
     return PushPullHandle(h, tensor, finish, ctx.timeout, name)
 
 

@@ -1,23 +1,27 @@
-"""horovod.torch's allgather, reducescatter and alltoall, and in-place broadcasts, on
-gradlink's sums (for now: the servers' own gather, relay and routing are issue 18's next step).
+"""horovod.torch's allgather, reducescatter and alltoall, and in-place broadcasts, on the
+servers' own collectives (gradlink/collective.h): a gather, where each rank's rows go once to
+every other rank; a reduce-scatter, where each rank pulls only its rows of the reduction; an
+all-to-all, where each block goes once from its sender to its receiver.
 
-Each is exact: a rank's piece lies in a buffer every other rank fills with zeros (-0.0 for
-floating point, so that x + -0.0 == x bit for bit, a zero's sign included), and the sum of the
-buffers is the concatenation. That moves n times the result's bytes through the servers, where
-the native operations will move each byte once per receiver. Shapes travel first (an int64
-table, one row per rank: dtype, number of dimensions, dimensions), so ranks whose tensors
-disagree beyond the first dimension, or in dtype, raise MismatchError naming them, on every rank.
+Shapes travel first (an int64 row per rank, gathered: dtype, number of dimensions, dimensions;
+for alltoall the splits too), so ranks whose tensors disagree beyond the first dimension, or in
+dtype, raise MismatchError naming them, on every rank. A reduce-scatter needs no such step: its
+split is part of the key's declaration, which the scheduler compares across ranks. Routed data
+travels as raw bits of the same width (1-byte types widened to 16 bits), so every dtype,
+complex included, arrives bit for bit.
 """
 
 import io
+import math
 
 import torch
 
 from gradlink import InvalidArgumentError, MismatchError
 
 from . import _core
-from ._broadcast import _WIDEN, broadcast, broadcast_async
-from ._horovod import _check_process_set, _resolve_op, Average, global_process_set
+from ._broadcast import broadcast, broadcast_async
+from ._horovod import (_check_process_set, Average, Compression, Max, Min, Product,
+                       ReduceOp, Sum, global_process_set)
 
 _MAX_DIMS = 14
 _DTYPE_CODE = {t: i for i, t in enumerate((
@@ -39,10 +43,10 @@ def _shapes(tensor, key):
     code = _DTYPE_CODE.get(tensor.dtype)
     if code is None:
         raise InvalidArgumentError("%s: dtype %s is not supported" % (key, tensor.dtype))
-    table = torch.zeros(ctx.size, 2 + _MAX_DIMS, dtype=torch.int64)
-    row = [code, tensor.dim()] + list(tensor.shape)
-    table[ctx.rank, :len(row)] = torch.tensor(row, dtype=torch.int64)
-    _core.push_pull(table, average=False, name=key + ".shapes")
+    row = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64)
+    row[:2 + tensor.dim()] = torch.tensor([code, tensor.dim()] + list(tensor.shape),
+                                          dtype=torch.int64)
+    table = _gather_rows(row, key + ".shapes")
     return [(int(r[0]), tuple(int(d) for d in r[2:2 + int(r[1])])) for r in table]
 
 
@@ -59,39 +63,39 @@ def _check_rest(shapes, key):
                                 for r in [0] + bad)))
 
 
-def _sum_into(buf, key):
-    """Sums `buf` (its dtype widened if the servers cannot sum it) in place."""
-    wide = _WIDEN.get(buf.dtype)
-    if wide is None:
-        _core.push_pull(buf, average=False, name=key)
-        return buf
-    w = buf.to(wide)
-    _core.push_pull(w, average=False, name=key)
-    buf.copy_(w)
-    return buf
+def _gather_rows(rows, key):
+    """Every rank's int64 row (the same length everywhere), stacked in rank order: one native
+    allgather."""
+    ctx = _core._require()
+    out = torch.empty(ctx.size, rows.numel(), dtype=torch.int64)
+    _core.synchronize(_core.start_collective(
+        "allgather", out, rows, out, key, dtype="int64", counts=[rows.numel()] * ctx.size,
+        shared_counts=True))
+    return out
 
 
-def _zeros(shape, dtype):
-    out = torch.empty(shape, dtype=dtype)
-    return out.fill_(-0.0) if out.is_floating_point() else out.zero_()
-
-
-class _Done:
-    """A finished operation's handle (these run synchronously): synchronize() returns `value`."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def poll(self):
-        return True
-
-    def wait(self, timeout=None):
-        return self.value
+def _start_gather(t, firsts, key):
+    """Starts the native allgather of `t` (this rank's rows) given every rank's first
+    dimension; the handle's synchronize() returns the concatenation."""
+    ctx = _core._require()
+    src = t.contiguous()
+    out = torch.empty((sum(firsts),) + tuple(t.shape[1:]), dtype=t.dtype)
+    inp, dtype, per, _ = _core.raw_view(src)
+    outp, _, _, finish = _core.raw_view(out)
+    counts = [f * per * math.prod(t.shape[1:]) for f in firsts]
+    return _core.start_collective("allgather", out, inp, outp, key, dtype=dtype,
+                                  counts=counts, shared_counts=True, finish=finish)
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
     """Concatenates every rank's `tensor` along the first dimension, in rank order; first
     dimensions may differ, the rest of the shape and the dtype must agree (MismatchError)."""
+    return _core.synchronize(allgather_async(tensor, name, process_set))
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts allgather(); the shapes are exchanged first (synchronously), the data then goes
+    through the servers' gather: each rank's bytes once to every other rank."""
     _core._check_tensor(tensor, "allgather")
     _check_process_set(process_set, "allgather")
     key = _names(name, "allgather")
@@ -100,26 +104,17 @@ def allgather(tensor, name=None, process_set=global_process_set):
         t = t.reshape(1)
     shapes = _shapes(t, key)
     _check_rest(shapes, key)
-    firsts = [s[0] for _, s in shapes]
-    ctx = _core._require()
-    offset = sum(firsts[:ctx.rank])
-    out = _zeros((sum(firsts),) + tuple(t.shape[1:]), t.dtype)
-    with torch.no_grad():
-        out[offset:offset + t.shape[0]] = t
-        return _sum_into(out, "%s.%s" % (key, "x".join(str(d) for d in out.shape)))
-
-
-def allgather_async(tensor, name=None, process_set=global_process_set):
-    return _Done(allgather(tensor, name, process_set))
+    return _start_gather(t, [s[0] for _, s in shapes], key)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    base = _names(name, "grouped_allgather")
-    return [allgather(t, "%s.%d" % (base, i), process_set) for i, t in enumerate(tensors)]
+    return _core.synchronize(grouped_allgather_async(tensors, name, process_set))
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
-    return _Done(grouped_allgather(tensors, name, process_set))
+    base = _names(name, "grouped_allgather")
+    return _Group([allgather_async(t, "%s.%d" % (base, i), process_set)
+                   for i, t in enumerate(tensors)])
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
@@ -155,49 +150,113 @@ def _split_sizes(n, parts):
     return [n // parts + (1 if r < n % parts else 0) for r in range(parts)]
 
 
-def reducescatter(tensor, name=None, compression=None, op=Average,
-                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    """The sum (op=Sum) or average (Average, default) of every rank's `tensor`, cut along the
-    first dimension as evenly as possible (the first ranks get one row more); this rank's part."""
-    from ._horovod import allreduce  # the same sum, then this rank's rows
-    _core._check_tensor(tensor, "reducescatter")
-    op = _resolve_op(None, op, "reducescatter")
+_OPS = {Sum: "sum", Average: "sum", Min: "min", Max: "max", Product: "product"}
+
+
+def _resolve_any_op(op, what):
+    op = ReduceOp(op)
+    if op not in _OPS:
+        raise InvalidArgumentError("%s: op=%s is not implemented by gradlink (Adasum is not)"
+                                   % (what, op.name))
+    return op
+
+
+def _start_reducescatter(tensor, name, compression, op, process_set, prescale_factor,
+                         postscale_factor, what):
+    _core._check_tensor(tensor, what)
+    _check_process_set(process_set, what)
+    op = _resolve_any_op(op, what)
+    ctx = _core._require()
     key = _names(name, "reducescatter")
     t = tensor.detach()
-    shapes = _shapes(t, key)
-    if any(s != shapes[0] for s in shapes):
-        bad = [r for r, s in enumerate(shapes) if s != shapes[0]]
-        raise MismatchError("%s: every rank must reduce the same shape and dtype; rank 0 has "
-                            "%s, %s" % (key, list(shapes[0][1]), ", ".join(
-                                "rank %d %s" % (r, list(shapes[r][1])) for r in bad)))
-    kwargs = {} if compression is None else {"compression": compression}
-    total = allreduce(t, name=key + ".sum", op=op, prescale_factor=prescale_factor,
-                      postscale_factor=postscale_factor, process_set=process_set, **kwargs)
-    ctx = _core._require()
-    sizes = _split_sizes(total.shape[0], ctx.size)
-    start = sum(sizes[:ctx.rank])
-    return total[start:start + sizes[ctx.rank]].clone()
+    if t.dim() == 0:
+        raise InvalidArgumentError("%s: a 0-d tensor cannot be scattered" % what)
+    compression = compression or Compression.none
+    with torch.no_grad():
+        wire, cctx = compression.compress(t.contiguous())
+        if prescale_factor != 1.0:
+            wire = wire * prescale_factor  # a copy: the input is only read
+        sizes = _split_sizes(t.shape[0], ctx.size)
+        row = math.prod(t.shape[1:])
+        out = torch.empty((sizes[ctx.rank],) + tuple(t.shape[1:]), dtype=wire.dtype)
+
+    def finish():
+        result = compression.decompress(out, cctx)
+        if postscale_factor != 1.0:
+            result = result * postscale_factor
+        handle.tensor = result
+
+    handle = _core.start_collective("reduce_scatter", out, wire, out, key, op=_OPS[op],
+                                    counts=[n * row for n in sizes], average=op == Average,
+                                    finish=finish)
+    return handle
+
+
+def reducescatter(tensor, name=None, compression=None, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """The sum (op=Sum), average (Average, default), min, max or product of every rank's
+    `tensor`, cut along the first dimension as evenly as possible (the first ranks get one row
+    more): this rank's part, from the servers' reduce-scatter (each rank pulls only its rows).
+    Ranks whose tensors differ in shape or dtype get MismatchError naming them."""
+    return _core.synchronize(reducescatter_async(tensor, name, compression, op, process_set,
+                                                 prescale_factor, postscale_factor))
+
+
+def reducescatter_async(tensor, name=None, compression=None, op=Average,
+                        process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    return _start_reducescatter(tensor, name, compression, op, process_set, prescale_factor,
+                                postscale_factor, "reducescatter")
 
 
 def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
+    return _core.synchronize(grouped_reducescatter_async(
+        tensors, name, compression, op, process_set, prescale_factor, postscale_factor))
+
+
+def grouped_reducescatter_async(tensors, name=None, compression=None, op=Average,
+                                process_set=global_process_set, prescale_factor=1.0,
+                                postscale_factor=1.0):
     base = _names(name, "grouped_reducescatter")
-    return [reducescatter(t, "%s.%d" % (base, i), compression, op, process_set,
-                          prescale_factor, postscale_factor) for i, t in enumerate(tensors)]
+    return _Group([_start_reducescatter(t, "%s.%d" % (base, i), compression, op, process_set,
+                                        prescale_factor, postscale_factor,
+                                        "grouped_reducescatter")
+                   for i, t in enumerate(tensors)])
+
+
+class _Group:
+    """Handles of a grouped operation: waits for all, returns their results in order."""
+
+    def __init__(self, handles):
+        self._handles = handles
+
+    def poll(self):
+        return all(h.poll() for h in self._handles)
+
+    def wait(self, timeout=None):
+        return [h.wait(timeout) for h in self._handles]
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Rank r sends rows splits[j] of `tensor` (in order, along the first dimension) to rank j
     (splits None: an even split) and receives the rows every rank sent it, concatenated in rank
-    order. Returns the received tensor; with `splits`, (received tensor, received splits), as
-    Horovod does."""
+    order, through the servers' all-to-all routing (each block once, from its sender to its
+    receiver; a rank's own block is copied locally). Returns the received tensor; with
+    `splits`, (received tensor, received splits), as Horovod does."""
+    return _core.synchronize(alltoall_async(tensor, splits, name, process_set))
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     given = splits is not None
     _core._check_tensor(tensor, "alltoall")
     _check_process_set(process_set, "alltoall")
     ctx = _core._require()
     key = _names(name, "alltoall")
     t = tensor.detach()
+    if t.dim() == 0:
+        raise InvalidArgumentError("alltoall: a 0-d tensor cannot be split")
     if splits is None:
         if t.shape[0] % ctx.size:
             raise InvalidArgumentError("alltoall: %d rows do not split evenly over %d ranks; "
@@ -208,15 +267,36 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
         raise InvalidArgumentError("alltoall: splits %s must give %d non-negative counts that "
                                    "add up to the first dimension, %d" % (splits, ctx.size,
                                                                           t.shape[0]))
-    # Every rank's splits (rows it sends to each rank), then every rank's tensor.
-    matrix = allgather(torch.tensor([splits], dtype=torch.int64), key + ".splits").tolist()
-    everything = allgather(t, key + ".data")
-    received, got = [], []
-    for src in range(ctx.size):
-        base = sum(sum(matrix[r]) for r in range(src))
-        start = base + sum(matrix[src][:ctx.rank])
-        n = matrix[src][ctx.rank]
-        received.append(everything[start:start + n])
-        got.append(n)
-    out = torch.cat(received).clone()
-    return (out, torch.tensor(got, dtype=torch.int32)) if given else out
+    # Every rank's splits and shape in one gather of int64 rows; the rest of the shape and the
+    # dtype must agree.
+    code = _DTYPE_CODE.get(t.dtype)
+    if code is None or t.dim() > _MAX_DIMS:
+        raise InvalidArgumentError("alltoall: dtype %s with %d dimensions is not supported"
+                                   % (t.dtype, t.dim()))
+    row = torch.zeros(ctx.size + 2 + _MAX_DIMS, dtype=torch.int64)
+    row[:ctx.size] = torch.tensor(splits, dtype=torch.int64)
+    row[ctx.size:ctx.size + 2 + t.dim()] = torch.tensor([code, t.dim()] + list(t.shape),
+                                                        dtype=torch.int64)
+    table = _gather_rows(row, key + ".splits")
+    matrix = [[int(x) for x in r[:ctx.size]] for r in table]
+    _check_rest([(int(r[ctx.size]), tuple(int(d) for d in r[ctx.size + 2:ctx.size + 2 +
+                                                               int(r[ctx.size + 1])]))
+                 for r in table], key)
+    src = t.contiguous()
+    got = [matrix[i][ctx.rank] for i in range(ctx.size)]
+    out = torch.empty((sum(got),) + tuple(t.shape[1:]), dtype=t.dtype)
+    inp, dtype, per, _ = _core.raw_view(src)
+    outp, _, _, narrow = _core.raw_view(out)
+    elems = per * math.prod(t.shape[1:])
+    counts = [matrix[i][j] * elems for i in range(ctx.size) for j in range(ctx.size)]
+    received = torch.tensor(got, dtype=torch.int32)
+
+    def finish():
+        if narrow is not None:
+            narrow()
+        if given:
+            handle.tensor = (out, received)
+
+    handle = _core.start_collective("alltoall", out, inp, outp, key, dtype=dtype, counts=counts,
+                                    shared_counts=True, finish=finish)
+    return handle

@@ -4,8 +4,8 @@ Semantics as Horovod 0.28 documents them: `allreduce*` return a new tensor and l
 alone, `allreduce_*` work in place; `average` and `op` are exclusive (op defaults to Average);
 prescale_factor multiplies each rank's input before the sum, postscale_factor the result after
 it (and after the average). Sums and averages run on the servers (fp16/bf16 accumulated in fp32,
-bit-reproducible); Min, Max, Product and Adasum are not implemented by gradlink's servers yet and
-raise InvalidArgumentError naming the op. Process sets other than the global one likewise.
+bit-reproducible); Min, Max and Product are the servers' own reductions (gradlink/collective.h);
+Adasum raises InvalidArgumentError naming it. Process sets other than the global one likewise.
 """
 
 import enum
@@ -122,11 +122,15 @@ def _resolve_op(average, op, what):
     if op is None:
         op = Average if average is None or average else Sum
     op = ReduceOp(op)
-    if op not in (Average, Sum):
+    if op == Adasum:
         raise InvalidArgumentError(
-            "%s: op=%s is not implemented by gradlink's servers (they sum and average; Min, "
-            "Max, Product and Adasum are not there yet)" % (what, op.name))
+            "%s: op=Adasum is not implemented by gradlink (Sum, Average, Min, Max and Product "
+            "are)" % what)
     return op
+
+
+# The servers' reductions other than the sum (gradlink/collective.h).
+_NATIVE_OPS = {ReduceOp.Min: "min", ReduceOp.Max: "max", ReduceOp.Product: "product"}
 
 
 def _scale(tensor, factor):
@@ -170,7 +174,13 @@ def _start(tensor, out, average, name, op, prescale_factor, postscale_factor, pr
         # What travels: `out` itself, or its compressed copy.
         wire, cctx = compression.compress(out.detach())
         _scale(wire, prescale_factor)
-        inner = _core.push_pull_async(wire, average=op == Average, name=name)
+        if op in _NATIVE_OPS:
+            if not wire.is_contiguous():
+                raise InvalidArgumentError("%s: op=%s of a non-contiguous tensor" % (what, op.name))
+            inner = _core.start_collective("allreduce", wire, wire, wire, name,
+                                           op=_NATIVE_OPS[op])
+        else:
+            inner = _core.push_pull_async(wire, average=op == Average, name=name)
 
     def finish():
         result = compression.decompress(wire, cctx)

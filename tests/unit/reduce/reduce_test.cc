@@ -1036,5 +1036,37 @@ TEST(ReduceDispatchTest, VectorMatchesScalarEveryLength) {
   if (compared == 0) GTEST_SKIP() << "no vector implementation on this CPU";
 }
 
+// Integer products wrap as two's complement arithmetic in the tensor's own width does: int32's
+// product, formed in the int64 accumulator and narrowed by Store, is the wrapped int32 product.
+TEST(ReduceFoldTest, IntegerProductsWrapLikeTheirOwnWidth) {
+  const int32_t a[3] = {65536, -7, std::numeric_limits<int32_t>::min()};
+  const int32_t b[3] = {65536 + 3, 1 << 30, -1};
+  int64_t acc[3];
+  Load(DataType::kInt32, acc, a, 3);
+  Fold(ReduceOp::kProduct, DataType::kInt32, acc, b, 3);
+  int32_t out[3];
+  Store(DataType::kInt32, out, acc, 3, 1);
+  for (int i = 0; i < 3; ++i) {
+    const uint32_t want = static_cast<uint32_t>(a[i]) * static_cast<uint32_t>(b[i]);
+    EXPECT_EQ(static_cast<uint32_t>(out[i]), want) << i;
+  }
+  int64_t x[2] = {std::numeric_limits<int64_t>::max(), -3};
+  const int64_t y[2] = {2, std::numeric_limits<int64_t>::min()};
+  Fold(ReduceOp::kProduct, DataType::kInt64, x, y, 2);
+  EXPECT_EQ(x[0], -2);  // (2^63 - 1) * 2 mod 2^64
+  EXPECT_EQ(x[1], std::numeric_limits<int64_t>::min());
+}
+
+TEST(ReduceFoldTest, HalfMinMaxIsExactInTheAccumulator) {
+  const uint16_t h[2] = {FloatToHalf(-0.5f), FloatToHalf(65504.0f)};
+  float acc[2] = {0.25f, 1.0f};
+  Fold(ReduceOp::kMin, DataType::kFloat16, acc, h, 2);
+  EXPECT_EQ(acc[0], -0.5f);
+  EXPECT_EQ(acc[1], 1.0f);
+  Fold(ReduceOp::kMax, DataType::kFloat16, acc, h, 2);
+  EXPECT_EQ(acc[0], -0.5f);
+  EXPECT_EQ(acc[1], 65504.0f);
+}
+
 }  // namespace
 }  // namespace gradlink::reduce

@@ -1,0 +1,268 @@
+// src/control/layout.h: segments, participants and roles of a key's collective.
+#include "control/layout.h"
+
+#include <algorithm>
+
+namespace gradlink {
+
+std::string_view CollectiveName(Collective c) {
+  switch (c) {
+    case Collective::kAllreduce: return "allreduce";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kAllgather: return "allgather";
+    case Collective::kReduceScatter: return "reduce_scatter";
+    case Collective::kAlltoall: return "alltoall";
+  }
+  return "unknown collective";
+}
+
+std::string_view ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kProduct: return "product";
+  }
+  return "unknown op";
+}
+
+std::string DescribeSpec(const CollectiveSpec& s) {
+  std::string out(CollectiveName(s.kind));
+  if (s.kind == Collective::kAllreduce || s.kind == Collective::kReduceScatter) {
+    out += " (" + std::string(ReduceOpName(s.op)) + ")";
+  }
+  if (s.kind == Collective::kBroadcast) out += " from rank " + std::to_string(s.root);
+  if (!s.counts.empty()) {
+    out += " of [";
+    const size_t shown = std::min<size_t>(s.counts.size(), 16);
+    for (size_t i = 0; i < shown; ++i) out += (i ? ", " : "") + std::to_string(s.counts[i]);
+    if (shown < s.counts.size()) out += ", ... (" + std::to_string(s.counts.size()) + " counts)";
+    out += "]";
+  }
+  return out;
+}
+
+namespace layout {
+namespace {
+
+bool Reduces(Collective k) { return k == Collective::kAllreduce || k == Collective::kReduceScatter; }
+
+uint64_t CountsExpected(Collective k, uint32_t workers) {
+  switch (k) {
+    case Collective::kAllgather:
+    case Collective::kReduceScatter: return workers;
+    case Collective::kAlltoall: return uint64_t{workers} * workers;
+    default: return 0;
+  }
+}
+
+// Sum of counts[begin, begin + n * stride) with that stride.
+uint64_t SumCounts(const std::vector<uint64_t>& c, uint64_t begin, uint64_t n, uint64_t stride) {
+  uint64_t s = 0;
+  for (uint64_t i = 0; i < n; ++i) s += c[begin + i * stride];
+  return s;
+}
+
+}  // namespace
+
+Status Check(const CollectiveSpec& spec, uint32_t workers, uint64_t count) {
+  const std::string what = DescribeSpec(spec);
+  if (static_cast<uint8_t>(spec.kind) > static_cast<uint8_t>(Collective::kAlltoall)) {
+    return InvalidArgument("unknown collective " + std::to_string(static_cast<int>(spec.kind)));
+  }
+  if (static_cast<uint8_t>(spec.op) > static_cast<uint8_t>(ReduceOp::kProduct)) {
+    return InvalidArgument("unknown reduce op " + std::to_string(static_cast<int>(spec.op)));
+  }
+  if (!Reduces(spec.kind) && spec.op != ReduceOp::kSum) {
+    return InvalidArgument(what + ": only allreduce and reduce_scatter take a reduce op");
+  }
+  if (spec.kind == Collective::kBroadcast && spec.root >= workers) {
+    return InvalidArgument("broadcast from rank " + std::to_string(spec.root) + " in a job of " +
+                           std::to_string(workers) + " workers");
+  }
+  if (spec.kind != Collective::kBroadcast && spec.root != 0) {
+    return InvalidArgument(what + ": only broadcast takes a root");
+  }
+  const uint64_t expected = CountsExpected(spec.kind, workers);
+  if (expected > kMaxCounts) {
+    return InvalidArgument(what + ": " + std::to_string(workers) + " workers need " +
+                           std::to_string(expected) + " counts, more than " +
+                           std::to_string(kMaxCounts));
+  }
+  if (spec.counts.size() != expected) {
+    return InvalidArgument(what + ": " + std::to_string(spec.counts.size()) + " counts for " +
+                           std::to_string(workers) + " workers, which need " +
+                           std::to_string(expected));
+  }
+  if (expected != 0) {
+    uint64_t total = 0;
+    for (uint64_t c : spec.counts) {
+      if (c > count - std::min(total, count)) {
+        return InvalidArgument(what + ": the counts add up to more than the key's " +
+                               std::to_string(count) + " elements");
+      }
+      total += c;
+    }
+    if (total != count) {
+      return InvalidArgument(what + ": the counts add up to " + std::to_string(total) +
+                             " elements, the key has " + std::to_string(count));
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckPlan(const CollectiveSpec& spec, uint32_t workers, uint64_t count,
+                 const std::vector<wire::PartitionPlan>& partitions) {
+  if (Status s = Check(spec, workers, count); !s.ok()) {
+    return ProtocolError("kAssign with a bad collective: " + s.message());
+  }
+  const std::vector<Segment> segments = Segments(spec, workers, count);
+  for (const wire::PartitionPlan& p : partitions) {
+    const Segment& s = segments[SegmentAt(segments, p.offset)];
+    if (p.offset < s.offset || p.count > s.count || p.offset - s.offset > s.count - p.count) {
+      return ProtocolError("kAssign of a " + DescribeSpec(spec) + ": partition at element " +
+                           std::to_string(p.offset) + " straddles a segment");
+    }
+  }
+  return Status::Ok();
+}
+
+std::vector<Segment> Segments(const CollectiveSpec& spec, uint32_t workers, uint64_t count) {
+  std::vector<Segment> out;
+  uint64_t at = 0;
+  auto add = [&](uint64_t n, uint32_t src, uint32_t dst) {
+    out.push_back(Segment{at, n, src, dst});
+    at += n;
+  };
+  switch (spec.kind) {
+    case Collective::kAllreduce: add(count, kEveryRank, kEveryRank); break;
+    case Collective::kBroadcast: add(count, spec.root, kEveryRank); break;
+    case Collective::kAllgather:
+      for (uint32_t r = 0; r < workers; ++r) add(spec.counts[r], r, kEveryRank);
+      break;
+    case Collective::kReduceScatter:
+      for (uint32_t r = 0; r < workers; ++r) add(spec.counts[r], kEveryRank, r);
+      break;
+    case Collective::kAlltoall:
+      for (uint32_t i = 0; i < workers; ++i) {
+        for (uint32_t j = 0; j < workers; ++j) add(spec.counts[uint64_t{i} * workers + j], i, j);
+      }
+      break;
+  }
+  return out;
+}
+
+uint32_t SegmentAt(const std::vector<Segment>& segments, uint64_t offset) {
+  // The last segment starting at or before `offset` that is not empty there.
+  auto it = std::upper_bound(segments.begin(), segments.end(), offset,
+                             [](uint64_t o, const Segment& s) { return o < s.offset; });
+  uint32_t i = static_cast<uint32_t>(it - segments.begin());
+  while (i > 0 && (segments[i - 1].count == 0 || segments[i - 1].offset > offset)) --i;
+  return i == 0 ? 0 : i - 1;
+}
+
+bool Peers::local_only() const {
+  return std::none_of(receives.begin(), receives.end(), [](bool r) { return r; });
+}
+
+Peers PeersOf(const Segment& s, uint32_t workers) {
+  Peers p;
+  if (s.src == kEveryRank) {
+    for (uint32_t r = 0; r < workers; ++r) {
+      p.contributors.push_back(r);
+      p.receives.push_back(s.dst == kEveryRank || s.dst == r);
+    }
+    return p;
+  }
+  p.contributors.push_back(s.src);
+  p.receives.push_back(false);  // a single contributor has its own elements
+  for (uint32_t r = 0; r < workers; ++r) {
+    if (r == s.src || (s.dst != kEveryRank && s.dst != r)) continue;
+    p.requesters.push_back(r);
+    p.receives.push_back(true);
+  }
+  return p;
+}
+
+uint64_t InputCount(const CollectiveSpec& spec, uint32_t workers, uint32_t rank, uint64_t count) {
+  switch (spec.kind) {
+    case Collective::kAllgather: return spec.counts[rank];
+    case Collective::kAlltoall: return SumCounts(spec.counts, uint64_t{rank} * workers, workers, 1);
+    default: return count;
+  }
+}
+
+uint64_t OutputCount(const CollectiveSpec& spec, uint32_t workers, uint32_t rank, uint64_t count) {
+  switch (spec.kind) {
+    case Collective::kReduceScatter: return spec.counts[rank];
+    case Collective::kAlltoall: return SumCounts(spec.counts, rank, workers, workers);
+    default: return count;
+  }
+}
+
+Role RoleOf(const CollectiveSpec& spec, const std::vector<Segment>& segments, uint32_t seg,
+            uint32_t workers, uint32_t rank, uint64_t offset) {
+  const Segment& s = segments[seg];
+  Role r;
+  const bool source = s.src == kEveryRank || s.src == rank;
+  const bool single = s.src != kEveryRank;
+  const bool receiver = (s.dst == kEveryRank || s.dst == rank) && !(single && s.src == rank);
+  const Peers peers = PeersOf(s, workers);
+  if (peers.local_only()) return r;  // copied locally (LocalCopies), if at all
+  r.push = source;
+  r.pull = receiver;
+  const uint64_t within = offset - s.offset;
+  switch (spec.kind) {
+    case Collective::kAllreduce:
+    case Collective::kBroadcast:
+      r.in_offset = r.out_offset = offset;
+      break;
+    case Collective::kAllgather:
+      r.in_offset = within;  // only rank s.src pushes: its input is its segment
+      r.out_offset = offset;
+      break;
+    case Collective::kReduceScatter:
+      r.in_offset = offset;
+      r.out_offset = within;  // only rank s.dst receives: its output is its segment
+      break;
+    case Collective::kAlltoall: {
+      // Row i (what i sends) is contiguous in the buffer; i's input is that row. Rank j's
+      // output is column j: block (i, j) after blocks (0, j) ... (i - 1, j).
+      const uint32_t i = seg / workers, j = seg % workers;
+      r.in_offset = s.offset - segments[uint64_t{i} * workers].offset + within;
+      r.out_offset = SumCounts(spec.counts, j, i, workers) + within;
+      break;
+    }
+  }
+  return r;
+}
+
+std::vector<LocalCopy> LocalCopies(const CollectiveSpec& spec, uint32_t workers, uint32_t rank,
+                                   uint64_t count) {
+  std::vector<LocalCopy> out;
+  switch (spec.kind) {
+    case Collective::kAllreduce:
+      out.push_back({0, 0, count});  // out of place: the output is summed in place
+      break;
+    case Collective::kBroadcast:
+      if (rank == spec.root) out.push_back({0, 0, count});
+      break;
+    case Collective::kAllgather: {
+      const uint64_t at = SumCounts(spec.counts, 0, rank, 1);
+      out.push_back({0, at, spec.counts[rank]});
+      break;
+    }
+    case Collective::kReduceScatter: break;
+    case Collective::kAlltoall: {
+      const uint64_t in = SumCounts(spec.counts, uint64_t{rank} * workers, rank, 1);
+      const uint64_t outpos = SumCounts(spec.counts, rank, rank, workers);
+      out.push_back({in, outpos, spec.counts[uint64_t{rank} * workers + rank]});
+      break;
+    }
+  }
+  std::erase_if(out, [](const LocalCopy& c) { return c.count == 0; });
+  return out;
+}
+
+}  // namespace layout
+}  // namespace gradlink

@@ -1,0 +1,88 @@
+// How a key's buffer is shared among the workers (gradlink/collective.h): its segments, who
+// pushes and who receives each partition, and where a worker's partition lies in its own input
+// and output. One pure rule from (spec, workers, count), so that the scheduler (which cuts
+// partitions at segment boundaries and admits their server memory), every server (which waits
+// for each participant's push and answers each) and every worker (which pushes and pulls its
+// share) agree without a message.
+//
+// Partitions never straddle a segment: the scheduler cuts each segment on its own. A partition's
+// contributors push its elements; its receivers get the result; a single contributor never
+// receives its own elements back. Participants are the contributors (in rank order, the order a
+// server combines them) followed by the receivers that push nothing (a request: a push of 0
+// elements). A partition without receivers (a rank's own allgather segment in a one-worker job,
+// the diagonal of an all-to-all) is copied by its worker and never reaches a server.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "gradlink/collective.h"
+#include "gradlink/status.h"
+#include "wire/messages.h"
+
+namespace gradlink::layout {
+
+// Counts kept in a spec at most: n * n of an all-to-all must fit one control frame.
+inline constexpr uint64_t kMaxCounts = 65536;
+
+// InvalidArgument naming what is wrong: counts that do not match the kind and `workers` (size,
+// or a sum other than `count`), a root out of range, an op the kind does not reduce with.
+Status Check(const CollectiveSpec& spec, uint32_t workers, uint64_t count);
+
+// A plan received from the scheduler (kAssign): its spec passes Check() and no partition
+// straddles two segments. kProtocolError naming what is wrong otherwise.
+Status CheckPlan(const CollectiveSpec& spec, uint32_t workers, uint64_t count,
+                 const std::vector<wire::PartitionPlan>& partitions);
+
+inline constexpr uint32_t kEveryRank = UINT32_MAX;
+
+struct Segment {
+  uint64_t offset = 0;  // first element in the key's buffer
+  uint64_t count = 0;
+  uint32_t src = kEveryRank;  // the one rank that pushes it, or every rank
+  uint32_t dst = kEveryRank;  // the one rank that receives it, or every rank (but the source)
+};
+
+// The segments of a checked spec, in buffer order (some may be empty).
+std::vector<Segment> Segments(const CollectiveSpec& spec, uint32_t workers, uint64_t count);
+
+// The index of the segment holding element `offset` (a partition's first).
+uint32_t SegmentAt(const std::vector<Segment>& segments, uint64_t offset);
+
+struct Peers {
+  std::vector<uint32_t> contributors;  // rank order
+  std::vector<uint32_t> requesters;    // receivers that contribute nothing, rank order
+  // The receivers among contributors + requesters (in that order).
+  std::vector<bool> receives;
+  bool local_only() const;  // nobody receives: no server sees the partition
+};
+Peers PeersOf(const Segment& s, uint32_t workers);
+
+// What one worker does with a partition: push its elements from input[in_offset...] and/or
+// receive the result into output[out_offset...] (element offsets).
+struct Role {
+  bool push = false;
+  bool pull = false;
+  uint64_t in_offset = 0;
+  uint64_t out_offset = 0;
+  bool participates() const { return push || pull; }
+};
+
+// Elements of `rank`'s input and output buffers.
+uint64_t InputCount(const CollectiveSpec& spec, uint32_t workers, uint32_t rank, uint64_t count);
+uint64_t OutputCount(const CollectiveSpec& spec, uint32_t workers, uint32_t rank, uint64_t count);
+
+// `rank`'s role in the partition [offset, offset + n) of segment `seg`.
+Role RoleOf(const CollectiveSpec& spec, const std::vector<Segment>& segments, uint32_t seg,
+            uint32_t workers, uint32_t rank, uint64_t offset);
+
+// What `rank` copies from its input to its output itself (its own allgather segment, its
+// all-to-all diagonal, a broadcast root's tensor when input and output differ, an allreduce
+// out of place before it runs in place on the output): element ranges.
+struct LocalCopy {
+  uint64_t in_offset = 0, out_offset = 0, count = 0;
+};
+std::vector<LocalCopy> LocalCopies(const CollectiveSpec& spec, uint32_t workers, uint32_t rank,
+                                   uint64_t count);
+
+}  // namespace gradlink::layout

@@ -1,0 +1,346 @@
+// Worker::DeclareCollective / Run: broadcast, allgather, reduce-scatter, all-to-all and the
+// min / max / product reductions through real scheduler and servers (inproc fabric), every
+// dtype, against scalar references: a routed element must be its source rank's bytes exactly;
+// a reduced one the reference fold in rank order. Small partitions make every segment span
+// several partitions and servers. Every wait has a deadline.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "gradlink/worker.h"
+#include "unit/support/job_harness.h"
+#include "unit/support/reference.h"
+
+namespace gradlink {
+namespace {
+
+using test::In;
+using test::Job;
+using test::JobConfig;
+using test::kAllTypes;
+using test::kOpTimeout;
+using test::OnEveryWorker;
+
+constexpr uint64_t kElems = 300;  // per segment, about: 64-byte partitions cut it many times
+
+JobConfig Config(uint32_t workers, uint32_t servers = 2) {
+  JobConfig c;
+  c.workers = workers;
+  c.servers = servers;
+  c.partition_bytes = 64;
+  return c;
+}
+
+std::vector<std::byte> Filled(DataType t, uint64_t tensor, uint32_t rank, uint64_t count) {
+  std::vector<std::byte> b(count * DataTypeSize(t));
+  test::FillTensor(t, tensor, rank, 0, b);
+  return b;
+}
+
+// Element i of what `rank` filled (Filled), as bytes.
+std::vector<std::byte> Elem(DataType t, uint64_t tensor, uint32_t rank, uint64_t i) {
+  std::vector<std::byte> b(DataTypeSize(t));
+  test::FillValue(t, tensor, rank, 0, i, b.data());
+  return b;
+}
+
+::testing::AssertionResult SameAt(const std::vector<std::byte>& got, uint64_t at,
+                                  const std::vector<std::byte>& want, const std::string& what) {
+  if (std::memcmp(got.data() + at * want.size(), want.data(), want.size()) == 0) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << what << ": element " << at << " differs";
+}
+
+Status RunOn(Worker& w, const std::string& name, DataType t, uint64_t count,
+             const CollectiveSpec& spec, std::vector<std::byte>& in, std::vector<std::byte>& out,
+             bool average = false) {
+  auto h = w.DeclareCollective(name, t, count, spec);
+  if (!h.ok()) return h.status();
+  out.assign(h->output_count() * DataTypeSize(t), std::byte{0x5a});
+  return w.Run(*h, in, out, {.average = average}).Wait(In(kOpTimeout));
+}
+
+TEST(CollectiveTest, BroadcastFromEveryRootInEveryDtype) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(Config(3)));
+  for (DataType t : kAllTypes) {
+    for (uint32_t root = 0; root < 3; ++root) {
+      const std::string name = "bcast." + std::string(DataTypeName(t)) + "." + std::to_string(root);
+      OnEveryWorker(3, [&](uint32_t r) {
+        std::vector<std::byte> in = Filled(t, root, r, kElems), out;
+        CollectiveSpec spec{.kind = Collective::kBroadcast, .root = root};
+        ASSERT_TRUE(RunOn(job.worker(r), name, t, kElems, spec, in, out).ok()) << name;
+        for (uint64_t i = 0; i < kElems; ++i) {
+          ASSERT_TRUE(SameAt(out, i, Elem(t, root, root, i), name + " on rank " + std::to_string(r)));
+        }
+      });
+    }
+  }
+  // In place, as Horovod's broadcast_: the non-roots' buffers are overwritten.
+  OnEveryWorker(3, [&](uint32_t r) {
+    std::vector<std::byte> buf = Filled(DataType::kFloat32, 9, r, kElems);
+    auto h = job.worker(r).DeclareCollective("bcast.inplace", DataType::kFloat32, kElems,
+                                             {.kind = Collective::kBroadcast, .root = 1});
+    ASSERT_TRUE(h.ok());
+    ASSERT_TRUE(job.worker(r).Run(*h, buf, buf).Wait(In(kOpTimeout)).ok());
+    EXPECT_EQ(buf, Filled(DataType::kFloat32, 9, 1, kElems));
+  });
+  job.FinishCleanly();
+}
+
+TEST(CollectiveTest, AllgatherOfUnevenParts) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(Config(4)));
+  const std::vector<uint64_t> counts = {kElems, 0, 7, 2 * kElems};  // one rank gives nothing
+  const uint64_t total = std::accumulate(counts.begin(), counts.end(), uint64_t{0});
+  for (DataType t : kAllTypes) {
+    const std::string name = "gather." + std::string(DataTypeName(t));
+    OnEveryWorker(4, [&](uint32_t r) {
+      std::vector<std::byte> in = Filled(t, 3, r, counts[r]), out;
+      CollectiveSpec spec{.kind = Collective::kAllgather, .counts = counts};
+      ASSERT_TRUE(RunOn(job.worker(r), name, t, total, spec, in, out).ok()) << name;
+      uint64_t at = 0;
+      for (uint32_t src = 0; src < 4; ++src) {
+        for (uint64_t i = 0; i < counts[src]; ++i) {
+          ASSERT_TRUE(SameAt(out, at + i, Elem(t, 3, src, i), name + " from rank " + std::to_string(src)));
+        }
+        at += counts[src];
+      }
+    });
+  }
+  job.FinishCleanly();
+}
+
+TEST(CollectiveTest, ReduceScatterSumsAndAverages) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(Config(3)));
+  const std::vector<uint64_t> counts = {kElems, 5, 0};
+  const uint64_t total = kElems + 5;
+  for (DataType t : kAllTypes) {
+    for (bool average : {false, true}) {
+      const std::string name = "rs." + std::string(DataTypeName(t)) + (average ? ".avg" : "");
+      OnEveryWorker(3, [&](uint32_t r) {
+        std::vector<std::byte> in(total * DataTypeSize(t)), out;
+        test::FillTensor(t, 4, r, 0, in);
+        CollectiveSpec spec{.kind = Collective::kReduceScatter, .counts = counts};
+        ASSERT_TRUE(RunOn(job.worker(r), name, t, total, spec, in, out, average).ok()) << name;
+        const uint64_t first = r == 0 ? 0 : r == 1 ? kElems : total;
+        std::vector<std::byte> want(DataTypeSize(t));
+        for (uint64_t i = 0; i < counts[r]; ++i) {
+          test::ExpectedValue(t, 4, 3, 0, first + i, average, want.data());
+          ASSERT_TRUE(SameAt(out, i, want, name + " on rank " + std::to_string(r)));
+        }
+      });
+    }
+  }
+  job.FinishCleanly();
+}
+
+TEST(CollectiveTest, AlltoallWithSplits) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(Config(3)));
+  // counts[i * 3 + j]: what rank i sends rank j, zeros and the diagonal included.
+  const std::vector<uint64_t> counts = {3, 40, 0, 17, 0, kElems, 1, 2, 9};
+  const uint64_t total = std::accumulate(counts.begin(), counts.end(), uint64_t{0});
+  for (DataType t : kAllTypes) {
+    const std::string name = "a2a." + std::string(DataTypeName(t));
+    OnEveryWorker(3, [&](uint32_t r) {
+      const uint64_t sends = counts[r * 3] + counts[r * 3 + 1] + counts[r * 3 + 2];
+      std::vector<std::byte> in = Filled(t, 5, r, sends), out;
+      CollectiveSpec spec{.kind = Collective::kAlltoall, .counts = counts};
+      ASSERT_TRUE(RunOn(job.worker(r), name, t, total, spec, in, out).ok()) << name;
+      ASSERT_EQ(out.size(), (counts[r] + counts[3 + r] + counts[6 + r]) * DataTypeSize(t));
+      uint64_t at = 0;
+      for (uint32_t src = 0; src < 3; ++src) {
+        // Rank src's block for r starts after what src sends ranks 0 .. r-1.
+        uint64_t from = 0;
+        for (uint32_t j = 0; j < r; ++j) from += counts[src * 3 + j];
+        for (uint64_t i = 0; i < counts[src * 3 + r]; ++i) {
+          ASSERT_TRUE(SameAt(out, at + i, Elem(t, 5, src, from + i),
+                             name + " from rank " + std::to_string(src) + " on rank " + std::to_string(r)));
+        }
+        at += counts[src * 3 + r];
+      }
+    });
+  }
+  job.FinishCleanly();
+}
+
+// Small integers (exact in every dtype, and so are their products over 4 ranks).
+double Small(uint32_t rank, uint64_t i) {
+  const int v = static_cast<int>((i * 7 + rank * 5) % 7) - 3;  // -3 .. 3
+  return v == 0 ? 1 : v;
+}
+
+void Put(DataType t, double v, std::byte* out) {
+  switch (t) {
+    case DataType::kFloat32: { const float f = static_cast<float>(v); std::memcpy(out, &f, 4); return; }
+    case DataType::kFloat64: std::memcpy(out, &v, 8); return;
+    case DataType::kFloat16: { const uint16_t h = test::RefFloatToHalf(static_cast<float>(v)); std::memcpy(out, &h, 2); return; }
+    case DataType::kBFloat16: { const uint16_t b = test::RefFloatToBf16(static_cast<float>(v)); std::memcpy(out, &b, 2); return; }
+    case DataType::kInt32: { const int32_t x = static_cast<int32_t>(v); std::memcpy(out, &x, 4); return; }
+    case DataType::kInt64: { const int64_t x = static_cast<int64_t>(v); std::memcpy(out, &x, 8); return; }
+  }
+}
+
+TEST(CollectiveTest, MinMaxProductInEveryDtype) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(Config(4)));
+  for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    for (DataType t : kAllTypes) {
+      const std::string name = std::string(ReduceOpName(op)) + "." + std::string(DataTypeName(t));
+      const size_t sz = DataTypeSize(t);
+      OnEveryWorker(4, [&](uint32_t r) {
+        std::vector<std::byte> in(kElems * sz), out;
+        for (uint64_t i = 0; i < kElems; ++i) Put(t, Small(r, i), in.data() + i * sz);
+        CollectiveSpec spec{.kind = Collective::kAllreduce, .op = op};
+        ASSERT_TRUE(RunOn(job.worker(r), name, t, kElems, spec, in, out).ok()) << name;
+        std::vector<std::byte> want(sz);
+        for (uint64_t i = 0; i < kElems; ++i) {
+          double v = Small(0, i);
+          for (uint32_t k = 1; k < 4; ++k) {
+            const double x = Small(k, i);
+            v = op == ReduceOp::kMin ? std::min(v, x) : op == ReduceOp::kMax ? std::max(v, x) : v * x;
+          }
+          Put(t, v, want.data());
+          ASSERT_TRUE(SameAt(out, i, want, name));
+        }
+      });
+    }
+  }
+  job.FinishCleanly();
+}
+
+TEST(CollectiveTest, MinMaxPropagateNanAndOrderZeros) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(Config(2)));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // Per element: rank 0's value, rank 1's.
+  const std::vector<std::pair<float, float>> cases = {
+      {nan, 1.0f}, {1.0f, nan}, {-0.0f, 0.0f}, {0.0f, -0.0f}, {-0.0f, -0.0f}, {2.0f, -5.0f}};
+  for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+    const std::string name = "zeros." + std::string(ReduceOpName(op));
+    OnEveryWorker(2, [&](uint32_t r) {
+      std::vector<float> mine;
+      for (const auto& c : cases) mine.push_back(r == 0 ? c.first : c.second);
+      std::vector<std::byte> in(mine.size() * 4), out;
+      std::memcpy(in.data(), mine.data(), in.size());
+      CollectiveSpec spec{.kind = Collective::kAllreduce, .op = op};
+      ASSERT_TRUE(RunOn(job.worker(r), name, DataType::kFloat32, mine.size(), spec, in, out).ok());
+      std::vector<float> got(mine.size());
+      std::memcpy(got.data(), out.data(), out.size());
+      EXPECT_TRUE(std::isnan(got[0]) && std::isnan(got[1])) << name;
+      const bool min = op == ReduceOp::kMin;
+      for (size_t i = 2; i < 5; ++i) {
+        const bool negative = cases[i].first == 0 && (min ? (std::signbit(cases[i].first) || std::signbit(cases[i].second))
+                                                         : (std::signbit(cases[i].first) && std::signbit(cases[i].second)));
+        EXPECT_EQ(got[i], 0.0f);
+        EXPECT_EQ(std::signbit(got[i]), negative) << name << " element " << i;
+      }
+      EXPECT_EQ(got[5], min ? -5.0f : 2.0f);
+    });
+  }
+  job.FinishCleanly();
+}
+
+TEST(CollectiveTest, SpecsThatDisagreeAreAMismatchForEveryRank) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(Config(2)));
+  OnEveryWorker(2, [&](uint32_t r) {
+    // Rank 1 thinks rank 0 gathers 4 elements and itself 6; rank 0 says 6 and 4.
+    const std::vector<uint64_t> counts = r == 0 ? std::vector<uint64_t>{6, 4} : std::vector<uint64_t>{4, 6};
+    std::vector<std::byte> in(counts[r] * 4), out;
+    CollectiveSpec spec{.kind = Collective::kAllgather, .counts = counts};
+    Status s = RunOn(job.worker(r), "disagree", DataType::kFloat32, 10, spec, in, out);
+    EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
+    EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("allgather of [4, 6]"), std::string::npos) << s.ToString();
+  });
+  job.FinishCleanly();
+}
+
+TEST(CollectiveTest, BadSpecsAndBuffersAreRefusedNamingWhat) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(Config(2)));
+  Worker& w = job.worker(0);
+  auto bad_root = w.DeclareCollective("root", DataType::kFloat32, 4, {.kind = Collective::kBroadcast, .root = 2});
+  EXPECT_EQ(bad_root.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(bad_root.status().message().find("rank 2"), std::string::npos);
+  auto bad_sum = w.DeclareCollective("sum", DataType::kFloat32, 4,
+                                     {.kind = Collective::kAllgather, .counts = {1, 2}});
+  EXPECT_EQ(bad_sum.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(bad_sum.status().message().find("add up to 3"), std::string::npos);
+  auto bad_op = w.DeclareCollective("op", DataType::kFloat32, 4,
+                                    {.kind = Collective::kBroadcast, .op = ReduceOp::kMax});
+  EXPECT_EQ(bad_op.status().code(), Code::kInvalidArgument);
+  // Declared fine, run with the wrong buffers or an average it cannot have.
+  OnEveryWorker(2, [&](uint32_t r) {
+    auto h = job.worker(r).DeclareCollective("max", DataType::kFloat32, 4,
+                                             {.kind = Collective::kAllreduce, .op = ReduceOp::kMax});
+    ASSERT_TRUE(h.ok());
+    std::vector<std::byte> in(16), out(12);
+    Status s = job.worker(r).Run(*h, in, out).Wait(In(kOpTimeout));
+    EXPECT_EQ(s.code(), Code::kInvalidArgument);
+    EXPECT_NE(s.message().find("output of 12 bytes"), std::string::npos) << s.ToString();
+    out.resize(16);
+    s = job.worker(r).Run(*h, in, out, {.average = true}).Wait(In(kOpTimeout));
+    EXPECT_EQ(s.code(), Code::kInvalidArgument);
+    // Then a good run on the same key goes through: the refused ones never reached a server.
+    float mine[4] = {1.0f * r, 5, -1, 2};
+    std::memcpy(in.data(), mine, 16);
+    ASSERT_TRUE(job.worker(r).Run(*h, in, out).Wait(In(kOpTimeout)).ok());
+    float got[4];
+    std::memcpy(got, out.data(), 16);
+    EXPECT_EQ(got[0], 1.0f);
+    EXPECT_EQ(got[1], 5.0f);
+  });
+  job.FinishCleanly();
+}
+
+TEST(CollectiveTest, OneWorkerJobCopiesLocally) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(Config(1, 1)));
+  Worker& w = job.worker(0);
+  std::vector<std::byte> in = Filled(DataType::kInt64, 6, 0, 50), out;
+  ASSERT_TRUE(RunOn(w, "one.gather", DataType::kInt64, 50,
+                    {.kind = Collective::kAllgather, .counts = {50}}, in, out).ok());
+  EXPECT_EQ(out, in);
+  ASSERT_TRUE(RunOn(w, "one.a2a", DataType::kInt64, 50,
+                    {.kind = Collective::kAlltoall, .counts = {50}}, in, out).ok());
+  EXPECT_EQ(out, in);
+  ASSERT_TRUE(RunOn(w, "one.bcast", DataType::kInt64, 50, {.kind = Collective::kBroadcast}, in, out).ok());
+  EXPECT_EQ(out, in);
+  job.FinishCleanly();
+}
+
+// The same-host path (one host, the segment on) only sums: other collectives go through the
+// servers beside it, and sums on the segment keep working.
+TEST(CollectiveTest, BesideTheSameHostPath) {
+  JobConfig c = Config(2, 1);
+  c.local_arena_bytes = 8u << 20;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(c));
+  OnEveryWorker(2, [&](uint32_t r) {
+    std::vector<std::byte> in = Filled(DataType::kFloat32, 7, r, kElems), out;
+    ASSERT_TRUE(RunOn(job.worker(r), "local.bcast", DataType::kFloat32, kElems,
+                      {.kind = Collective::kBroadcast, .root = 1}, in, out).ok());
+    EXPECT_EQ(out, Filled(DataType::kFloat32, 7, 1, kElems));
+    std::vector<std::byte> sum(kElems * 4);
+    test::FillTensor(DataType::kFloat32, 8, r, 0, sum);
+    auto h = job.worker(r).Declare("local.sum", DataType::kFloat32, kElems);
+    ASSERT_TRUE(h.ok());
+    ASSERT_TRUE(job.worker(r).PushPull(*h, sum).Wait(In(kOpTimeout)).ok());
+    EXPECT_TRUE(test::CheckTensor(DataType::kFloat32, 8, 2, 0, false, sum));
+  });
+  job.FinishCleanly();
+}
+
+}  // namespace
+}  // namespace gradlink
