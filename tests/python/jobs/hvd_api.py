@@ -53,14 +53,40 @@ assert c.dtype == torch.float32
 want16 = sum(inputs(q).to(torch.float16).float() for q in range(size)).to(torch.float16).float()
 assert torch.equal(c, want16), (c[:3], want16[:3])
 
-# Ops the servers do not have: a clear error naming them; average and op together: ValueError.
-for op in (hvd.Min, hvd.Max, hvd.Product, hvd.Adasum):
-    try:
-        hvd.allreduce(x, op=op, name="bad")
-    except gradlink.InvalidArgumentError as e:
-        assert op.name in str(e), str(e)
-    else:
-        raise AssertionError("op %s did not raise" % op.name)
+# Min, Max and Product on the servers, every dtype, against a fold in rank order (16-bit
+# floats folded in fp32 and rounded once, integers wrapping): bit for bit.
+def values(r, dtype):
+    g = torch.Generator().manual_seed(300 + r)
+    if dtype.is_floating_point:
+        return (torch.randn(777, generator=g) * 2).to(dtype)
+    return torch.randint(-(1 << 20), 1 << 20, (777,), generator=g, dtype=torch.int64).to(dtype)
+
+
+for op in (hvd.Min, hvd.Max, hvd.Product):
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
+                  torch.int64):
+        mine = values(rank, dtype)
+        keep = mine.clone()
+        got = hvd.allreduce(mine, op=op, name="op.%s.%s" % (op.name, dtype))
+        assert torch.equal(mine, keep), "allreduce op=%s changed its input" % op.name
+        wide = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        acc = values(0, dtype).to(wide)
+        for q in range(1, size):
+            v = values(q, dtype).to(wide)
+            acc = torch.minimum(acc, v) if op == hvd.Min else (
+                torch.maximum(acc, v) if op == hvd.Max else acc * v)
+        assert torch.equal(got, acc.to(dtype)), (op.name, dtype, got[:4], acc[:4])
+        # In place too.
+        assert torch.equal(hvd.allreduce_(mine, op=op, name="op_.%s.%s" % (op.name, dtype)),
+                           acc.to(dtype))
+
+# Adasum: a clear error naming it; average and op together: ValueError.
+try:
+    hvd.allreduce(x, op=hvd.Adasum, name="bad")
+except gradlink.InvalidArgumentError as e:
+    assert "Adasum" in str(e), str(e)
+else:
+    raise AssertionError("op Adasum did not raise")
 try:
     hvd.allreduce(x, average=True, op=hvd.Sum)
 except ValueError:
