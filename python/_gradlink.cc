@@ -273,8 +273,9 @@ class PyWorker {
   gl::TensorHandle declare_collective(const std::string& name, const std::string& dtype,
                                       uint64_t count, const std::string& kind,
                                       const std::string& op, uint32_t root,
-                                      std::vector<uint64_t> counts) {
+                                      std::vector<uint64_t> counts, std::vector<uint32_t> group) {
     gl::CollectiveSpec spec;
+    spec.group = std::move(group);
     spec.kind = KindFrom(kind);
     spec.op = OpFrom(op);
     spec.root = root;
@@ -564,8 +565,10 @@ PYBIND11_MODULE(_gradlink, m) {
       .def("declare_collective", &PyWorker::declare_collective, py::arg("name"),
            py::arg("dtype"), py::arg("count"), py::arg("kind"), py::arg("op") = "sum",
            py::arg("root") = 0, py::arg("counts") = std::vector<uint64_t>(),
+           py::arg("group") = std::vector<uint32_t>(),
            "Declares a key for a collective (kind: allreduce, broadcast, allgather, "
-           "reduce_scatter, alltoall; op: sum, min, max, product); see gradlink/collective.h.")
+           "reduce_scatter, alltoall; op: sum, min, max, product; group: the ranks taking part, "
+           "ascending, empty for all); see gradlink/collective.h.")
       .def("run", &PyWorker::run, py::arg("tensor"), py::arg("in_ptr"), py::arg("in_count"),
            py::arg("out_ptr"), py::arg("out_count"), py::arg("dtype"), py::arg("average") = false,
            py::arg("priority") = 0, py::arg("keepalive") = py::none(),

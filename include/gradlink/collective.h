@@ -22,8 +22,8 @@
 // (IEEE 754-2019 minimum/maximum): min(-0.0, +0.0) is -0.0, max is +0.0. kProduct of integers
 // wraps (two's complement), as torch's does. Only kSum may average.
 //
-// Every worker must declare a key with the same spec: one that differs is a kMismatch naming
-// the ranks, for every worker, like a shape that differs.
+// Every worker (of the group, where the spec has one) must declare a key with the same spec: one
+// that differs is a kMismatch naming the ranks, for every worker, like a shape that differs.
 #pragma once
 
 #include <cstdint>
@@ -56,10 +56,17 @@ struct CollectiveSpec {
   // kAlltoall: n * n counts, row-major (counts[i * n + j]: what rank i sends rank j). Empty
   // for kAllreduce and kBroadcast.
   std::vector<uint64_t> counts = {};
+  // The ranks that take part (Horovod's process sets, torch.distributed's new_group), in
+  // ascending order; empty: every worker. Counts, the root and an average's divisor are then
+  // the group's: counts[i] and root are positions in `group`, not ranks. Only the group's
+  // workers declare the key (the scheduler plans it once they all have).
+  std::vector<uint32_t> group = {};
 
   bool operator==(const CollectiveSpec&) const = default;
-  // The plain sum: what Declare() without a spec means.
-  bool is_sum() const { return kind == Collective::kAllreduce && op == ReduceOp::kSum; }
+  // The plain sum over every worker: what Declare() without a spec means.
+  bool is_sum() const {
+    return kind == Collective::kAllreduce && op == ReduceOp::kSum && group.empty();
+  }
 };
 
 // "allgather of [3, 5]", "broadcast from rank 2", "allreduce (max)": for error messages.

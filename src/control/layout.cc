@@ -31,12 +31,22 @@ std::string DescribeSpec(const CollectiveSpec& s) {
   if (s.kind == Collective::kAllreduce || s.kind == Collective::kReduceScatter) {
     out += " (" + std::string(ReduceOpName(s.op)) + ")";
   }
-  if (s.kind == Collective::kBroadcast) out += " from rank " + std::to_string(s.root);
+  if (s.kind == Collective::kBroadcast) {
+    out += " from " + std::string(s.group.empty() ? "rank " : "position ") +
+           std::to_string(s.root);
+  }
   if (!s.counts.empty()) {
     out += " of [";
     const size_t shown = std::min<size_t>(s.counts.size(), 16);
     for (size_t i = 0; i < shown; ++i) out += (i ? ", " : "") + std::to_string(s.counts[i]);
     if (shown < s.counts.size()) out += ", ... (" + std::to_string(s.counts.size()) + " counts)";
+    out += "]";
+  }
+  if (!s.group.empty()) {
+    out += " in group [";
+    const size_t shown = std::min<size_t>(s.group.size(), 16);
+    for (size_t i = 0; i < shown; ++i) out += (i ? ", " : "") + std::to_string(s.group[i]);
+    if (shown < s.group.size()) out += ", ... (" + std::to_string(s.group.size()) + " ranks)";
     out += "]";
   }
   return out;
@@ -65,8 +75,34 @@ uint64_t SumCounts(const std::vector<uint64_t>& c, uint64_t begin, uint64_t n, u
 
 }  // namespace
 
-Status Check(const CollectiveSpec& spec, uint32_t workers, uint64_t count) {
+uint32_t Members(const CollectiveSpec& spec, uint32_t workers) {
+  return spec.group.empty() ? workers : static_cast<uint32_t>(spec.group.size());
+}
+
+int64_t PositionOf(const CollectiveSpec& spec, uint32_t rank) {
+  if (spec.group.empty()) return rank;
+  auto it = std::lower_bound(spec.group.begin(), spec.group.end(), rank);
+  return it != spec.group.end() && *it == rank ? it - spec.group.begin() : -1;
+}
+
+bool GroupIsValid(const CollectiveSpec& spec, uint32_t workers) {
+  for (size_t i = 0; i < spec.group.size(); ++i) {
+    if (spec.group[i] >= workers || (i > 0 && spec.group[i] <= spec.group[i - 1])) return false;
+  }
+  return true;
+}
+
+uint32_t RankAt(const CollectiveSpec& spec, uint32_t position) {
+  return spec.group.empty() ? position : spec.group[position];
+}
+
+Status Check(const CollectiveSpec& spec, uint32_t job_workers, uint64_t count) {
   const std::string what = DescribeSpec(spec);
+  if (!GroupIsValid(spec, job_workers)) {
+    return InvalidArgument(what + ": a group lists ranks of the job (" +
+                           std::to_string(job_workers) + " workers) in ascending order, once each");
+  }
+  const uint32_t workers = Members(spec, job_workers);
   if (static_cast<uint8_t>(spec.kind) > static_cast<uint8_t>(Collective::kAlltoall)) {
     return InvalidArgument("unknown collective " + std::to_string(static_cast<int>(spec.kind)));
   }
@@ -77,8 +113,8 @@ Status Check(const CollectiveSpec& spec, uint32_t workers, uint64_t count) {
     return InvalidArgument(what + ": only allreduce and reduce_scatter take a reduce op");
   }
   if (spec.kind == Collective::kBroadcast && spec.root >= workers) {
-    return InvalidArgument("broadcast from rank " + std::to_string(spec.root) + " in a job of " +
-                           std::to_string(workers) + " workers");
+    return InvalidArgument(what + ": the root is not one of the " + std::to_string(workers) +
+                           (spec.group.empty() ? " workers" : " members of the group"));
   }
   if (spec.kind != Collective::kBroadcast && spec.root != 0) {
     return InvalidArgument(what + ": only broadcast takes a root");
@@ -117,7 +153,7 @@ Status CheckPlan(const CollectiveSpec& spec, uint32_t workers, uint64_t count,
     return ProtocolError("kAssign with a bad collective: " + s.message());
   }
   const std::vector<Segment> segments = Segments(spec, workers, count);
-  for (const wire::PartitionPlan& p : partitions) {
+  for (const wire::PartitionPlan& p : partitions) {  // (positions of the group below)
     const Segment& s = segments[SegmentAt(segments, p.offset)];
     if (p.offset < s.offset || p.count > s.count || p.offset - s.offset > s.count - p.count) {
       return ProtocolError("kAssign of a " + DescribeSpec(spec) + ": partition at element " +
@@ -127,7 +163,8 @@ Status CheckPlan(const CollectiveSpec& spec, uint32_t workers, uint64_t count,
   return Status::Ok();
 }
 
-std::vector<Segment> Segments(const CollectiveSpec& spec, uint32_t workers, uint64_t count) {
+std::vector<Segment> Segments(const CollectiveSpec& spec, uint32_t job_workers, uint64_t count) {
+  const uint32_t workers = Members(spec, job_workers);
   std::vector<Segment> out;
   uint64_t at = 0;
   auto add = [&](uint64_t n, uint32_t src, uint32_t dst) {
@@ -165,26 +202,31 @@ bool Peers::local_only() const {
   return std::none_of(receives.begin(), receives.end(), [](bool r) { return r; });
 }
 
-Peers PeersOf(const Segment& s, uint32_t workers) {
+Peers PeersOf(const CollectiveSpec& spec, const Segment& s, uint32_t job_workers) {
+  const uint32_t workers = Members(spec, job_workers);
   Peers p;
   if (s.src == kEveryRank) {
     for (uint32_t r = 0; r < workers; ++r) {
-      p.contributors.push_back(r);
+      p.contributors.push_back(RankAt(spec, r));
       p.receives.push_back(s.dst == kEveryRank || s.dst == r);
     }
     return p;
   }
-  p.contributors.push_back(s.src);
+  p.contributors.push_back(RankAt(spec, s.src));
   p.receives.push_back(false);  // a single contributor has its own elements
   for (uint32_t r = 0; r < workers; ++r) {
     if (r == s.src || (s.dst != kEveryRank && s.dst != r)) continue;
-    p.requesters.push_back(r);
+    p.requesters.push_back(RankAt(spec, r));
     p.receives.push_back(true);
   }
   return p;
 }
 
-uint64_t InputCount(const CollectiveSpec& spec, uint32_t workers, uint32_t rank, uint64_t count) {
+uint64_t InputCount(const CollectiveSpec& spec, uint32_t job_workers, uint32_t job_rank,
+                    uint64_t count) {
+  const int64_t at = PositionOf(spec, job_rank);
+  if (at < 0) return 0;
+  const uint32_t workers = Members(spec, job_workers), rank = static_cast<uint32_t>(at);
   switch (spec.kind) {
     case Collective::kAllgather: return spec.counts[rank];
     case Collective::kAlltoall: return SumCounts(spec.counts, uint64_t{rank} * workers, workers, 1);
@@ -192,7 +234,11 @@ uint64_t InputCount(const CollectiveSpec& spec, uint32_t workers, uint32_t rank,
   }
 }
 
-uint64_t OutputCount(const CollectiveSpec& spec, uint32_t workers, uint32_t rank, uint64_t count) {
+uint64_t OutputCount(const CollectiveSpec& spec, uint32_t job_workers, uint32_t job_rank,
+                     uint64_t count) {
+  const int64_t at = PositionOf(spec, job_rank);
+  if (at < 0) return 0;
+  const uint32_t workers = Members(spec, job_workers), rank = static_cast<uint32_t>(at);
   switch (spec.kind) {
     case Collective::kReduceScatter: return spec.counts[rank];
     case Collective::kAlltoall: return SumCounts(spec.counts, rank, workers, workers);
@@ -201,13 +247,16 @@ uint64_t OutputCount(const CollectiveSpec& spec, uint32_t workers, uint32_t rank
 }
 
 Role RoleOf(const CollectiveSpec& spec, const std::vector<Segment>& segments, uint32_t seg,
-            uint32_t workers, uint32_t rank, uint64_t offset) {
+            uint32_t job_workers, uint32_t job_rank, uint64_t offset) {
   const Segment& s = segments[seg];
   Role r;
+  const int64_t at = PositionOf(spec, job_rank);
+  if (at < 0) return r;  // not a member: no part in any partition
+  const uint32_t workers = Members(spec, job_workers), rank = static_cast<uint32_t>(at);
   const bool source = s.src == kEveryRank || s.src == rank;
   const bool single = s.src != kEveryRank;
   const bool receiver = (s.dst == kEveryRank || s.dst == rank) && !(single && s.src == rank);
-  const Peers peers = PeersOf(s, workers);
+  const Peers peers = PeersOf(spec, s, job_workers);
   if (peers.local_only()) return r;  // copied locally (LocalCopies), if at all
   r.push = source;
   r.pull = receiver;
@@ -237,9 +286,12 @@ Role RoleOf(const CollectiveSpec& spec, const std::vector<Segment>& segments, ui
   return r;
 }
 
-std::vector<LocalCopy> LocalCopies(const CollectiveSpec& spec, uint32_t workers, uint32_t rank,
-                                   uint64_t count) {
+std::vector<LocalCopy> LocalCopies(const CollectiveSpec& spec, uint32_t job_workers,
+                                   uint32_t job_rank, uint64_t count) {
   std::vector<LocalCopy> out;
+  const int64_t at = PositionOf(spec, job_rank);
+  if (at < 0) return out;
+  const uint32_t workers = Members(spec, job_workers), rank = static_cast<uint32_t>(at);
   switch (spec.kind) {
     case Collective::kAllreduce:
       out.push_back({0, 0, count});  // out of place: the output is summed in place

@@ -25,8 +25,22 @@ namespace gradlink::layout {
 // Counts kept in a spec at most: n * n of an all-to-all must fit one control frame.
 inline constexpr uint64_t kMaxCounts = 65536;
 
-// InvalidArgument naming what is wrong: counts that do not match the kind and `workers` (size,
-// or a sum other than `count`), a root out of range, an op the kind does not reduce with.
+// A spec's group, when it has one, is its set of ranks; "positions" below index it (counts,
+// roots, a segment's source and destination), and every rank a function takes or returns is
+// a worker's rank in the job. `workers` is always the job's.
+
+// The number of workers taking part: the group's, or the job's.
+uint32_t Members(const CollectiveSpec& spec, uint32_t workers);
+// `rank`'s position in the group (the rank itself without one); -1 when it takes no part.
+int64_t PositionOf(const CollectiveSpec& spec, uint32_t rank);
+// The group lists ranks of the job in ascending order, once each (or is empty).
+bool GroupIsValid(const CollectiveSpec& spec, uint32_t workers);
+// The rank at `position`.
+uint32_t RankAt(const CollectiveSpec& spec, uint32_t position);
+
+// InvalidArgument naming what is wrong: a group that is not ascending ranks of the job, counts
+// that do not match the kind and the members (size, or a sum other than `count`), a root out
+// of range, an op the kind does not reduce with.
 Status Check(const CollectiveSpec& spec, uint32_t workers, uint64_t count);
 
 // A plan received from the scheduler (kAssign): its spec passes Check() and no partition
@@ -39,8 +53,8 @@ inline constexpr uint32_t kEveryRank = UINT32_MAX;
 struct Segment {
   uint64_t offset = 0;  // first element in the key's buffer
   uint64_t count = 0;
-  uint32_t src = kEveryRank;  // the one rank that pushes it, or every rank
-  uint32_t dst = kEveryRank;  // the one rank that receives it, or every rank (but the source)
+  uint32_t src = kEveryRank;  // the one position that pushes it, or every member
+  uint32_t dst = kEveryRank;  // the one position that receives it, or every member (but src)
 };
 
 // The segments of a checked spec, in buffer order (some may be empty).
@@ -56,7 +70,7 @@ struct Peers {
   std::vector<bool> receives;
   bool local_only() const;  // nobody receives: no server sees the partition
 };
-Peers PeersOf(const Segment& s, uint32_t workers);
+Peers PeersOf(const CollectiveSpec& spec, const Segment& s, uint32_t workers);
 
 // What one worker does with a partition: push its elements from input[in_offset...] and/or
 // receive the result into output[out_offset...] (element offsets).

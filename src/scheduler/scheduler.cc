@@ -289,8 +289,29 @@ Status SchedulerImpl::OnDeclare(Connection& c, const Frame& f) {
   }
   Declaration& decl = decls_[h.key];
   if (decl.by_rank.count(c.id) != 0) return ProtocolError("key declared twice by one worker");
+  if (decl.planned) {
+    // Only a worker outside the key's group declares it now (every member had, or the key
+    // would not be planned): its plan is a refusal naming the group.
+    wire::Header refusal = MakeHeader(MsgType::kAssign);
+    refusal.key = h.key;
+    refusal.code = static_cast<uint8_t>(Code::kMismatch);
+    const std::string why = "key " + KeyHex(h.key) + " '" + d.name + "': rank " +
+                            std::to_string(c.id) + " declared it after the ranks of its " +
+                            DescribeSpec(decl.spec) + " had; rank " + std::to_string(c.id) +
+                            " declared " + DescribeSpec(d.spec);
+    GL_LOG(kWarn) << "scheduler: kMismatch: " << why;
+    c.link.Send(refusal, {}, Share(wire::EncodeText(why)), Clock::now());
+    return Status::Ok();
+  }
+  // A key of a group is planned once the group's workers have declared it (the first
+  // declaration names the group; one that names another is a mismatch in Plan).
+  const CollectiveSpec first = decl.by_rank.empty() ? d.spec : decl.by_rank.begin()->second.second.spec;
   decl.by_rank[c.id] = {h, std::move(d)};
-  if (decl.by_rank.size() < opts_.num_workers) return Status::Ok();
+  // A group that cannot be (ranks out of range) is refused at once: Plan names it.
+  if (layout::GroupIsValid(first, opts_.num_workers) &&
+      decl.by_rank.size() < layout::Members(first, opts_.num_workers)) {
+    return Status::Ok();
+  }
   return Plan(h.key, decl);
 }
 
@@ -426,7 +447,7 @@ void SchedulerImpl::RefuseKey(uint64_t key, Declaration& decl) {
   decl.assign_header.key = key;
   decl.assign_header.code = static_cast<uint8_t>(decl.status.code());
   decl.assign_payload = Share(wire::EncodeText(decl.status.message()));
-  SendToWorkers(decl.assign_header, decl.assign_payload);
+  SendToDeclarers(decl);
 }
 
 std::vector<wire::PartitionPlan> SchedulerImpl::PlanSegments(const Declaration& decl,
@@ -436,7 +457,7 @@ std::vector<wire::PartitionPlan> SchedulerImpl::PlanSegments(const Declaration& 
   std::vector<wire::PartitionPlan> plan;
   for (const layout::Segment& seg : layout::Segments(decl.spec, opts_.num_workers, decl.count)) {
     if (seg.count == 0) continue;
-    if (layout::PeersOf(seg, opts_.num_workers).local_only()) {
+    if (layout::PeersOf(decl.spec, seg, opts_.num_workers).local_only()) {
       plan.push_back(wire::PartitionPlan{seg.offset, seg.count, 0});
       continue;
     }
@@ -455,7 +476,8 @@ Status SchedulerImpl::Admit(const std::string& keyhex, const Declaration& decl,
       layout::Segments(decl.spec, opts_.num_workers, decl.count);
   for (const wire::PartitionPlan& p : plan) {
     const layout::Peers peers =
-        layout::PeersOf(segments[layout::SegmentAt(segments, p.offset)], opts_.num_workers);
+        layout::PeersOf(decl.spec, segments[layout::SegmentAt(segments, p.offset)],
+                        opts_.num_workers);
     if (peers.local_only()) continue;
     const uint32_t contributors =
         decl.mode != topology::Mode::kFlat ? hosts_.hosts()
@@ -489,10 +511,18 @@ Status SchedulerImpl::OnAssignAck(Connection& c, const Frame& f) {
   }
   Declaration& decl = it->second;
   decl.acks.insert(c.id);
-  if (decl.acks.size() == opts_.num_servers) {
-    SendToWorkers(decl.assign_header, decl.assign_payload);
-  }
+  if (decl.acks.size() == opts_.num_servers) SendToDeclarers(decl);
   return Status::Ok();
+}
+
+void SchedulerImpl::SendToDeclarers(const Declaration& decl) {
+  const auto now = Clock::now();
+  for (const auto& [rank, hd] : decl.by_rank) {
+    auto it = workers_.find(rank);
+    if (it != workers_.end() && !it->second->left) {
+      it->second->link.Send(decl.assign_header, {}, decl.assign_payload, now);
+    }
+  }
 }
 
 void SchedulerImpl::SendToWorkers(const wire::Header& h, const Payload& payload) {

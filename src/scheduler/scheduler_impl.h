@@ -150,6 +150,9 @@ class SchedulerImpl final : public Scheduler {
   Status OnGoodbye(Connection& c);
   void Refuse(Connection& c, const Status& why);
   void SendToWorkers(const wire::Header& h, const Payload& payload);
+  // The key's plan (or refusal) to every worker that declared it: all of the job's, or the
+  // group's (a key of a group is not declared by the others).
+  void SendToDeclarers(const Declaration& decl);
   void Send(Connection& c, const wire::Header& h, std::span<const std::byte> payload = {});
   // A registered member's connection failed: the job fails, naming it (unless it had left).
   void ConnectionLost(Connection& c, const Status& why);

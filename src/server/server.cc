@@ -255,7 +255,8 @@ class ServerImpl final : public Server {
       for (uint32_t p = 0; p < a.partitions.size(); ++p) {
         if (a.partitions[p].server != id_) continue;
         const layout::Peers peers =
-            layout::PeersOf(segments[layout::SegmentAt(segments, a.partitions[p].offset)], workers);
+            layout::PeersOf(a.spec, segments[layout::SegmentAt(segments, a.partitions[p].offset)],
+                            workers);
         if (peers.local_only()) continue;  // its worker copies it: no push ever comes
         auto& slot = parts_[{f.header.key, p}];
         if (!slot) {
@@ -266,10 +267,11 @@ class ServerImpl final : public Server {
                 mode == topology::Mode::kFlat ? std::vector<uint32_t>() : hosts_.host_of);
           } else {
             server::Routing routing{a.spec.op, copy, peers.requesters, peers.receives};
+            // An average divides by the group's members (every worker without a group).
             slot = std::make_unique<PartitionState>(f.header.key, p, a.name, dtype,
                                                     a.partitions[p].count, peers.contributors,
-                                                    workers, std::vector<uint32_t>(),
-                                                    std::move(routing));
+                                                    layout::Members(a.spec, workers),
+                                                    std::vector<uint32_t>(), std::move(routing));
           }
         }
       }

@@ -33,6 +33,8 @@ void PutSpec(Writer& w, const CollectiveSpec& s) {
   w.U32(s.root);
   w.U32(static_cast<uint32_t>(s.counts.size()));
   for (uint64_t c : s.counts) w.U64(c);
+  w.U32(static_cast<uint32_t>(s.group.size()));
+  for (uint32_t r : s.group) w.U32(r);
 }
 
 bool GetSpec(Reader& r, CollectiveSpec* s) {
@@ -48,6 +50,12 @@ bool GetSpec(Reader& r, CollectiveSpec* s) {
   s->counts.resize(n);
   for (uint64_t& c : s->counts) {
     if (!r.U64(&c)) return false;
+  }
+  uint32_t g;
+  if (!r.U32(&g) || g > kMaxMembers || r.remaining() / 4 < g) return false;
+  s->group.resize(g);
+  for (uint32_t& rank : s->group) {
+    if (!r.U32(&rank)) return false;
   }
   return true;
 }

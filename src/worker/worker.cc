@@ -162,6 +162,10 @@ Result<TensorHandle> WorkerImpl::DeclareCollective(std::string_view name, DataTy
   if (Status s = layout::Check(spec, size_, count); !s.ok()) {
     return InvalidArgument("tensor '" + std::string(name) + "': " + s.message());
   }
+  if (layout::PositionOf(spec, rank_) < 0) {
+    return InvalidArgument("tensor '" + std::string(name) + "': rank " + std::to_string(rank_) +
+                           " is not in the " + DescribeSpec(spec));
+  }
   return DeclareShaped(name, dtype, count, {}, spec);
 }
 

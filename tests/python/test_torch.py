@@ -45,6 +45,11 @@ def test_horovod_allgather_reducescatter_alltoall(run_job):
     expect_ok(run_job(3, 2, "hvd_gather.py"), "HVD GATHER", 3)
 
 
+def test_collectives_against_gloo(run_job, tmp_path):
+    expect_ok(run_job(3, 2, ["collectives_gloo.py", str(tmp_path)], timeout=120),
+              "COLLECTIVES GLOO", 3)
+
+
 def test_byteps_api(run_job):
     expect_ok(run_job(3, 2, "bps_api.py"), "BPS API", 3)
 

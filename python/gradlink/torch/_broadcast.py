@@ -11,12 +11,13 @@ from gradlink import InvalidArgumentError
 from . import _core
 
 
-def broadcast_async(tensor, root_rank=0, name=None, priority=0):
-    """Starts overwriting `tensor` on every worker with root_rank's values; returns a handle
-    for synchronize(). `name` as in push_pull_async (prefixed with "broadcast.")."""
+def broadcast_async(tensor, root_rank=0, name=None, priority=0, group=None):
+    """Starts overwriting `tensor` on every worker (of `group`, the ranks of a process set)
+    with root_rank's values; returns a handle for synchronize(). `name` as in push_pull_async
+    (prefixed with "broadcast.")."""
     _core._check_tensor(tensor, "broadcast")
     ctx = _core._require()
-    if not 0 <= root_rank < ctx.size:
+    if not 0 <= root_rank < ctx.size or (group and root_rank not in group):
         raise InvalidArgumentError("broadcast: root_rank %d out of range for %d workers"
                                    % (root_rank, ctx.size))
     if name is None:
@@ -37,8 +38,9 @@ def broadcast_async(tensor, root_rank=0, name=None, priority=0):
                 f()
 
         return _core.start_collective("broadcast", tensor, buf, buf, name, dtype=dtype,
-                                      root=root_rank, priority=priority,
-                                      finish=done if finish else None)
+                                      root=group.index(root_rank) if group else root_rank,
+                                      priority=priority, finish=done if finish else None,
+                                      group=group or ())
 
 
 def broadcast(tensor, root_rank=0, name=None):

@@ -352,7 +352,7 @@ def raw_view(t):
 
 
 def start_collective(kind, tensor, inp, out, name, dtype=None, op="sum", root=0, counts=(),
-                     shared_counts=False, average=False, priority=0, finish=None):
+                     shared_counts=False, average=False, priority=0, finish=None, group=()):
     """Declares `name` for the collective and starts it from `inp` into `out` (contiguous; the
     same tensor for in-place allreduce and broadcast). synchronize() returns `tensor`."""
     ctx = _require()
@@ -370,13 +370,14 @@ def start_collective(kind, tensor, inp, out, name, dtype=None, op="sum", root=0,
     # ranks that disagree then meet on one key and get MismatchError naming them.
     key = name if not shared_counts else "%s|%x" % (
         name, zlib.crc32(",".join(str(c) for c in counts).encode()))
-    spec = (dtype, total, kind, op, root, tuple(counts))
+    group = [int(r) for r in group]
+    spec = (dtype, total, kind, op, root, tuple(counts), tuple(group))
     with ctx.lock:
         known = ctx.collectives.get(key)
         if known is not None and known[1] == spec:
             t = known[0]
         else:  # new, or declared again otherwise (the worker raises MismatchError)
-            t = ctx.worker.declare_collective(key, dtype, total, kind, op, root, counts)
+            t = ctx.worker.declare_collective(key, dtype, total, kind, op, root, counts, group)
             if len(ctx.collectives) > 4096:
                 ctx.collectives.clear()  # the worker keeps its declarations; this is a cache
             ctx.collectives[key] = (t, spec)

@@ -20,13 +20,13 @@ from gradlink import InvalidArgumentError, MismatchError
 
 from . import _core
 from ._broadcast import broadcast, broadcast_async
-from ._horovod import (_check_process_set, Average, Compression, Max, Min, Product,
+from ._horovod import (_members, _set_name, Average, Compression, Max, Min, Product,
                        ReduceOp, Sum, global_process_set)
 
 _MAX_DIMS = 14
 _DTYPE_CODE = {t: i for i, t in enumerate((
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
-    torch.bool, torch.uint8, torch.int8, torch.int16))}
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.complex64, torch.complex128))}
 
 
 def _names(name, what):
@@ -35,7 +35,7 @@ def _names(name, what):
     return "%s.%s" % (what, name)
 
 
-def _shapes(tensor, key):
+def _shapes(tensor, key, group=None):
     """Every rank's (dtype code, shape), through one sum of an int64 table."""
     ctx = _core._require()
     if tensor.dim() > _MAX_DIMS:
@@ -46,12 +46,13 @@ def _shapes(tensor, key):
     row = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64)
     row[:2 + tensor.dim()] = torch.tensor([code, tensor.dim()] + list(tensor.shape),
                                           dtype=torch.int64)
-    table = _gather_rows(row, key + ".shapes")
+    table = _gather_rows(row, key + ".shapes", group)
     return [(int(r[0]), tuple(int(d) for d in r[2:2 + int(r[1])])) for r in table]
 
 
-def _check_rest(shapes, key):
-    """The dtype and every dimension after the first agree on all ranks, else MismatchError."""
+def _check_rest(shapes, key, group=None):
+    """The dtype and every dimension after the first agree on all ranks, else MismatchError
+    (shapes in position order; `group` maps positions to ranks)."""
     code0, shape0 = shapes[0]
     bad = [r for r, (c, s) in enumerate(shapes) if c != code0 or len(s) != len(shape0) or
            s[1:] != shape0[1:]]
@@ -59,32 +60,33 @@ def _check_rest(shapes, key):
         inv = {v: k for k, v in _DTYPE_CODE.items()}
         raise MismatchError("%s: every rank's tensor must have rank 0's dtype and dimensions "
                             "after the first; %s" % (key, ", ".join(
-                                "rank %d has %s%s" % (r, inv[shapes[r][0]], list(shapes[r][1]))
+                                "rank %d has %s%s" % (group[r] if group else r, inv[shapes[r][0]],
+                                                      list(shapes[r][1]))
                                 for r in [0] + bad)))
 
 
-def _gather_rows(rows, key):
-    """Every rank's int64 row (the same length everywhere), stacked in rank order: one native
-    allgather."""
-    ctx = _core._require()
-    out = torch.empty(ctx.size, rows.numel(), dtype=torch.int64)
+def _gather_rows(rows, key, group=None):
+    """Every member's int64 row (the same length everywhere), stacked in rank order: one native
+    allgather (over `group`, or every worker)."""
+    m = len(group) if group else _core._require().size
+    out = torch.empty(m, rows.numel(), dtype=torch.int64)
     _core.synchronize(_core.start_collective(
-        "allgather", out, rows, out, key, dtype="int64", counts=[rows.numel()] * ctx.size,
-        shared_counts=True))
+        "allgather", out, rows, out, key, dtype="int64", counts=[rows.numel()] * m,
+        shared_counts=True, group=group or ()))
     return out
 
 
-def _start_gather(t, firsts, key):
+def _start_gather(t, firsts, key, group=None):
     """Starts the native allgather of `t` (this rank's rows) given every rank's first
     dimension; the handle's synchronize() returns the concatenation."""
-    ctx = _core._require()
     src = t.contiguous()
     out = torch.empty((sum(firsts),) + tuple(t.shape[1:]), dtype=t.dtype)
     inp, dtype, per, _ = _core.raw_view(src)
     outp, _, _, finish = _core.raw_view(out)
     counts = [f * per * math.prod(t.shape[1:]) for f in firsts]
     return _core.start_collective("allgather", out, inp, outp, key, dtype=dtype,
-                                  counts=counts, shared_counts=True, finish=finish)
+                                  counts=counts, shared_counts=True, finish=finish,
+                                  group=group or ())
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -97,14 +99,14 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts allgather(); the shapes are exchanged first (synchronously), the data then goes
     through the servers' gather: each rank's bytes once to every other rank."""
     _core._check_tensor(tensor, "allgather")
-    _check_process_set(process_set, "allgather")
-    key = _names(name, "allgather")
+    group, _, _ = _members(process_set, "allgather")
+    key = _set_name(group, _names(name, "allgather"))
     t = tensor.detach()
     if t.dim() == 0:
         t = t.reshape(1)
-    shapes = _shapes(t, key)
-    _check_rest(shapes, key)
-    return _start_gather(t, [s[0] for _, s in shapes], key)
+    shapes = _shapes(t, key, group)
+    _check_rest(shapes, key, group)
+    return _start_gather(t, [s[0] for _, s in shapes], key, group)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
@@ -136,13 +138,18 @@ def allgather_object(obj, name=None, process_set=global_process_set):
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """Horovod's in-place broadcast: `tensor` becomes root_rank's on every rank; returns it.
     (gradlink's broadcast is in place too.)"""
-    _check_process_set(process_set, "broadcast_")
-    return broadcast(tensor, root_rank, name)
+    return _core.synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    _check_process_set(process_set, "broadcast_async_")
-    return broadcast_async(tensor, root_rank, name)
+    group, _, _ = _members(process_set, "broadcast_")
+    if group is None:
+        return broadcast_async(tensor, root_rank, name)
+    if root_rank not in group:
+        raise InvalidArgumentError("broadcast_: root_rank %d is not in %r" % (root_rank,
+                                                                            process_set))
+    return broadcast_async(tensor, root_rank, _set_name(group, name or "noname.%d" % next(
+        _core._require().noname)), group=group)
 
 
 def _split_sizes(n, parts):
@@ -164,10 +171,9 @@ def _resolve_any_op(op, what):
 def _start_reducescatter(tensor, name, compression, op, process_set, prescale_factor,
                          postscale_factor, what):
     _core._check_tensor(tensor, what)
-    _check_process_set(process_set, what)
+    group, pos, m = _members(process_set, what)
     op = _resolve_any_op(op, what)
-    ctx = _core._require()
-    key = _names(name, "reducescatter")
+    key = _set_name(group, _names(name, "reducescatter"))
     t = tensor.detach()
     if t.dim() == 0:
         raise InvalidArgumentError("%s: a 0-d tensor cannot be scattered" % what)
@@ -176,9 +182,9 @@ def _start_reducescatter(tensor, name, compression, op, process_set, prescale_fa
         wire, cctx = compression.compress(t.contiguous())
         if prescale_factor != 1.0:
             wire = wire * prescale_factor  # a copy: the input is only read
-        sizes = _split_sizes(t.shape[0], ctx.size)
+        sizes = _split_sizes(t.shape[0], m)
         row = math.prod(t.shape[1:])
-        out = torch.empty((sizes[ctx.rank],) + tuple(t.shape[1:]), dtype=wire.dtype)
+        out = torch.empty((sizes[pos],) + tuple(t.shape[1:]), dtype=wire.dtype)
 
     def finish():
         result = compression.decompress(out, cctx)
@@ -188,7 +194,7 @@ def _start_reducescatter(tensor, name, compression, op, process_set, prescale_fa
 
     handle = _core.start_collective("reduce_scatter", out, wire, out, key, op=_OPS[op],
                                     counts=[n * row for n in sizes], average=op == Average,
-                                    finish=finish)
+                                    finish=finish, group=group or ())
     return handle
 
 
@@ -251,21 +257,20 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     given = splits is not None
     _core._check_tensor(tensor, "alltoall")
-    _check_process_set(process_set, "alltoall")
-    ctx = _core._require()
-    key = _names(name, "alltoall")
+    group, pos, m = _members(process_set, "alltoall")
+    key = _set_name(group, _names(name, "alltoall"))
     t = tensor.detach()
     if t.dim() == 0:
         raise InvalidArgumentError("alltoall: a 0-d tensor cannot be split")
     if splits is None:
-        if t.shape[0] % ctx.size:
+        if t.shape[0] % m:
             raise InvalidArgumentError("alltoall: %d rows do not split evenly over %d ranks; "
-                                       "give splits" % (t.shape[0], ctx.size))
-        splits = [t.shape[0] // ctx.size] * ctx.size
+                                       "give splits" % (t.shape[0], m))
+        splits = [t.shape[0] // m] * m
     splits = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
-    if len(splits) != ctx.size or any(s < 0 for s in splits) or sum(splits) != t.shape[0]:
+    if len(splits) != m or any(s < 0 for s in splits) or sum(splits) != t.shape[0]:
         raise InvalidArgumentError("alltoall: splits %s must give %d non-negative counts that "
-                                   "add up to the first dimension, %d" % (splits, ctx.size,
+                                   "add up to the first dimension, %d" % (splits, m,
                                                                           t.shape[0]))
     # Every rank's splits and shape in one gather of int64 rows; the rest of the shape and the
     # dtype must agree.
@@ -273,22 +278,22 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     if code is None or t.dim() > _MAX_DIMS:
         raise InvalidArgumentError("alltoall: dtype %s with %d dimensions is not supported"
                                    % (t.dtype, t.dim()))
-    row = torch.zeros(ctx.size + 2 + _MAX_DIMS, dtype=torch.int64)
-    row[:ctx.size] = torch.tensor(splits, dtype=torch.int64)
-    row[ctx.size:ctx.size + 2 + t.dim()] = torch.tensor([code, t.dim()] + list(t.shape),
+    row = torch.zeros(m + 2 + _MAX_DIMS, dtype=torch.int64)
+    row[:m] = torch.tensor(splits, dtype=torch.int64)
+    row[m:m + 2 + t.dim()] = torch.tensor([code, t.dim()] + list(t.shape),
                                                         dtype=torch.int64)
-    table = _gather_rows(row, key + ".splits")
-    matrix = [[int(x) for x in r[:ctx.size]] for r in table]
-    _check_rest([(int(r[ctx.size]), tuple(int(d) for d in r[ctx.size + 2:ctx.size + 2 +
-                                                               int(r[ctx.size + 1])]))
-                 for r in table], key)
+    table = _gather_rows(row, key + ".splits", group)
+    matrix = [[int(x) for x in r[:m]] for r in table]
+    _check_rest([(int(r[m]), tuple(int(d) for d in r[m + 2:m + 2 +
+                                                               int(r[m + 1])]))
+                 for r in table], key, group)
     src = t.contiguous()
-    got = [matrix[i][ctx.rank] for i in range(ctx.size)]
+    got = [matrix[i][pos] for i in range(m)]
     out = torch.empty((sum(got),) + tuple(t.shape[1:]), dtype=t.dtype)
     inp, dtype, per, _ = _core.raw_view(src)
     outp, _, _, narrow = _core.raw_view(out)
     elems = per * math.prod(t.shape[1:])
-    counts = [matrix[i][j] * elems for i in range(ctx.size) for j in range(ctx.size)]
+    counts = [matrix[i][j] * elems for i in range(m) for j in range(m)]
     received = torch.tensor(got, dtype=torch.int32)
 
     def finish():
@@ -298,5 +303,5 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
             handle.tensor = (out, received)
 
     handle = _core.start_collective("alltoall", out, inp, outp, key, dtype=dtype, counts=counts,
-                                    shared_counts=True, finish=finish)
+                                    shared_counts=True, finish=finish, group=group or ())
     return handle

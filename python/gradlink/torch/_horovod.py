@@ -5,7 +5,8 @@ alone, `allreduce_*` work in place; `average` and `op` are exclusive (op default
 prescale_factor multiplies each rank's input before the sum, postscale_factor the result after
 it (and after the average). Sums and averages run on the servers (fp16/bf16 accumulated in fp32,
 bit-reproducible); Min, Max and Product are the servers' own reductions (gradlink/collective.h);
-Adasum raises InvalidArgumentError naming it. Process sets other than the global one likewise.
+Adasum raises InvalidArgumentError naming it. Process sets (add_process_set) run over their
+members on the servers.
 """
 
 import enum
@@ -37,11 +38,13 @@ Product = ReduceOp.Product
 
 
 class ProcessSet:
-    """A set of ranks a collective runs over. gradlink runs collectives over every worker only:
-    `global_process_set` is the one set there is (add_process_set raises)."""
+    """A set of ranks a collective runs over (Horovod's process sets). Make one with a list of
+    ranks and register it with add_process_set() (every rank may; only members run its
+    collectives); `global_process_set` is every worker. Collectives of a set run on the
+    servers over its members only: splits, averages and roots are the set's."""
 
     def __init__(self, ranks=None):
-        self.ranks = None if ranks is None else sorted(int(r) for r in ranks)
+        self.ranks = None if ranks is None else sorted(set(int(r) for r in ranks))
         self.process_set_id = 0 if ranks is None else None
 
     def included(self):
@@ -58,23 +61,55 @@ class ProcessSet:
 
 
 global_process_set = ProcessSet()
+_next_set_id = [1]
 
 
 def add_process_set(process_set):
-    raise InvalidArgumentError(
-        "add_process_set: gradlink runs every collective over all workers; process sets other "
-        "than global_process_set are not implemented")
+    """Registers a ProcessSet (or a list of ranks) and returns it, with its process_set_id."""
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.ranks is None or ps.process_set_id is not None:
+        raise ValueError("add_process_set: %r is registered already" % ps)
+    n = _core.size()
+    if not ps.ranks or ps.ranks[0] < 0 or ps.ranks[-1] >= n:
+        raise InvalidArgumentError("add_process_set: ranks %s must be non-empty and in [0, %d)"
+                                   % (ps.ranks, n))
+    ps.process_set_id = _next_set_id[0]
+    _next_set_id[0] += 1
+    return ps
 
 
 def remove_process_set(process_set):
-    raise InvalidArgumentError("remove_process_set: only global_process_set exists")
+    """Unregisters a process set; True if it was registered (the global one cannot be)."""
+    if process_set is global_process_set or process_set.ranks is None:
+        raise InvalidArgumentError("remove_process_set: global_process_set cannot be removed")
+    was = process_set.process_set_id is not None
+    process_set.process_set_id = None
+    return was
+
+
+def _members(process_set, what):
+    """(group, this rank's position, size) of a collective over `process_set`: group None for
+    every worker; InvalidArgumentError for a set not registered or not holding this rank."""
+    if process_set is None or process_set is global_process_set or process_set.ranks is None:
+        return None, _core.rank(), _core.size()
+    if process_set.process_set_id is None:
+        raise InvalidArgumentError("%s: %r is not registered (add_process_set)" % (what, process_set))
+    if _core.rank() not in process_set.ranks:
+        raise InvalidArgumentError("%s: rank %d is not in %r" % (what, _core.rank(), process_set))
+    return process_set.ranks, process_set.ranks.index(_core.rank()), len(process_set.ranks)
 
 
 def _check_process_set(process_set, what):
+    """For what runs over every worker only (DistributedOptimizer)."""
     if process_set is not global_process_set and getattr(process_set, "ranks", None) is not None:
         raise InvalidArgumentError(
-            "%s: process_set %r: gradlink runs collectives over all workers only "
-            "(global_process_set)" % (what, process_set))
+            "%s: process_set %r: not implemented here (the collectives take process sets; "
+            "this runs over global_process_set only)" % (what, process_set))
+
+
+def _set_name(group, name):
+    """Keys of a process set are its own: the same tensor name in two sets never meets."""
+    return name if group is None else "ps[%s].%s" % (",".join(str(r) for r in group), name)
 
 
 class Compressor:
@@ -165,20 +200,22 @@ def _start(tensor, out, average, name, op, prescale_factor, postscale_factor, pr
            compression, what):
     """Starts the allreduce of `tensor` into `out` (the same tensor: in place)."""
     _core._check_tensor(tensor, what)
-    _check_process_set(process_set, what)
+    group, _, _ = _members(process_set, what)
     op = _resolve_op(average, op, what)
     ctx = _core._require()
     if name is None:
         name = "allreduce.noname.%d" % next(ctx.noname)
+    name = _set_name(group, name)
     with torch.no_grad():
         # What travels: `out` itself, or its compressed copy.
         wire, cctx = compression.compress(out.detach())
         _scale(wire, prescale_factor)
-        if op in _NATIVE_OPS:
+        if op in _NATIVE_OPS or group is not None:
             if not wire.is_contiguous():
                 raise InvalidArgumentError("%s: op=%s of a non-contiguous tensor" % (what, op.name))
             inner = _core.start_collective("allreduce", wire, wire, wire, name,
-                                           op=_NATIVE_OPS[op])
+                                           op=_NATIVE_OPS.get(op, "sum"),
+                                           average=op == Average, group=group or ())
         else:
             inner = _core.push_pull_async(wire, average=op == Average, name=name)
 

@@ -283,6 +283,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=_horovod.
     The result is an instance of a subclass of optimizer's class, built from its param_groups
     (its state is kept)."""
     resolved = _horovod._resolve_op(average, op, "DistributedOptimizer")
+    if resolved not in (_horovod.Average, _horovod.Sum):
+        raise InvalidArgumentError("DistributedOptimizer: op=%s; gradients are summed or "
+                                   "averaged (op=Sum or Average)" % resolved.name)
     if gradient_predivide_factor != 1.0 and resolved != _horovod.Average:
         raise ValueError("DistributedOptimizer: gradient_predivide_factor is supported with "
                          "op=Average only")

@@ -94,11 +94,11 @@ except ValueError:
 else:
     raise AssertionError("average and op together did not raise")
 try:
-    hvd.add_process_set([0])
-except gradlink.InvalidArgumentError:
-    pass
+    hvd.add_process_set([0, size])  # a rank the job does not have
+except gradlink.InvalidArgumentError as e:
+    assert str(size) in str(e), str(e)
 else:
-    raise AssertionError("add_process_set did not raise")
+    raise AssertionError("add_process_set of a rank out of range did not raise")
 
 # broadcast_parameters with model.parameters() (plain tensors, named by position).
 model = torch.nn.Linear(8, 4)

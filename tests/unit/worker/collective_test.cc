@@ -342,5 +342,72 @@ TEST(CollectiveTest, BesideTheSameHostPath) {
   job.FinishCleanly();
 }
 
+// Process sets: a key of a group is declared and run by its members only, with the group's
+// positions and divisor; the other workers meanwhile run their own keys.
+TEST(CollectiveTest, GroupsRunOverTheirMembersOnly) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(Config(4)));
+  const std::vector<uint32_t> group = {1, 3};
+  OnEveryWorker(4, [&](uint32_t r) {
+    Worker& w = job.worker(r);
+    if (r == 1 || r == 3) {
+      const uint32_t pos = r == 1 ? 0 : 1;
+      // Sum and average over the two members (divisor 2).
+      std::vector<std::byte> in(kElems * 4), out;
+      test::FillTensor(DataType::kFloat32, 11, pos, 0, in);
+      for (bool average : {false, true}) {
+        ASSERT_TRUE(RunOn(w, average ? "g.avg" : "g.sum", DataType::kFloat32, kElems,
+                          {.kind = Collective::kAllreduce, .group = group}, in, out, average).ok());
+        EXPECT_TRUE(test::CheckTensor(DataType::kFloat32, 11, 2, 0, average, out)) << r;
+      }
+      // Broadcast from position 1 (rank 3), allgather in position order.
+      std::vector<std::byte> b = Filled(DataType::kInt64, 12, r, kElems);
+      ASSERT_TRUE(RunOn(w, "g.bcast", DataType::kInt64, kElems,
+                        {.kind = Collective::kBroadcast, .root = 1, .group = group}, b, out).ok());
+      EXPECT_EQ(out, Filled(DataType::kInt64, 12, 3, kElems));
+      std::vector<std::byte> piece = Filled(DataType::kInt32, 13, r, 10 + pos);
+      ASSERT_TRUE(RunOn(w, "g.gather", DataType::kInt32, 21,
+                        {.kind = Collective::kAllgather, .counts = {10, 11}, .group = group},
+                        piece, out).ok());
+      std::vector<std::byte> want = Filled(DataType::kInt32, 13, 1, 10);
+      const auto second = Filled(DataType::kInt32, 13, 3, 11);
+      want.insert(want.end(), second.begin(), second.end());
+      EXPECT_EQ(out, want);
+    } else {
+      // Not a member: declaring the group's key is refused here, naming the group.
+      auto h = w.DeclareCollective("g.sum", DataType::kFloat32, kElems,
+                                   {.kind = Collective::kAllreduce, .group = group});
+      EXPECT_EQ(h.status().code(), Code::kInvalidArgument);
+      EXPECT_NE(h.status().message().find("in group [1, 3]"), std::string::npos)
+          << h.status().ToString();
+      // Its own key over the other pair goes on beside the group's.
+      std::vector<std::byte> in = Filled(DataType::kFloat64, 14, r, kElems), out;
+      ASSERT_TRUE(RunOn(w, "other.max", DataType::kFloat64, kElems,
+                        {.kind = Collective::kAllreduce, .op = ReduceOp::kMax, .group = {0, 2}},
+                        in, out).ok());
+      std::vector<std::byte> a = Filled(DataType::kFloat64, 14, 0, kElems);
+      std::vector<std::byte> c = Filled(DataType::kFloat64, 14, 2, kElems);
+      for (uint64_t i = 0; i < kElems; ++i) {
+        double x, y, got;
+        std::memcpy(&x, a.data() + 8 * i, 8);
+        std::memcpy(&y, c.data() + 8 * i, 8);
+        std::memcpy(&got, out.data() + 8 * i, 8);
+        ASSERT_EQ(got, std::max(x, y)) << i;
+      }
+    }
+  });
+  // Members that disagree on the group's counts: a kMismatch for both, naming them.
+  OnEveryWorker(4, [&](uint32_t r) {
+    if (r != 1 && r != 3) return;
+    const std::vector<uint64_t> counts = r == 1 ? std::vector<uint64_t>{2, 2} : std::vector<uint64_t>{1, 3};
+    std::vector<std::byte> in(counts[r == 1 ? 0 : 1] * 4), out;
+    Status s = RunOn(job.worker(r), "g.bad", DataType::kFloat32, 4,
+                     {.kind = Collective::kAllgather, .counts = counts, .group = group}, in, out);
+    EXPECT_EQ(s.code(), Code::kMismatch) << s.ToString();
+    EXPECT_NE(s.message().find("rank 3"), std::string::npos) << s.ToString();
+  });
+  job.FinishCleanly();
+}
+
 }  // namespace
 }  // namespace gradlink
