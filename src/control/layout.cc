@@ -260,6 +260,7 @@ Role RoleOf(const CollectiveSpec& spec, const std::vector<Segment>& segments, ui
   if (peers.local_only()) return r;  // copied locally (LocalCopies), if at all
   r.push = source;
   r.pull = receiver;
+  if (s.dst != kEveryRank) r.turn = (s.dst + workers - rank - 1) % workers;
   const uint64_t within = offset - s.offset;
   switch (spec.kind) {
     case Collective::kAllreduce:

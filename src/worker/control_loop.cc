@@ -190,6 +190,13 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     t->plan_status = plan_status;
     t->parts = std::move(parts);
     t->roles = std::move(roles);
+    t->order.clear();
+    for (uint32_t p = 0; p < t->roles.size(); ++p) {
+      if (t->roles[p].participates()) t->order.push_back(p);
+    }
+    std::stable_sort(t->order.begin(), t->order.end(), [&](uint32_t a, uint32_t b) {
+      return t->roles[a].turn < t->roles[b].turn;
+    });
     t->servers_spanned = ServersSpanned(t->parts);
     if (t->plan_status.ok()) t->plan_status = PlanHostLocked(*t, mode);
     if (!plan_status.ok()) {

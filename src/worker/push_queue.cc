@@ -153,9 +153,12 @@ void WorkerImpl::StartNextLocked(TensorState& t) {
     op->started = true;
     op->max_ahead = LeadLimit(max_bytes_ahead_, t.servers_spanned);
     ops_[op->id] = op;
-    for (uint32_t p = 0; p < t.parts.size(); ++p) {
-      if (op->parts[p] != Op::Part::kQueued) continue;
-      pending_.push(Pending{op->options.priority, next_seq_++, op, p});
+    if (t.order.empty()) {
+      for (uint32_t p = 0; p < t.parts.size(); ++p) {
+        pending_.push(Pending{op->options.priority, next_seq_++, op, p});
+      }
+    } else {  // in the turns of layout::Role (the partitions this worker takes part in)
+      for (uint32_t p : t.order) pending_.push(Pending{op->options.priority, next_seq_++, op, p});
     }
   }
 }

@@ -48,6 +48,7 @@ struct TensorState {
   // Once planned, for a key that is not a plain sum: this worker's role in each partition
   // (empty for a sum: every partition pushed from and pulled into its own place).
   std::vector<layout::Role> roles;
+  std::vector<uint32_t> order;  // the partitions it takes part in, in the order it pushes them
   uint32_t servers_spanned = 0;            // distinct servers among `parts`
   // The same-host path (LocalReduce): bound on the tensor's first op; `local` empty when
   // the tensor goes through the servers.

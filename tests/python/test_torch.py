@@ -50,6 +50,22 @@ def test_collectives_against_gloo(run_job, tmp_path):
               "COLLECTIVES GLOO", 3)
 
 
+def test_sync_batch_norm_matches_batch_norm_on_the_global_batch(run_job):
+    expect_ok(run_job(3, 2, "sync_bn.py"), "SYNC BN", 3)
+
+
+@pytest.mark.parametrize("flags", [[], ["--fp16-allreduce"]], ids=["fp32", "fp16"])
+def test_horovod_style_mnist_with_adam_and_accumulation(run_job, flags):
+    script = os.path.join(REPO, "examples", "hvd_mnist.py")
+    job = run_job(2, 2, [script, "--check", "--epochs", "2", "--train-size", "1200"] + flags,
+                  timeout=150)
+    assert job.rc == 0, job.explain()
+    assert any("test set: average loss" in line for line in job.lines("[worker 0]")), job.explain()
+    for r in range(2):
+        assert any("hvd_mnist: check: rank %d parameters identical to rank 0's" % r in line
+                   for line in job.lines("[worker %d]" % r)), job.explain()
+
+
 def test_byteps_api(run_job):
     expect_ok(run_job(3, 2, "bps_api.py"), "BPS API", 3)
 

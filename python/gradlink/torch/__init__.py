@@ -61,6 +61,7 @@ from ._core import (  # noqa: F401
     synchronize,
 )
 from ._ddp import DDPHookState, ddp_hook  # noqa: F401
+from ._sync_bn import SyncBatchNorm  # noqa: F401
 from ._gather import (  # noqa: F401
     allgather,
     allgather_async,
@@ -153,6 +154,7 @@ __all__ = [
     "grouped_reducescatter_async",
     "reducescatter",
     "reducescatter_async",
+    "SyncBatchNorm",
     "ccl_built",
     "cross_rank",
     "cross_size",
