@@ -260,7 +260,10 @@ Role RoleOf(const CollectiveSpec& spec, const std::vector<Segment>& segments, ui
   if (peers.local_only()) return r;  // copied locally (LocalCopies), if at all
   r.push = source;
   r.pull = receiver;
-  if (s.dst != kEveryRank) r.turn = (s.dst + workers - rank - 1) % workers;
+  // Only where each partition has one contributor (all-to-all): with every rank contributing
+  // (reduce-scatter), ranks that push in different orders could each hold back, over their
+  // lead, what the other's held partitions wait for.
+  if (s.src != kEveryRank && s.dst != kEveryRank) r.turn = (s.dst + workers - rank - 1) % workers;
   const uint64_t within = offset - s.offset;
   switch (spec.kind) {
     case Collective::kAllreduce:

@@ -79,9 +79,9 @@ struct Role {
   bool pull = false;
   uint64_t in_offset = 0;
   uint64_t out_offset = 0;
-  // When this worker pushes it, relative to its other partitions (lower first): a partition
-  // for one receiver (reduce-scatter, all-to-all) goes in turn (receiver - rank - 1) mod n,
-  // so that the workers start with different receivers instead of all sending to rank 0 first.
+  // When this worker pushes it, relative to its other partitions (lower first): an all-to-all
+  // block goes in turn (receiver - rank - 1) mod n, so that the workers start with different
+  // receivers instead of all sending to rank 0 first.
   uint32_t turn = 0;
   bool participates() const { return push || pull; }
 };

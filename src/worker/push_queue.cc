@@ -176,7 +176,9 @@ void WorkerImpl::PumpLocked() {
     const uint64_t size = DataTypeSize(t.wire);
     const layout::Role role = RoleIn(t, top.part);
     const uint64_t bytes = PartBytes(op, top.part);
-    if (!top.counted && max_bytes_ahead_ > 0) {
+    // A request (0 bytes: this worker only receives the partition) is never held back: the
+    // partition's contributor may be waiting on it to have its own earlier partitions answered.
+    if (!top.counted && max_bytes_ahead_ > 0 && bytes > 0) {
       // Held back behind its own op's earlier partitions, or over the op's lead: it waits
       // on the op (in order) for sums to come back, and the queue goes on with other ops.
       if (!op.held.empty() || OverLead(op, bytes)) {

@@ -409,5 +409,43 @@ TEST(CollectiveTest, GroupsRunOverTheirMembersOnly) {
   job.FinishCleanly();
 }
 
+// Regression: with a lead (max_bytes_ahead) a receiver's request of 0 bytes was held behind its
+// own pushes over the lead, while the pushes it waited on needed that request: an all-to-all
+// of 4 workers hung (bench/collectives.py, gradlink's defaults). Requests are never held now,
+// and only all-to-all pushes in turns (ranks pushing a reduce-scatter in different orders could
+// hold back what each other's held partitions wait for).
+TEST(CollectiveTest, RequestsAreNeverHeldBehindTheLead) {
+  JobConfig c = Config(4);
+  c.max_bytes_ahead = 128;  // two 64-byte partitions per server
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(c));
+  std::vector<uint64_t> counts(16, 200);
+  const uint64_t total = 16 * 200;
+  OnEveryWorker(4, [&](uint32_t r) {
+    for (int round = 0; round < 3; ++round) {
+      std::vector<std::byte> in = Filled(DataType::kFloat32, 20 + round, r, 800), out;
+      ASSERT_TRUE(RunOn(job.worker(r), "lead.a2a", DataType::kFloat32, total,
+                        {.kind = Collective::kAlltoall, .counts = counts}, in, out).ok());
+      for (uint32_t src = 0; src < 4; ++src) {
+        for (uint64_t i = 0; i < 200; ++i) {
+          ASSERT_TRUE(SameAt(out, src * 200 + i, Elem(DataType::kFloat32, 20 + round, src, r * 200 + i),
+                             "a2a under a lead"));
+        }
+      }
+      std::vector<std::byte> rsin(800 * 4), rsout;
+      test::FillTensor(DataType::kFloat32, 30 + round, r, 0, rsin);
+      ASSERT_TRUE(RunOn(job.worker(r), "lead.rs", DataType::kFloat32, 800,
+                        {.kind = Collective::kReduceScatter, .counts = {200, 200, 200, 200}},
+                        rsin, rsout).ok());
+      std::vector<std::byte> want(4);
+      for (uint64_t i = 0; i < 200; ++i) {
+        test::ExpectedValue(DataType::kFloat32, 30 + round, 4, 0, r * 200 + i, false, want.data());
+        ASSERT_TRUE(SameAt(rsout, i, want, "reduce-scatter under a lead"));
+      }
+    }
+  });
+  job.FinishCleanly();
+}
+
 }  // namespace
 }  // namespace gradlink
