@@ -43,7 +43,6 @@ from ._broadcast import (  # noqa: F401
 from ._core import (  # noqa: F401
     GroupedPushPullHandle,
     PushPullHandle,
-    barrier,
     grouped_push_pull,
     grouped_push_pull_async,
     init,
@@ -76,6 +75,7 @@ from ._gather import (  # noqa: F401
     grouped_reducescatter_async,
     reducescatter,
     reducescatter_async,
+    sparse_allreduce_async,
 )
 from ._horovod import (  # noqa: F401
     Adasum,
@@ -89,6 +89,7 @@ from ._horovod import (  # noqa: F401
     Sum,
     add_process_set,
     allreduce,
+    barrier,
     ccl_built,
     cross_rank,
     cross_size,
@@ -154,6 +155,7 @@ __all__ = [
     "grouped_reducescatter_async",
     "reducescatter",
     "reducescatter_async",
+    "sparse_allreduce_async",
     "SyncBatchNorm",
     "ccl_built",
     "cross_rank",

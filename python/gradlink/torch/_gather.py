@@ -305,3 +305,41 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     handle = _core.start_collective("alltoall", out, inp, outp, key, dtype=dtype, counts=counts,
                                     shared_counts=True, finish=finish, group=group or ())
     return handle
+
+
+class _Done:
+    """A finished operation's handle: synchronize() returns `value`."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def poll(self):
+        return True
+
+    def wait(self, timeout=None):
+        return self.value
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
+    """Horovod's sparse allreduce: every rank's sparse COO tensor (the same dense shape) summed
+    (op=Sum) or averaged (Average), through an allgather of the indices and the values, as
+    Horovod does it; the result is coalesced. Runs when called; synchronize(handle) returns it."""
+    op = ReduceOp(op)
+    if op not in (Sum, Average):
+        raise InvalidArgumentError("sparse_allreduce_async: op=%s (Sum or Average)" % op.name)
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise InvalidArgumentError("sparse_allreduce_async: expected a sparse COO tensor")
+    group, _, m = _members(process_set, "sparse_allreduce_async")
+    key = _set_name(group, _names(name, "sparse_allreduce"))
+    t = tensor.coalesce()
+    dense = torch.tensor(list(t.shape), dtype=torch.int64)
+    shapes = _gather_rows(dense, key + ".shape", group)
+    if any(list(map(int, r)) != list(t.shape) for r in shapes):
+        raise MismatchError("%s: every rank's sparse tensor must have the shape %s; %s" % (
+            key, list(t.shape), [list(map(int, r)) for r in shapes]))
+    indices = allgather(t.indices().t().contiguous(), key + ".indices", process_set)
+    values = allgather(t.values(), key + ".values", process_set)
+    out = torch.sparse_coo_tensor(indices.t(), values, t.shape).coalesce()
+    if op == Average:
+        out = out / m
+    return _Done(out)

@@ -107,6 +107,21 @@ def _check_process_set(process_set, what):
             "this runs over global_process_set only)" % (what, process_set))
 
 
+def barrier(process_set=global_process_set, timeout=None):
+    """Blocks until every rank of `process_set` (every worker by default) has entered the
+    barrier. gradlink's barrier(timeout) is kept: a number as the first argument is the
+    timeout in seconds."""
+    if isinstance(process_set, (int, float)) and not isinstance(process_set, bool):
+        process_set, timeout = global_process_set, process_set
+    group, _, _ = _members(process_set, "barrier")
+    if group is None:
+        return _core.barrier(timeout)
+    token = torch.zeros(1, dtype=torch.int32)  # one key per set, a round per barrier
+    h = _core.start_collective("allreduce", token, token, token, _set_name(group, "barrier"),
+                               group=group)
+    _core.synchronize(h, timeout)
+
+
 def _set_name(group, name):
     """Keys of a process set are its own: the same tensor name in two sets never meets."""
     return name if group is None else "ps[%s].%s" % (",".join(str(r) for r in group), name)

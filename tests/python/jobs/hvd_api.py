@@ -100,6 +100,26 @@ except gradlink.InvalidArgumentError as e:
 else:
     raise AssertionError("add_process_set of a rank out of range did not raise")
 
+# sparse_allreduce_async: every rank's sparse rows, summed / averaged, coalesced.
+def sparse_of(r):
+    idx = torch.tensor([[r, (r + 1) % 4], [1, 2]])
+    return torch.sparse_coo_tensor(idx, torch.tensor([1.0 + r, 10.0 * r]), (4, 3))
+
+
+dense = sum(sparse_of(r).to_dense() for r in range(size))
+got = hvd.synchronize(hvd.sparse_allreduce_async(sparse_of(rank), name="sparse", op=hvd.Sum))
+assert got.is_sparse and torch.equal(got.to_dense(), dense), (got.to_dense(), dense)
+got = hvd.synchronize(hvd.sparse_allreduce_async(sparse_of(rank), name="sparse.avg"))
+assert torch.allclose(got.to_dense(), dense / size)
+
+# barrier: gradlink's (timeout) and Horovod's (process_set) forms.
+hvd.barrier()
+hvd.barrier(30.0)
+pair = hvd.add_process_set([0, 1])
+if pair.included():
+    hvd.barrier(pair)
+    hvd.barrier(process_set=pair)
+
 # broadcast_parameters with model.parameters() (plain tensors, named by position).
 model = torch.nn.Linear(8, 4)
 torch.manual_seed(rank)
