@@ -20,8 +20,8 @@ from gradlink import InvalidArgumentError, MismatchError
 
 from . import _core
 from ._broadcast import broadcast, broadcast_async
-from ._horovod import (_members, _set_name, Average, Compression, Max, Min, Product,
-                       ReduceOp, Sum, global_process_set)
+from ._horovod import (_GroupHandle, _members, _set_name, Average, Compression, Max, Min,
+                       Product, ReduceOp, Sum, global_process_set)
 
 _MAX_DIMS = 14
 _DTYPE_CODE = {t: i for i, t in enumerate((
@@ -115,8 +115,8 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     base = _names(name, "grouped_allgather")
-    return _Group([allgather_async(t, "%s.%d" % (base, i), process_set)
-                   for i, t in enumerate(tensors)])
+    return _GroupHandle([allgather_async(t, "%s.%d" % (base, i), process_set)
+                         for i, t in enumerate(tensors)])
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
@@ -226,23 +226,10 @@ def grouped_reducescatter_async(tensors, name=None, compression=None, op=Average
                                 process_set=global_process_set, prescale_factor=1.0,
                                 postscale_factor=1.0):
     base = _names(name, "grouped_reducescatter")
-    return _Group([_start_reducescatter(t, "%s.%d" % (base, i), compression, op, process_set,
-                                        prescale_factor, postscale_factor,
-                                        "grouped_reducescatter")
-                   for i, t in enumerate(tensors)])
-
-
-class _Group:
-    """Handles of a grouped operation: waits for all, returns their results in order."""
-
-    def __init__(self, handles):
-        self._handles = handles
-
-    def poll(self):
-        return all(h.poll() for h in self._handles)
-
-    def wait(self, timeout=None):
-        return [h.wait(timeout) for h in self._handles]
+    return _GroupHandle([_start_reducescatter(t, "%s.%d" % (base, i), compression, op,
+                                              process_set, prescale_factor, postscale_factor,
+                                              "grouped_reducescatter")
+                         for i, t in enumerate(tensors)])
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):

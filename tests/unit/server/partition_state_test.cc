@@ -754,5 +754,74 @@ TEST(PartitionStateTest, ManyRoundsWithAlternatingSlots) {
   }
 }
 
+// Routing (control/layout.h): a relay's one contributor (rank 2) and its requesters (0, 1, 3)
+// that push 0 elements; the round ends once all have pushed, the result is rank 2's push as it
+// came (fp16, no widening), and only the requesters receive it.
+TEST(PartitionStateRoutingTest, RelayWaitsForEveryRequesterAndAnswersEachParticipant) {
+  Routing routing{ReduceOp::kSum, true, {0, 1, 3}, {false, true, true, true}};
+  PartitionState p(kKey, 0, "bcast", DataType::kFloat16, 4, {2}, 4, {}, routing);
+  ASSERT_EQ(p.participants(), (std::vector<uint32_t>{2, 0, 1, 3}));
+  EXPECT_FALSE(p.receives(0));
+  EXPECT_TRUE(p.receives(3));
+  auto push = [&](uint32_t rank, uint64_t count, const std::vector<uint16_t>& data,
+                  uint64_t round = 0) {
+    wire::Header h;
+    h.type = wire::MsgType::kPush;
+    h.round = round;
+    h.sender = rank;
+    h.key = kKey;
+    h.dtype = static_cast<uint8_t>(DataType::kFloat16);
+    h.count = count;
+    h.payload_bytes = count * 2;
+    h.cookie = 100 + rank;
+    bool run = false;
+    auto span = p.BeginPush(h, &run);
+    if (!span.ok()) return span.status();
+    EXPECT_EQ(span->size(), count * 2);
+    if (count) std::memcpy(span->data(), data.data(), count * 2);
+    p.EndPush(rank, true);
+    return Status::Ok();
+  };
+  const std::vector<uint16_t> nan_payload = {0x7e01, 0x8000, 0x3c00, 0xfbff};  // NaN bits kept
+  ASSERT_TRUE(push(0, 0, {}).ok());
+  ASSERT_TRUE(push(2, 4, nan_payload).ok());
+  ASSERT_TRUE(push(1, 0, {}).ok());
+  EXPECT_FALSE(p.Progress().has_value());  // rank 3 has not asked yet
+  ASSERT_TRUE(push(3, 0, {}).ok());
+  std::optional<Completion> c = p.Progress();
+  ASSERT_TRUE(c.has_value());
+  ASSERT_TRUE(c->status.ok()) << c->status.ToString();
+  EXPECT_EQ(FromBytes<uint16_t>(c->result), nan_payload);
+  EXPECT_EQ(c->cookies, (std::vector<uint64_t>{102, 100, 101, 103}));
+  // A requester that pushes elements fails the next round for everyone, naming it.
+  for (int i = 0; i < 4; ++i) p.SendDone(c->slot);
+  EXPECT_EQ(push(1, 4, nan_payload, 1).code(), Code::kMismatch);
+}
+
+// Min over three contributors in rank order, int32 in the int64 accumulator.
+TEST(PartitionStateRoutingTest, MinFoldsInRankOrder) {
+  Routing routing{ReduceOp::kMin, false, {}, {}};
+  PartitionState p(kKey, 0, "min", DataType::kInt32, 3, {0, 1, 2}, 3, {}, routing);
+  const std::vector<std::vector<int32_t>> in = {{5, -7, 0}, {3, 9, 0}, {4, -8, -1}};
+  for (uint32_t r : {2u, 0u, 1u}) {  // any arrival order
+    wire::Header h;
+    h.type = wire::MsgType::kPush;
+    h.sender = r;
+    h.key = kKey;
+    h.dtype = static_cast<uint8_t>(DataType::kInt32);
+    h.count = 3;
+    h.payload_bytes = 12;
+    bool run = false;
+    auto span = p.BeginPush(h, &run);
+    ASSERT_TRUE(span.ok()) << span.status().ToString();
+    std::memcpy(span->data(), in[r].data(), 12);
+    p.EndPush(r, true);
+  }
+  std::optional<Completion> c;
+  while (auto next = p.Progress()) c = next;
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(FromBytes<int32_t>(c->result), (std::vector<int32_t>{3, -8, -1}));
+}
+
 }  // namespace
 }  // namespace gradlink::server

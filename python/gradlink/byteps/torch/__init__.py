@@ -91,3 +91,5 @@ def suspend():
 def resume(num_workers, num_servers, global_rank=-1, context=None):
     raise gradlink.InvalidArgumentError(
         "bps.resume(): elastic training is not implemented by gradlink")
+
+from . import parallel  # noqa: E402,F401  (bps.parallel.DistributedDataParallel)
