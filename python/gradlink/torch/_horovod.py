@@ -294,6 +294,30 @@ def _grouped(tensors, in_place, average, name, op, prescale_factor, postscale_fa
     tensors = list(tensors)
     if name is None:
         name = "grouped_allreduce.noname.%d" % next(_core._require().noname)
+    resolved = _resolve_op(average, op, what)
+    group, _, _ = _members(process_set, what)
+    if resolved in (Sum, Average) and group is None:
+        # Sums and averages over every worker go as one fused group (grouped_push_pull):
+        # small members share fusion buffers, as in Horovod.
+        for i, t in enumerate(tensors):
+            _core._check_tensor(t, "%s (member %d)" % (what, i))
+        with torch.no_grad():
+            outs = [t if in_place else t.detach().clone() for t in tensors]
+            wires = [compression.compress(o.detach()) for o in outs]
+            for w, _ in wires:
+                _scale(w, prescale_factor)
+            inner = _core.grouped_push_pull_async([w for w, _ in wires],
+                                                  average=resolved == Average, name=name)
+
+        def finish():
+            for o, (w, c) in zip(outs, wires):
+                result = compression.decompress(w, c)
+                if result.data_ptr() != o.data_ptr():
+                    o.detach().copy_(result)
+                _scale(o.detach(), postscale_factor)
+            return outs
+
+        return _AllreduceHandle(inner, outs, finish, name)
     handles = []
     for i, t in enumerate(tensors):
         out = t if in_place else t.detach().clone()

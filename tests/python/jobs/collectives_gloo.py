@@ -104,6 +104,13 @@ for op in (hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product):
         want = acc.to(dtype)[start:start + split[rank]]
         assert torch.equal(ours, want), (op.name, dtype, ours[:2], want[:2])
 
+# Reduce-scatter with fp16 compression: fp16 on the wire, summed in fp32, rounded once.
+x = data(rank, torch.float32, n=rows * 5, salt=9).view(rows, 5)
+ours = hvd.reducescatter(x, op=hvd.Sum, compression=hvd.Compression.fp16, name="rs.fp16")
+want = sum(data(r, torch.float32, n=rows * 5, salt=9).view(rows, 5).to(torch.float16).float()
+           for r in range(size)).to(torch.float16).float()[start:start + split[rank]]
+assert ours.dtype == torch.float32 and torch.equal(ours, want), (ours[:1], want[:1])
+
 # Reduce-scatter shapes that disagree: MismatchError on every rank, naming the ranks.
 try:
     hvd.reducescatter(torch.zeros(6 if rank != 1 else 9, 2), op=hvd.Sum, name="rs.bad")

@@ -45,6 +45,16 @@ for n, t in zip((10, 300, 5000), res):
     assert torch.allclose(t, sum(inputs(q, n) for q in range(size)), atol=1e-5), n
 res = hvd.synchronize(hvd.grouped_allreduce_async_(ts, name="grp_"))
 assert all(a is b for a, b in zip(res, ts))
+# Fused, as Horovod's: small members share fusion buffers; with fp16 compression and scaling.
+fused_before = hvd.stats()["fused_ops"]
+small = [inputs(rank, n) for n in (7, 30, 100)]
+res = hvd.grouped_allreduce(small, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5,
+                            compression=hvd.Compression.fp16, name="grp.fp16")
+assert hvd.stats()["fused_ops"] > fused_before, hvd.stats()
+for n, t in zip((7, 30, 100), res):
+    want = (sum((inputs(q, n) * 2.0).to(torch.float16).float() for q in range(size))
+            ).to(torch.float16).float() * 0.5
+    assert t.dtype == torch.float32 and torch.equal(t, want), (n, t[:3], want[:3])
 
 # Compression.fp16: fp16 on the wire, summed in fp32, cast back: the same as summing the fp16
 # values exactly and rounding once to fp16.
