@@ -253,6 +253,20 @@ def test_horovod_style_synthetic_benchmark(run_job, flags):
                 in job.lines("[worker %d]" % r)), job.explain()
 
 
+@pytest.mark.parametrize("flags", [[], ["--fp16-pushpull"], ["--ddp"]],
+                         ids=["optimizer", "fp16", "ddp"])
+def test_byteps_style_synthetic_benchmark(run_job, flags):
+    script = os.path.join(REPO, "examples", "bps_synthetic_benchmark.py")
+    job = run_job(2, 2, [script, "--check", "--num-iters", "2", "--width", "64"] + flags,
+                  timeout=120)
+    assert job.rc == 0, job.explain()
+    assert any("Total img/sec on 2 worker(s)" in line for line in job.lines("[worker 0]")), \
+        job.explain()
+    for r in range(2):
+        assert ("bps_synthetic_benchmark: check: rank %d parameters identical to rank 0's" % r
+                in job.lines("[worker %d]" % r)), job.explain()
+
+
 def test_train_lm_check(run_job):
     script = os.path.join(REPO, "examples", "train_lm.py")
     job = run_job(2, 2, [script, "--check", "--steps", "8", "--d-model", "32", "--layers", "1",
