@@ -93,11 +93,18 @@ def broadcast_parameters(params, root_rank=0, prefix="parameters"):
         _core.synchronize(h)
 
 
-def broadcast_object(obj, root_rank=0, name="object"):
-    """Returns root_rank's `obj` on every worker (serialized with torch.save, so tensors inside
-    are fine); other workers' `obj` is ignored. Two broadcasts through the servers: the size,
-    then the bytes as int64 words."""
+def broadcast_object(obj, root_rank=0, name="object", process_set=None):
+    """Returns root_rank's `obj` on every worker (of `process_set`, Horovod's; every worker by
+    default), serialized with torch.save, so tensors inside are fine; other workers' `obj` is
+    ignored. Two broadcasts through the servers: the size, then the bytes as int64 words."""
+    from ._horovod import _members, _set_name  # (_horovod does not import this module)
     ctx = _core._require()
+    group, _, _ = _members(process_set, "broadcast_object")
+    name = _set_name(group, "object" if name is None else name)
+
+    def broadcast(t, root, key):
+        return _core.synchronize(broadcast_async(t, root, key, group=group))
+
     if ctx.rank == root_rank:
         f = io.BytesIO()
         torch.save(obj, f)
@@ -118,13 +125,14 @@ def broadcast_object(obj, root_rank=0, name="object"):
     return torch.load(io.BytesIO(buf[:n].numpy().tobytes()), map_location="cpu")
 
 
-def broadcast_optimizer_state(optimizer, root_rank=0):
+def broadcast_optimizer_state(optimizer, root_rank=0, model=None):
     """Makes every worker's optimizer state (per-parameter state such as momentum buffers and
     Adam moments, and the param_groups' hyperparameters such as lr) equal to root_rank's.
 
     The root's optimizer.state_dict() travels through the servers (broadcast_object) and the
     other workers load it, so it works even when only the root has taken a step (e.g. after
-    loading a checkpoint on rank 0)."""
+    loading a checkpoint on rank 0). `model` (Horovod's, to find sparse parameters) is not
+    needed: the whole state travels, sparse or dense."""
     state = optimizer.state_dict() if _core.rank() == root_rank else None
     state = broadcast_object(state, root_rank, name="optimizer_state")
     if _core.rank() != root_rank:

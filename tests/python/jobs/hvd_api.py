@@ -129,6 +129,8 @@ pair = hvd.add_process_set([0, 1])
 if pair.included():
     hvd.barrier(pair)
     hvd.barrier(process_set=pair)
+    got = hvd.broadcast_object({"from": rank}, root_rank=1, name="pair.obj", process_set=pair)
+    assert got == {"from": 1}, got
 
 # broadcast_parameters with model.parameters() (plain tensors, named by position).
 model = torch.nn.Linear(8, 4)
@@ -140,6 +142,11 @@ hvd.broadcast_parameters(model.parameters(), root_rank=0)
 torch.manual_seed(0)
 for p in model.parameters():
     assert torch.equal(p, torch.randn_like(p)), "broadcast_parameters(model.parameters())"
+
+# broadcast_optimizer_state with Horovod's model= (the root's lr everywhere).
+adam = torch.optim.Adam(model.parameters(), lr=0.01 * (rank + 1))
+hvd.broadcast_optimizer_state(adam, 0, model=model)
+assert adam.param_groups[0]["lr"] == 0.01, adam.param_groups[0]["lr"]
 
 # DistributedOptimizer with Horovod's keywords: compression=fp16, op=Sum /
 # gradient_predivide_factor, against the same step computed here from every rank's gradient.
