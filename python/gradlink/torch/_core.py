@@ -374,10 +374,13 @@ def start_collective(kind, tensor, inp, out, name, dtype=None, op="sum", root=0,
     spec = (dtype, total, kind, op, root, tuple(counts), tuple(group))
     with ctx.lock:
         known = ctx.collectives.get(key)
-        if known is not None and known[1] == spec:
-            t = known[0]
-        else:  # new, or declared again otherwise (the worker raises MismatchError)
-            t = ctx.worker.declare_collective(key, dtype, total, kind, op, root, counts, group)
+    if known is not None and known[1] == spec:
+        t = known[0]
+    else:  # new, or declared again otherwise (the worker raises MismatchError)
+        # Outside the lock: declaring sends to the scheduler. Two threads declaring one key
+        # get the same handle from the worker.
+        t = ctx.worker.declare_collective(key, dtype, total, kind, op, root, counts, group)
+        with ctx.lock:
             if len(ctx.collectives) > 4096:
                 ctx.collectives.clear()  # the worker keeps its declarations; this is a cache
             ctx.collectives[key] = (t, spec)

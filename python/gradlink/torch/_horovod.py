@@ -188,6 +188,15 @@ def _scale(tensor, factor):
         tensor.mul_(factor)
 
 
+def _write_back(out, wire, cctx, compression, postscale_factor):
+    """After the sum: `wire` decompressed into `out` (unless it is `out`), postscaled."""
+    result = compression.decompress(wire, cctx)
+    if result.data_ptr() != out.data_ptr():
+        out.detach().copy_(result)
+    _scale(out.detach(), postscale_factor)
+    return out
+
+
 class _AllreduceHandle:
     """An allreduce in flight: the push_pull's handle, then the postscale and the copy-out
     (out-of-place and compressed variants)."""
@@ -235,11 +244,7 @@ def _start(tensor, out, average, name, op, prescale_factor, postscale_factor, pr
             inner = _core.push_pull_async(wire, average=op == Average, name=name)
 
     def finish():
-        result = compression.decompress(wire, cctx)
-        if result.data_ptr() != out.data_ptr():
-            out.detach().copy_(result)
-        _scale(out.detach(), postscale_factor)
-        return out
+        return _write_back(out, wire, cctx, compression, postscale_factor)
 
     return _AllreduceHandle(inner, out, finish, name)
 
@@ -310,12 +315,8 @@ def _grouped(tensors, in_place, average, name, op, prescale_factor, postscale_fa
                                                   average=resolved == Average, name=name)
 
         def finish():
-            for o, (w, c) in zip(outs, wires):
-                result = compression.decompress(w, c)
-                if result.data_ptr() != o.data_ptr():
-                    o.detach().copy_(result)
-                _scale(o.detach(), postscale_factor)
-            return outs
+            return [_write_back(o, w, c, compression, postscale_factor)
+                    for o, (w, c) in zip(outs, wires)]
 
         return _AllreduceHandle(inner, outs, finish, name)
     handles = []
