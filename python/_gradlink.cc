@@ -25,6 +25,7 @@
 
 #include "gradlink/env.h"
 #include "gradlink/options.h"
+#include "gradlink/scheduler.h"
 #include "gradlink/status.h"
 #include "gradlink/tensor.h"
 #include "gradlink/worker.h"
@@ -203,6 +204,16 @@ class PyWorker {
       }
       inflight_.clear();
     }
+  }
+
+  // A capsule ("gradlink.Worker") holding a new std::shared_ptr to the C++ worker, for
+  // _gradlink_c10d; both modules link the one libgradlink.
+  py::capsule shared() const {
+    if (!worker_) Raise(gl::InvalidArgument("worker is closed"));
+    auto* p = new std::shared_ptr<gl::Worker>(worker_);
+    return py::capsule(p, "gradlink.Worker", [](PyObject* c) {
+      delete static_cast<std::shared_ptr<gl::Worker>*>(PyCapsule_GetPointer(c, "gradlink.Worker"));
+    });
   }
 
   uint32_t rank() const { return live().rank(); }
@@ -427,7 +438,9 @@ class PyWorker {
     return *worker_;
   }
 
-  std::unique_ptr<gl::Worker> worker_;
+  // Shared with the torch.distributed adapter (_gradlink_c10d), which runs its process groups'
+  // collectives on this worker: one rank per process, whichever front end joined first.
+  std::shared_ptr<gl::Worker> worker_;
   bool shut_down_ = false;
   uint64_t fusion_buffer_bytes_ = 0, fusion_threshold_bytes_ = 0;
   double operation_timeout_s_ = 300;  // WorkerOptions::operation_timeout: wait()/barrier(None)
@@ -445,6 +458,60 @@ PyObject* NewError(py::module_& m, const char* name, py::handle bases, const cha
 }
 
 }  // namespace
+
+// A job's scheduler inside this process (the torch.distributed backend's rank 0 hosts it).
+class PyScheduler {
+ public:
+  PyScheduler(const std::string& host, uint16_t port, uint32_t workers, uint32_t servers,
+              std::optional<std::string> job, std::optional<std::string> secret,
+              double join_timeout_s) {
+    gl::SchedulerOptions o;
+    Check(gl::ApplyEnvironment(&o));
+    o.host = host;
+    o.port = port;
+    o.num_workers = workers;
+    o.num_servers = servers;
+    if (job) o.job = *job;
+    if (secret) o.secret = *secret;
+    o.join_timeout = std::chrono::milliseconds(static_cast<int64_t>(join_timeout_s * 1000));
+    gl::Result<std::unique_ptr<gl::Scheduler>> s = gl::Status();
+    {
+      py::gil_scoped_release release;
+      s = gl::Scheduler::Start(o);
+    }
+    Check(s.status());
+    scheduler_ = std::move(s).value();
+  }
+  ~PyScheduler() { stop(); }
+
+  uint16_t port() const { return live().port(); }
+
+  // None while the job runs (after `timeout_s`); else "" when every worker left cleanly, or
+  // the failure's message.
+  std::optional<std::string> wait(double timeout_s) {
+    gl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = live().Wait(DeadlineFrom(timeout_s));
+    }
+    if (s.code() == gl::Code::kTimeout) return std::nullopt;
+    return s.ok() ? std::string() : s.ToString();
+  }
+
+  void stop() {
+    if (!scheduler_) return;
+    py::gil_scoped_release release;
+    scheduler_->Stop();
+    scheduler_.reset();
+  }
+
+ private:
+  gl::Scheduler& live() const {
+    if (!scheduler_) Raise(gl::InvalidArgument("scheduler is stopped"));
+    return *scheduler_;
+  }
+  std::unique_ptr<gl::Scheduler> scheduler_;
+};
 
 PYBIND11_MODULE(_gradlink, m) {
   m.doc() = "gradlink worker binding (use the gradlink and gradlink.torch modules)";
@@ -559,6 +626,8 @@ PYBIND11_MODULE(_gradlink, m) {
       .def_property_readonly("is_shut_down", &PyWorker::is_shut_down)
       .def_property_readonly("fusion_buffer_bytes", &PyWorker::fusion_buffer_bytes)
       .def_property_readonly("fusion_threshold_bytes", &PyWorker::fusion_threshold_bytes)
+      .def("_shared", &PyWorker::shared,
+           "A capsule sharing the C++ worker with the torch.distributed adapter.")
       .def("stats", &PyWorker::stats, "Counters of the C++ worker (gradlink::WorkerStats).")
       .def("declare", &PyWorker::declare, py::arg("name"), py::arg("dtype"), py::arg("count"),
            py::arg("shape") = py::none())
@@ -589,4 +658,21 @@ PYBIND11_MODULE(_gradlink, m) {
       .def("barrier", &PyWorker::barrier, py::arg("timeout") = py::none())
       .def("shutdown", &PyWorker::shutdown, py::arg("timeout") = 5.0)
       .def("_num_inflight", &PyWorker::num_inflight);
+
+  py::class_<PyScheduler>(m, "Scheduler", "A job's scheduler in this process (gradlink::Scheduler).")
+      .def(py::init<const std::string&, uint16_t, uint32_t, uint32_t, std::optional<std::string>,
+                    std::optional<std::string>, double>(),
+           py::arg("host") = "127.0.0.1", py::arg("port") = 0, py::arg("workers") = 1,
+           py::arg("servers") = 1, py::arg("job") = py::none(), py::arg("secret") = py::none(),
+           py::arg("join_timeout") = 60.0,
+           "Binds host:port (0: a free port) and runs the job's control plane until stop(). "
+           "job and secret: None takes GRADLINK_JOB / GRADLINK_SECRET, else the defaults.")
+      .def_property_readonly("port", &PyScheduler::port)
+      .def("wait", &PyScheduler::wait, py::arg("timeout") = 0.0,
+           "None while the job runs; '' once every worker left cleanly; else the failure.")
+      .def("stop", &PyScheduler::stop, "Ends the job now and joins the scheduler's threads.");
+  m.def("machine_name", &gl::LocalMachineName,
+        "The machine this process counts as (GRADLINK_HOST's machine part, else the host name "
+        "with a network namespace that is not the machine's own).");
+  m.def("generate_secret", &gl::GenerateSecret, "A fresh random job secret.");
 }

@@ -10,7 +10,7 @@ packages=(
   libssl-dev
   iproute2
   # The Python layer: Debian's torch/pybind11/pytest belong to /usr/bin/python3 (no PyPI).
-  python3-dev python3-pybind11 pybind11-dev python3-torch python3-pytest python3-venv
+  python3-dev python3-pybind11 pybind11-dev python3-torch libtorch-dev python3-pytest python3-venv
   # bench/compare's baselines (Open MPI's MPI_Allreduce, Gloo via torch) and its plot.
   openmpi-bin libopenmpi-dev python3-mpi4py python3-matplotlib
 )

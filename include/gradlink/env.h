@@ -38,6 +38,11 @@ Result<uint64_t> ParseByteCount(const std::string& what, const std::string& valu
 // share of it); tools check sizes against it.
 uint64_t AvailableMemory();
 
+// The machine this process counts as (what decides which workers share a host): GRADLINK_HOST's
+// machine part when it is set, else the host name, with the network namespace where it is not
+// the machine's own. For launchers that place one server per host (the torch.distributed
+// backend's rendezvous).
+std::string LocalMachineName();
 // A fresh random job secret (64 hex characters), for launchers to hand to a job's members.
 std::string GenerateSecret();
 

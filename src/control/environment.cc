@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "common/env.h"
+#include "common/naming.h"
 #include "security/secret.h"
 #include "wire/messages.h"
 
@@ -52,6 +53,11 @@ uint64_t AvailableMemory() {
     if (key == "MemAvailable:") return kib * 1024;
   }
   return 0;
+}
+
+std::string LocalMachineName() {
+  const std::string host = env::Get("GRADLINK_HOST").value_or(LocalHostName());
+  return std::string(MachineOf(host));
 }
 
 std::string GenerateSecret() { return security::Generate().value; }

@@ -205,3 +205,8 @@ __all__ = [
     "stats",
     "synchronize",
 ]
+
+# The torch.distributed backend "gradlink" (init_process_group("gradlink")), when it is built.
+from . import _c10d as _c10d_backend  # noqa: E402
+
+_c10d_backend.register()

@@ -76,19 +76,22 @@ def _env_int(*names, default=None):
         raise InvalidArgumentError("%s=%r is not an integer" % ("/".join(names), v)) from None
 
 
-def _scheduler_from_env():
-    s = _env("GRADLINK_SCHEDULER")
-    if s:
-        return s
-    addr = _env("MASTER_ADDR")
-    if addr is not None and _env("RANK") is not None:
-        # torchrun: the gradlink scheduler listens next to torch's store, on MASTER_PORT + 1
-        # unless GRADLINK_SCHEDULER_PORT says otherwise.
-        port = _env_int("GRADLINK_SCHEDULER_PORT")
-        if port is None:
-            port = _env_int("MASTER_PORT", default=29500) + 1
-        return "%s:%d" % (addr, port)
-    return None
+def _under_torchrun():
+    return all(_env(n) is not None for n in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"))
+
+
+def _join_through_torch(timeout):
+    """torchrun (or any env:// setting) without GRADLINK_SCHEDULER: the job is made through
+    torch's store, as the "gradlink" backend does (_c10d.py): rank 0 hosts the scheduler, each
+    host's first rank a server. With no default process group yet, that group is made a
+    gradlink one; beside an existing one (gloo, say), its store is used."""
+    import torch.distributed as dist
+    from . import _c10d
+    if not dist.is_initialized():
+        dist.init_process_group(_c10d.BACKEND)  # joins (calls init() with the scheduler)
+        return None
+    store = dist.distributed_c10d._get_default_store()
+    return _c10d.init_from_store(store, dist.get_rank(), dist.get_world_size(), timeout)
 
 
 def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=None,
@@ -101,12 +104,12 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
 
     * gradlink-run: ``GRADLINK_SCHEDULER`` (host:port), ``GRADLINK_RANK``, ``GRADLINK_JOB``,
       ``GRADLINK_WORKERS``, ``GRADLINK_LOCAL_RANK``, ``GRADLINK_LOCAL_SIZE``.
-    * torchrun: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``
-      and ``MASTER_PORT``: the scheduler is expected at ``MASTER_ADDR:MASTER_PORT+1``
-      (``GRADLINK_SCHEDULER_PORT`` overrides the port, ``GRADLINK_SCHEDULER`` the address).
-      Start it (and the servers) with your launcher, e.g. on the master node
-      ``gradlink-scheduler --host 0.0.0.0 --port $((MASTER_PORT+1)) -w $WORLD_SIZE -s S`` and
-      ``gradlink-server --scheduler $MASTER_ADDR:$((MASTER_PORT+1))`` S times.
+    * torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), with no
+      ``GRADLINK_SCHEDULER``: the job is made through torch's store, as
+      ``init_process_group("gradlink")`` does (which this calls when there is no default
+      process group yet): rank 0 hosts the scheduler, the first rank of each host starts a
+      server (``GRADLINK_SERVERS_PER_HOST``), all ending with the job. ``GRADLINK_SCHEDULER``
+      names an existing job (an external server pool) instead.
 
     ``timeout`` (``GRADLINK_TIMEOUT``, default 300 s) is the default deadline of synchronize();
     ``partition_bytes`` (``GRADLINK_PARTITION_BYTES``), ``max_bytes_in_flight``
@@ -131,14 +134,22 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
     the others still wait for its gradients would leave them waiting until their timeout.)
     """
     global _ctx
+    if _ctx is not None:
+        return
+    scheduler = scheduler or _env("GRADLINK_SCHEDULER")
+    if not scheduler and _under_torchrun():
+        scheduler = _join_through_torch(
+            float(_env("GRADLINK_TIMEOUT", default=DEFAULT_TIMEOUT_S)) if timeout is None
+            else timeout)
+        if scheduler is None:
+            return  # the gradlink process group joined
     with _ctx_lock:
         if _ctx is not None:
             return
-        scheduler = scheduler or _scheduler_from_env()
         if not scheduler:
             raise InvalidArgumentError(
-                "gradlink.torch.init(): no scheduler: run under gradlink-run, set "
-                "GRADLINK_SCHEDULER=host:port, or run under torchrun (MASTER_ADDR/MASTER_PORT)")
+                "gradlink.torch.init(): no scheduler: run under gradlink-run or torchrun, set "
+                "GRADLINK_SCHEDULER=host:port, or init_process_group('gradlink')")
         if rank is None:
             rank = _env_int("GRADLINK_RANK", "RANK", default=-1)
         job = job or _env("GRADLINK_JOB", default="default")

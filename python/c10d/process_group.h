@@ -1,0 +1,149 @@
+// The torch.distributed backend "gradlink": a c10d process group whose collectives run on a
+// gradlink::Worker, through the servers' own operations (gradlink/collective.h).
+//
+//   torch 1.13 (Debian 12): a c10d::ProcessGroup;  torch 2.x: a c10d::Backend.
+//   The collective signatures are the same; only the base class (and its registration, done in
+//   python/gradlink/torch/_c10d.py) differs.
+//
+// One worker serves every gradlink process group of a process (the default group and each
+// new_group), and gradlink.torch's own calls. A group's collectives are keys named after the
+// group, the operation and its shapes; the k-th call with one signature takes slot k mod
+// kSlots, so a training loop reuses a fixed set of keys (planned once) and up to kSlots calls
+// of one signature run at once. torch.distributed requires every member to issue a group's
+// collectives in one order, which makes these names agree across ranks.
+//
+// Threads: the collectives start on the caller's thread; one completion thread per group waits
+// for them in issue order, copies results out where a staging buffer was needed, then
+// completes the Work and its Future (whose callbacks, DDP's, run there). Nothing the
+// communication needs waits on that thread.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradlink/status.h"
+#include "gradlink/worker.h"
+
+namespace gradlink::c10d {
+
+#if TORCH_VERSION_MAJOR >= 2
+using ProcessGroupBase = ::c10d::Backend;
+#else
+using ProcessGroupBase = ::c10d::ProcessGroup;
+#endif
+
+class ProcessGroupGradlink final : public ProcessGroupBase {
+ public:
+  // Calls of one signature in flight at once on one group (each slot is its own key).
+  static constexpr uint64_t kSlots = 4;
+
+  // `members`: the group's global ranks, ascending (empty: every worker of the job); `rank`
+  // and `size` are the caller's place in the group and its size. `uid` names the group
+  // identically on every member. `timeout`: every operation's deadline.
+  ProcessGroupGradlink(std::shared_ptr<Worker> worker, int rank, int size,
+                       std::vector<uint32_t> members, std::string uid,
+                       std::chrono::milliseconds timeout);
+  ~ProcessGroupGradlink() override;
+
+  const std::string getBackendName() const override { return "gradlink"; }
+
+  c10::intrusive_ptr<::c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                             const ::c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                             const ::c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                          const ::c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                             std::vector<at::Tensor>& inputs,
+                                             const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                   const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const ::c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                           const ::c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                  std::vector<std::vector<at::Tensor>>& inputs,
+                                                  const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                 std::vector<int64_t>& output_split_sizes,
+                                                 std::vector<int64_t>& input_split_sizes,
+                                                 const ::c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                            std::vector<at::Tensor>& inputs,
+                                            const ::c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
+
+  // Operations started on this group (a test checks that the names agree across ranks).
+  uint64_t operations() const;
+
+ private:
+  class Work;
+  // What one operation waits for, then does once its handles have completed (copies out of
+  // staging buffers), on the completion thread.
+  struct Pending {
+    c10::intrusive_ptr<Work> work;
+    std::vector<PushPullHandle> handles;
+    std::function<Status(Clock::time_point)> blocking;  // barrier: runs instead of handles
+    std::function<void()> finish;
+    std::vector<at::Tensor> keepalive;  // every buffer the handles write or read
+    Clock::time_point deadline;
+    std::string what;
+  };
+
+  // The key for a call of `signature` (its slot taken in issue order), declared once.
+  Result<TensorHandle> Key(const std::string& what, const std::string& signature,
+                           DataType dtype, uint64_t count, const CollectiveSpec* spec);
+  CollectiveSpec Spec(Collective kind, ReduceOp op = ReduceOp::kSum, uint32_t root = 0,
+                      std::vector<uint64_t> counts = {}) const;
+  Clock::time_point Deadline(std::chrono::milliseconds op_timeout) const;
+  c10::intrusive_ptr<::c10d::Work> Enqueue(::c10d::OpType type, Pending p,
+                                           std::vector<at::Tensor> outputs);
+  c10::intrusive_ptr<::c10d::Work> Done(::c10d::OpType type, std::vector<at::Tensor> outputs);
+  // Runs a collective key from `input` into `output` (gradlink dtype `dtype`), adding its handle.
+  void Start(Pending& p, const TensorHandle& key, const at::Tensor& input,
+             const at::Tensor& output, bool average);
+  // Splits every member's input split sizes (alltoall), exchanged on a key of their own.
+  std::vector<uint64_t> SplitMatrix(const std::vector<uint64_t>& mine, Clock::time_point deadline);
+  void CompletionLoop();
+
+  std::shared_ptr<Worker> worker_;
+  const std::vector<uint32_t> members_;
+  const std::string uid_;
+  const std::chrono::milliseconds timeout_;
+
+  mutable std::mutex mu_;  // guards what follows
+  std::map<std::string, uint64_t> calls_;         // signature -> calls so far
+  std::map<std::string, TensorHandle> keys_;      // name -> declared key
+  uint64_t operations_ = 0;
+  std::deque<Pending> queue_;
+  std::vector<Pending> abandoned_;  // timed out: their buffers stay alive until shutdown
+  bool stopping_ = false;
+  std::condition_variable cv_;
+  std::thread completion_;
+};
+
+}  // namespace gradlink::c10d

@@ -1,0 +1,214 @@
+"""The torch.distributed backend "gradlink" (registered when gradlink.torch is imported).
+
+    import torch.distributed as dist
+    import gradlink.torch                          # registers the backend
+    dist.init_process_group("gradlink")            # env://, tcp://, file://; under torchrun
+    model = torch.nn.parallel.DistributedDataParallel(model)   # its buckets go to gradlink
+
+The process group is C++ (python/c10d/: a c10d ProcessGroup on torch 1.13, a Backend on 2.x)
+and runs every collective on this process's gradlink worker, through the servers' own
+operations. This module does the rendezvous through the Store torch hands the backend:
+
+* ``GRADLINK_SCHEDULER`` set (gradlink-run, or an external server pool): join that job.
+* Otherwise rank 0 hosts the scheduler in this process and publishes its address, the job
+  name and a fresh job secret in the store; the first rank of each host starts one
+  gradlink-server for the job (``GRADLINK_SERVERS_PER_HOST``, default 1), a child process that
+  ends with the job. Every worker then joins.
+
+Subgroups (``dist.new_group(ranks, backend="gradlink")``) share the worker; their collectives
+are the servers' group operations over those ranks.
+"""
+
+import atexit
+import ctypes
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import zlib
+
+import torch
+import torch.distributed as dist
+
+import gradlink
+from gradlink import InvalidArgumentError
+
+from . import _core
+
+BACKEND = "gradlink"
+_PREFIX = "gradlink/"
+
+_job = {"scheduler": None, "servers": [], "groups": {}}
+
+
+def _module():
+    try:
+        from gradlink import _gradlink_c10d
+    except ImportError as e:
+        raise ImportError(
+            "gradlink: the torch.distributed backend (_gradlink_c10d) is not built: it needs "
+            "libtorch's C++ headers when gradlink is built (Debian: apt-get install libtorch-dev, "
+            "then rebuild). (%s)" % e) from e
+    return _gradlink_c10d
+
+
+def _bin(name):
+    """A gradlink binary: $GRADLINK_BIN_DIR, else the build directory's bin/."""
+    dirs = [os.environ.get("GRADLINK_BIN_DIR")] + [os.path.join(d, "bin")
+                                                   for d in gradlink._build_dirs()]
+    for d in dirs:
+        if d and os.access(os.path.join(d, name), os.X_OK):
+            return os.path.join(d, name)
+    raise InvalidArgumentError(
+        "gradlink: %s not found (looked in %s): build gradlink, or set GRADLINK_BIN_DIR"
+        % (name, ", ".join(d for d in dirs if d)))
+
+
+def _die_with_parent():
+    # The server is this worker's child: it must not outlive it (PR_SET_PDEATHSIG).
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def _advertised_host(single_machine):
+    if single_machine:
+        return "127.0.0.1"
+    for name in ("GRADLINK_SCHEDULER_HOST", "MASTER_ADDR"):
+        if os.environ.get(name):
+            return os.environ[name]
+    import socket
+    return socket.gethostbyname(socket.gethostname())
+
+
+def rendezvous(store, rank, size, timeout_s):
+    """Through `store` (torch's): starts the job's scheduler (rank 0) and servers (a host's
+    first rank) unless GRADLINK_SCHEDULER names a running job; returns the scheduler's
+    host:port, and sets this process's GRADLINK_JOB, GRADLINK_SECRET, GRADLINK_LOCAL_RANK and
+    GRADLINK_LOCAL_SIZE for the worker."""
+    from gradlink import _gradlink
+    me = _gradlink.machine_name()
+    store.set(_PREFIX + "host/%d" % rank, me)
+    hosts = [store.get(_PREFIX + "host/%d" % r).decode() for r in range(size)]
+    machines = []
+    for h in hosts:  # numbered by their first rank
+        if h not in machines:
+            machines.append(h)
+    local = [r for r in range(size) if hosts[r] == me]
+    os.environ["GRADLINK_LOCAL_RANK"] = str(local.index(rank))
+    os.environ["GRADLINK_LOCAL_SIZE"] = str(len(local))
+    if os.environ.get("GRADLINK_SCHEDULER"):
+        return os.environ["GRADLINK_SCHEDULER"]
+    per_host = int(os.environ.get("GRADLINK_SERVERS_PER_HOST", "1"))
+    if per_host < 1:
+        raise InvalidArgumentError("GRADLINK_SERVERS_PER_HOST=%d: at least 1" % per_host)
+    if rank == 0:
+        job = "torch-%s" % _gradlink.generate_secret()[:12]
+        secret = os.environ.get("GRADLINK_SECRET") or _gradlink.generate_secret()
+        single = len(machines) == 1
+        sched = _gradlink.Scheduler(
+            host="127.0.0.1" if single else "0.0.0.0",
+            port=int(os.environ.get("GRADLINK_SCHEDULER_PORT", "0")), workers=size,
+            servers=per_host * len(machines), job=job, secret=secret,
+            join_timeout=timeout_s)
+        _job["scheduler"] = sched
+        address = "%s:%d" % (_advertised_host(single), sched.port)
+        store.set(_PREFIX + "job", "\n".join([address, job, secret]))
+    address, job, secret = store.get(_PREFIX + "job").decode().split("\n")
+    os.environ["GRADLINK_JOB"] = job
+    os.environ["GRADLINK_SECRET"] = secret
+    if local[0] == rank:
+        env = dict(os.environ, GRADLINK_SCHEDULER=address)
+        host = machines.index(me)
+        for i in range(per_host):
+            _job["servers"].append(subprocess.Popen(
+                [_bin("gradlink-server"), "--scheduler", address, "--id",
+                 str(host * per_host + i)],
+                env=env, preexec_fn=_die_with_parent))
+    return address
+
+
+def _end_job():
+    """At exit, after the worker has left: the servers end with the job; rank 0 keeps the
+    scheduler until every worker has left (or 30 s)."""
+    sched = _job["scheduler"]
+    if sched is not None:
+        sched.wait(30.0)
+        sched.stop()
+        _job["scheduler"] = None
+    for p in _job["servers"]:
+        try:
+            p.wait(10.0)
+        except subprocess.TimeoutExpired:
+            p.terminate()
+            p.wait(5.0)
+    _job["servers"] = []
+
+
+def _uid(members):
+    """The group's name, alike on its members: its ranks, and how many gradlink groups of those
+    ranks were made before (only members make a group, all in one order)."""
+    ranks = ",".join(str(r) for r in members)
+    if len(ranks) > 64:
+        ranks = "%dx%08x" % (len(members), zlib.crc32(ranks.encode()))
+    n = _job["groups"].get(ranks, 0)
+    _job["groups"][ranks] = n + 1
+    return "g%s.%d" % (ranks, n)
+
+
+def _create(opts, pg_options=None):
+    """torch's creator (extended API): a gradlink process group for opts.group_rank of
+    opts.group_size over opts.global_ranks_in_group."""
+    c10d = _module()
+    rank, size = opts.group_rank, opts.group_size
+    timeout_s = opts.timeout.total_seconds() if isinstance(opts.timeout, datetime.timedelta) \
+        else float(opts.timeout)
+    members = sorted(int(r) for r in (opts.global_ranks_in_group or []))
+    if not members:  # the default group
+        if not _core.is_initialized():
+            first = not _job["servers"] and _job["scheduler"] is None
+            address = rendezvous(opts.store, rank, size, timeout_s)
+            if first:
+                atexit.register(_end_job)  # runs after the worker's shutdown (registered later)
+            _core.init(scheduler=address, rank=rank)
+        ctx = _core._require()
+        if ctx.size != size or ctx.rank != rank:
+            raise InvalidArgumentError(
+                "gradlink: the default process group is rank %d of %d, but this process's "
+                "gradlink worker is rank %d of %d (gradlink.torch.init() joined another job)"
+                % (rank, size, ctx.rank, ctx.size))
+        uid = "world"
+    else:
+        if not _core.is_initialized():
+            raise InvalidArgumentError(
+                "gradlink: new_group(backend='gradlink') needs a gradlink job: make the default "
+                "process group gradlink too, or call gradlink.torch.init() first")
+        ctx = _core._require()
+        uid = _uid(members)
+        if members == list(range(ctx.size)):
+            members = []  # every worker: plain sums take the hierarchical path
+    return c10d.create(ctx.worker._shared(), rank, size, members, uid, timeout_s)
+
+
+def init_from_store(store, rank, size, timeout_s):
+    """gradlink.torch.init() beside another default group: the rendezvous through its store."""
+    first = not _job["servers"] and _job["scheduler"] is None
+    address = rendezvous(dist.PrefixStore("gradlink.torch", store), rank, size, timeout_s)
+    if first:
+        atexit.register(_end_job)
+    return address
+
+
+def register():
+    if hasattr(dist.Backend, BACKEND.upper()):
+        return
+    import inspect
+    kwargs = {}
+    params = inspect.signature(dist.Backend.register_backend).parameters
+    if "extended_api" in params:
+        kwargs["extended_api"] = True
+    if "devices" in params:
+        kwargs["devices"] = ["cpu"]
+    dist.Backend.register_backend(BACKEND, _create, **kwargs)
