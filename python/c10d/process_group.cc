@@ -594,11 +594,13 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::reduce(
 std::vector<uint64_t> ProcessGroupGradlink::SplitMatrix(const std::vector<uint64_t>& mine,
                                                         Clock::time_point deadline) {
   const uint64_t n = static_cast<uint64_t>(getSize());
-  std::vector<uint64_t> counts(n, n);
+  const uint64_t each = mine.size();
+  std::vector<uint64_t> counts(n, each);
   const CollectiveSpec spec = Spec(Collective::kAllgather, ReduceOp::kSum, 0, counts);
-  Result<TensorHandle> key = Key("alltoall splits", "splits", DataType::kInt64, n * n, &spec);
+  Result<TensorHandle> key = Key("alltoall splits", "splits." + std::to_string(each),
+                                 DataType::kInt64, n * each, &spec);
   if (!key.ok()) Fail(key.status().ToString());
-  std::vector<uint64_t> all(n * n);
+  std::vector<uint64_t> all(n * each);
   PushPullHandle h = worker_->Run(*key, std::as_bytes(std::span(mine)),
                                   std::as_writable_bytes(std::span(all)));
   if (Status s = h.Wait(deadline); !s.ok()) {
@@ -657,15 +659,27 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::alltoall_base(
   std::vector<uint64_t> counts(n * n);
   if (input_split_sizes.empty() && output_split_sizes.empty()) {
     std::fill(counts.begin(), counts.end(), send[0]);  // even: the same everywhere
+    if (recv[0] != send[0]) {
+      Fail("alltoall_base: an output of " + std::to_string(output.numel()) +
+           " elements for an even all-to-all of an input of " + std::to_string(input.numel()));
+    }
   } else {
-    counts = SplitMatrix(send, deadline);
-  }
-  for (uint64_t i = 0; i < n; ++i) {
-    if (counts[i * n + me] != recv[i]) {
-      Fail("alltoall_base: rank " + std::to_string(i) + " sends this rank (" + std::to_string(me) +
-           ") " + std::to_string(counts[i * n + me] / std::max<uint64_t>(scale, 1)) +
-           " elements, its output split sizes expect " +
-           std::to_string(recv[i] / std::max<uint64_t>(scale, 1)));
+    // Every rank's sends and expected receives, so that every rank finds the same
+    // disagreement (and raises it) rather than some waiting for a key the others never run.
+    std::vector<uint64_t> mine = send;
+    mine.insert(mine.end(), recv.begin(), recv.end());
+    const std::vector<uint64_t> all = SplitMatrix(mine, deadline);
+    for (uint64_t i = 0; i < n; ++i) {
+      for (uint64_t j = 0; j < n; ++j) {
+        const uint64_t sent = all[i * 2 * n + j], expected = all[j * 2 * n + n + i];
+        if (sent != expected) {
+          const uint64_t unit = std::max<uint64_t>(scale, 1);
+          Fail("alltoall_base: rank " + std::to_string(i) + " sends rank " + std::to_string(j) +
+               " " + std::to_string(sent / unit) + " elements, rank " + std::to_string(j) +
+               "'s output split sizes expect " + std::to_string(expected / unit));
+        }
+        counts[i * n + j] = sent;
+      }
     }
   }
   const uint64_t total = std::accumulate(counts.begin(), counts.end(), uint64_t{0});

@@ -126,7 +126,8 @@ class ProcessGroupGradlink final : public ProcessGroupBase {
   // Runs a collective key from `input` into `output` (gradlink dtype `dtype`), adding its handle.
   void Start(Pending& p, const TensorHandle& key, const at::Tensor& input,
              const at::Tensor& output, bool average);
-  // Splits every member's input split sizes (alltoall), exchanged on a key of their own.
+  // Every member's `mine` (the same length on each), in rank order: an allgather on a key of
+  // its own, waited for here (alltoall's split sizes).
   std::vector<uint64_t> SplitMatrix(const std::vector<uint64_t>& mine, Clock::time_point deadline);
   void CompletionLoop();
 

@@ -116,8 +116,10 @@ def test_server_weights_usage_errors(built):
 
 
 def test_torchrun_environment(built, tmp_path):
-    """Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) init() finds the
-    scheduler at MASTER_ADDR:MASTER_PORT+1. Started by hand here, as a cluster launcher would."""
+    """Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) with
+    GRADLINK_SCHEDULER naming a job started by hand (an external server pool, as a cluster
+    launcher would start one), init() joins that job, not one made through torch's store
+    (which test_c10d's torchrun tests cover)."""
     import os
     import re
     import subprocess
@@ -144,9 +146,10 @@ def test_torchrun_environment(built, tmp_path):
         workers = []
         for r in (1, 0):
             env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
-                       LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port - 1),
+                       LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1",
+                       GRADLINK_SCHEDULER="127.0.0.1:%d" % port,
                        PYTHONPATH=os.path.join(REPO, "python"))
-            for v in ("GRADLINK_SCHEDULER", "GRADLINK_RANK", "GRADLINK_WORKERS",
+            for v in ("GRADLINK_RANK", "GRADLINK_WORKERS",
                       "GRADLINK_LOCAL_RANK", "GRADLINK_JOB"):
                 env.pop(v, None)
             workers.append(subprocess.Popen([sys.executable, str(script)], env=env,

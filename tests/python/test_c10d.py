@@ -1,0 +1,107 @@
+"""The torch.distributed backend "gradlink": processes started the way torch.distributed users
+start them (a FileStore or torchrun), with no gradlink launcher: the backend makes the job
+(rank 0 hosts the scheduler, each host's first rank a server) through torch's store."""
+
+import glob
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import BUILD, JOBS, REPO
+
+
+@pytest.fixture(scope="module")
+def backend(built):
+    if not glob.glob(os.path.join(BUILD, "python", "gradlink", "_gradlink_c10d*.so")):
+        pytest.skip("the torch.distributed backend is not built (needs libtorch-dev)")
+    return built
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(REPO, "python") + os.pathsep + env.get("PYTHONPATH", "")
+    for k in list(env):  # a job of its own, not one a surrounding gradlink-run made
+        if k.startswith("GRADLINK_") and k != "GRADLINK_BUILD_DIR":
+            del env[k]
+    return env
+
+
+def spawn(script, size, tmp_path, args=(), timeout=180, env=None):
+    """Runs `script` as `size` processes (argv: rank, size, tmp_path, *args); returns
+    [(rc, output)] by rank, once all have ended (or been killed at `timeout`)."""
+    full = _env()
+    full.update(env or {})
+    procs = [subprocess.Popen([sys.executable, os.path.join(JOBS, script), str(r), str(size),
+                               str(tmp_path), *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, env=full, cwd=str(tmp_path))
+             for r in range(size)]
+    end = time.monotonic() + timeout
+    results = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, _ = p.communicate()
+            results.append((None, out.decode(errors="replace")))
+            continue
+        results.append((p.returncode, out.decode(errors="replace")))
+    return results
+
+
+def explain(results):
+    return "\n".join("--- rank %d (exit %s)\n%s" % (r, rc, out)
+                     for r, (rc, out) in enumerate(results))
+
+
+def test_every_operation_against_gloo(backend, tmp_path):
+    results = spawn("c10d_ops.py", 3, tmp_path)
+    for r, (rc, out) in enumerate(results):
+        assert rc == 0 and "C10D OPS OK rank %d" % r in out, explain(results)
+
+
+def test_ddp_zero_and_a_megatron_style_sync(backend, tmp_path):
+    results = spawn("c10d_train.py", 2, tmp_path)
+    for r, (rc, out) in enumerate(results):
+        assert rc == 0 and "C10D TRAIN OK rank %d" % r in out, explain(results)
+    print(results[0][1])
+
+
+def test_a_killed_peer_fails_every_rank_within_seconds(backend, tmp_path):
+    t0 = time.monotonic()
+    results = spawn("c10d_killed.py", 3, tmp_path, timeout=120)
+    took = time.monotonic() - t0
+    assert results[2][0] != 0, explain(results)  # the victim
+    for r in (0, 1):
+        rc, out = results[r]
+        assert rc == 0, explain(results)
+        line = [l for l in out.splitlines() if l.startswith("C10D KILLED rank %d" % r)]
+        assert line, explain(results)
+        assert "worker 2" in line[0], line[0]  # names the lost peer
+        secs = float(line[0].split("after ")[1].split(" s")[0])
+        assert secs < 10.0, line[0]
+    assert took < 100, explain(results)
+
+
+def _torchrun(tmp_path, argv, nproc):
+    cmd = [sys.executable, "-m", "torch.distributed.run",
+           # torch 1.13 on Python 3.11 crashes at start without these (README, "torchrun").
+           "--redirects", "1", "--tee", "1",
+           "--standalone", "--nproc_per_node", str(nproc), *argv]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(),
+                       cwd=str(tmp_path), timeout=240)
+    return p.returncode, p.stdout.decode(errors="replace")
+
+
+@pytest.mark.parametrize("mode", ["backend", "init"])
+def test_torchrun_starts_a_gradlink_job(backend, tmp_path, mode):
+    """torchrun --standalone (a port torchrun picks), nothing started by hand: DDP over
+    init_process_group("gradlink"), or a Horovod-style script's gradlink.torch.init()."""
+    rc, out = _torchrun(tmp_path, [os.path.join(JOBS, "c10d_torchrun.py"), mode], 2)
+    assert rc == 0, out
+    for r in range(2):
+        assert "C10D TORCHRUN OK rank %d mode %s" % (r, mode) in out, out
