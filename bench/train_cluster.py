@@ -9,6 +9,8 @@ small batch, fp32, SGD with momentum) from the same initial parameters on the sa
   gloo-ddp             torch DDP over Gloo (the baseline)
   gradlink-opt         gradlink.torch.DistributedOptimizer, no tuning flags
   gradlink-hook        DDP with gradlink.torch.ddp_hook, no tuning flags
+  gradlink-ddp         DDP over init_process_group("gradlink"), the k server hosts as its pool
+  gradlink-ddp-colocated  the same with the backend's default servers (one per worker host)
   gradlink-opt-tuned   DistributedOptimizer with the best hand-tuned settings of bench/netcluster
                        (GRADLINK_PARTITION_BYTES=128K, GRADLINK_MAX_BYTES_IN_FLIGHT=1M,
                        GRADLINK_MAX_BYTES_AHEAD=256K, UCX_TCP_RCVBUF=64k, UCX_TCP_TX_SEG_SIZE=64k)
@@ -58,6 +60,10 @@ METHODS = {  # name: (train_step.py --method, extra environment, extra arguments
     "gradlink-opt": ("gradlink-opt", {}, []),
     "gradlink-hook": ("gradlink-hook", {}, []),
     "gradlink-opt-tuned": ("gradlink-opt", TUNED, []),
+    # DDP over the torch.distributed backend: with the k server hosts (an external pool named
+    # by GRADLINK_SCHEDULER), and with the backend's default servers, one per worker host.
+    "gradlink-ddp": ("gradlink-ddp", {}, []),
+    "gradlink-ddp-colocated": ("gradlink-ddp", {}, []),
     # Not run unless asked: DDP with its gradients as views of its buckets (no copy in or out).
     "gloo-ddp-view": ("gloo-ddp", {}, ["--bucket-view"]),
     "gradlink-hook-view": ("gradlink-hook", {}, ["--bucket-view"]),
@@ -80,7 +86,11 @@ def run_method(cl, a, name, run_index, save_dir):
     env = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": nc.IFACE,
            "PYTHONPATH": os.path.join(REPO, "python"), "PYTHONUNBUFFERED": "1"}
     procs = []
-    if method.startswith("gradlink"):
+    if name == "gradlink-ddp-colocated":
+        # Nothing started here: rank 0 hosts the scheduler, each worker host a server.
+        env = dict(nc.gradlink_env(secrets.token_hex(32)), **env)
+        env.pop("GRADLINK_SECRET", None)  # the backend makes the job's own
+    elif method.startswith("gradlink"):
         genv = dict(nc.gradlink_env(secrets.token_hex(32)), **env)
         genv.update(extra)
         job = "tc%d" % run_index

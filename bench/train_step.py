@@ -9,6 +9,8 @@ steps by one of:
   gloo-ddp       torch DistributedDataParallel over a Gloo process group
   gradlink-opt   gradlink.torch.DistributedOptimizer (gradlink.torch.init() from GRADLINK_*)
   gradlink-hook  DDP (its Gloo group only sets it up) with gradlink.torch.ddp_hook
+  gradlink-ddp   DDP over init_process_group("gradlink") (the torch.distributed backend): its
+                 servers are the job named by GRADLINK_SCHEDULER, else one per worker host
 
 Before the job's first step each rank times --compute-steps forward/backward passes with no
 communication (every rank at once: the compute a step costs on this machine, contended as in
@@ -57,7 +59,8 @@ def digest(model):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--method", required=True, choices=["gloo-ddp", "gradlink-opt", "gradlink-hook"])
+    ap.add_argument("--method", required=True, choices=["gloo-ddp", "gradlink-opt", "gradlink-hook",
+                                                           "gradlink-ddp"])
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--world-size", type=int, required=True)
     ap.add_argument("--master-addr", default="127.0.0.1")
@@ -90,7 +93,14 @@ def main():
         dist.init_process_group("gloo", init_method="tcp://%s:%d" % (a.master_addr, a.master_port),
                                 rank=a.rank, world_size=a.world_size)
     gl = None
-    if a.method.startswith("gradlink"):
+    if a.method == "gradlink-ddp":  # DDP over the torch.distributed backend, nothing else
+        import gradlink.torch  # noqa: F401  (registers it)
+        dist.init_process_group("gradlink",
+                                init_method="tcp://%s:%d" % (a.master_addr, a.master_port),
+                                rank=a.rank, world_size=a.world_size)
+        model = torch.nn.parallel.DistributedDataParallel(model,
+                                                          gradient_as_bucket_view=a.bucket_view)
+    elif a.method.startswith("gradlink"):
         import gradlink.torch as gl
         gl.init()
         assert gl.rank() == a.rank and gl.size() == a.world_size, (gl.rank(), gl.size())
@@ -116,7 +126,7 @@ def main():
         if step >= a.warmup:
             times.append(time.perf_counter() - t0)
     barrier()
-    plain = model.module if uses_gloo else model
+    plain = model.module if uses_gloo or a.method == "gradlink-ddp" else model
     if a.save:
         torch.save(plain.state_dict(), a.save)
     rec = {"rank": a.rank, "method": a.method, "step_s": times, "compute_s": compute,
@@ -128,7 +138,7 @@ def main():
     print(json.dumps(rec), flush=True)
     if gl is not None:
         gl.shutdown()
-    if uses_gloo:
+    if uses_gloo or a.method == "gradlink-ddp":
         dist.destroy_process_group()
     return 0
 

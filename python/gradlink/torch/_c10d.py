@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import zlib
 
 import torch
@@ -73,14 +74,66 @@ def _die_with_parent():
         pass
 
 
-def _advertised_host(single_machine):
-    if single_machine:
-        return "127.0.0.1"
-    for name in ("GRADLINK_SCHEDULER_HOST", "MASTER_ADDR"):
-        if os.environ.get(name):
-            return os.environ[name]
+def _interface_addresses():
+    """This machine's IPv4 addresses, loopback last."""
+    import fcntl
     import socket
-    return socket.gethostbyname(socket.gethostname())
+    import struct
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
+                                  struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue
+            found.append(socket.inet_ntoa(raw[20:24]))
+    return sorted(set(found), key=lambda a: (a.startswith("127."), a))
+
+
+class _Probe:
+    """A listening socket on rank 0 that the other ranks try each of rank 0's addresses
+    against, to find one that reaches it (tcp:// and file:// init name no address for it)."""
+
+    def __init__(self):
+        import socket
+        import threading
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("0.0.0.0", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            c.close()
+
+    def close(self):
+        import socket
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def _reachable(candidates, port, timeout_s=2.0):
+    import socket
+    for a in candidates:
+        try:
+            socket.create_connection((a, port), timeout=timeout_s).close()
+            return a
+        except OSError:
+            continue
+    raise gradlink.UnavailableError(
+        "gradlink: none of rank 0's addresses (%s) answers from this host; set "
+        "GRADLINK_SCHEDULER_HOST (or MASTER_ADDR) to an address of rank 0's host that the other "
+        "hosts reach" % ", ".join(candidates))
 
 
 def rendezvous(store, rank, size, timeout_s):
@@ -114,9 +167,28 @@ def rendezvous(store, rank, size, timeout_s):
             servers=per_host * len(machines), job=job, secret=secret,
             join_timeout=timeout_s)
         _job["scheduler"] = sched
-        address = "%s:%d" % (_advertised_host(single), sched.port)
-        store.set(_PREFIX + "job", "\n".join([address, job, secret]))
-    address, job, secret = store.get(_PREFIX + "job").decode().split("\n")
+        named = os.environ.get("GRADLINK_SCHEDULER_HOST") or os.environ.get("MASTER_ADDR")
+        if single:
+            hosts_ = "127.0.0.1"
+        elif named:
+            hosts_ = named
+        else:  # the others find which of this host's addresses reaches it
+            probe = _Probe()
+            hosts_ = "probe:%d:%s" % (probe.port, ",".join(_interface_addresses()))
+        store.set(_PREFIX + "job", "\n".join([hosts_, str(sched.port), job, secret]))
+    hosts_, port, job, secret = store.get(_PREFIX + "job").decode().split("\n")
+    if hosts_.startswith("probe:"):
+        _, probe_port, candidates = hosts_.split(":", 2)
+        host = "127.0.0.1" if rank == 0 else _reachable(candidates.split(","), int(probe_port))
+        store.add(_PREFIX + "probed", 1)
+        if rank == 0:
+            end = time.monotonic() + timeout_s
+            while store.add(_PREFIX + "probed", 0) < size and time.monotonic() < end:
+                time.sleep(0.01)  # until every rank has found it
+            probe.close()
+    else:
+        host = hosts_
+    address = "%s:%s" % (host, port)
     os.environ["GRADLINK_JOB"] = job
     os.environ["GRADLINK_SECRET"] = secret
     if local[0] == rank:
