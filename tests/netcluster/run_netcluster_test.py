@@ -39,6 +39,7 @@ Usage: run_netcluster_test.py --bin-dir DIR [--budget S] CASE
 import argparse
 import importlib.util
 import os
+import random
 import re
 import signal
 import subprocess
@@ -46,7 +47,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HARNESS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench", "netcluster.py")
+REPO = os.path.dirname(os.path.dirname(HERE))
+HARNESS = os.path.join(REPO, "bench", "netcluster.py")
 
 spec = importlib.util.spec_from_file_location("netcluster", HARNESS)
 nc = importlib.util.module_from_spec(spec)
@@ -442,8 +444,44 @@ def case_train(a):
                p.returncode, p.stdout, p.stderr))
 
 
+def case_torchrun(a):
+    """Two hosts of two workers each, started the torch way with nothing gradlink-specific:
+    `torchrun --nnodes 2 --node_rank R --nproc_per_node 2 --master_addr H0 --master_port P`
+    on each host, DDP over init_process_group("gradlink") (the backend's rendezvous makes the
+    job: a scheduler on rank 0, a server on each host); then gradlink-run with torchrun's flags
+    on each host, a Horovod-style script (gradlink.torch.init())."""
+    py = nc.python_with_torch()
+    if not py:
+        print("SKIPPED: no python with torch")
+        sys.exit(nc.SKIP)
+    script = os.path.join(REPO, "tests", "python", "jobs", "c10d_torchrun.py")
+    build = os.path.dirname(os.path.abspath(a.bin_dir))
+    env = {"PYTHONPATH": os.path.join(REPO, "python"), "GRADLINK_BUILD_DIR": build,
+           "UCX_TLS": "tcp", "UCX_NET_DEVICES": nc.IFACE, "GLOO_SOCKET_IFNAME": nc.IFACE,
+           "OMP_NUM_THREADS": "1", "GRADLINK_SECRET": "%064x" % random.getrandbits(256)}
+    with nc.Cluster(2, 1e9) as cl:
+        for label, launcher, mode in (
+                ("torchrun", [py, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1"],
+                 "backend"),
+                ("gradlink-run", [py, os.path.join(REPO, "tools", "gradlink-run"),
+                                  "--bin-dir", a.bin_dir], "init")):
+            port = random.randint(20000, 40000)
+            procs = []
+            for node in range(2):
+                argv = launcher + ["--nnodes", "2", "--node_rank", str(node), "--nproc_per_node",
+                                   "2", "--master_addr", cl.ip(0), "--master_port", str(port)]
+                argv += (["--", py] if label == "gradlink-run" else []) + [script, mode]
+                procs.append(cl.spawn(node, "%s-node%d" % (label, node), argv, env))
+            cl.wait_all(procs, a.budget / 3, label)
+            text = "".join(p.out() + p.err() for p in procs)
+            for r in range(4):
+                expect("C10D TORCHRUN OK rank %d mode %s" % (r, mode) in text,
+                       "%s: rank %d did not finish:\n%s" % (label, r, text[-4000:]))
+            print("%s: 2 nodes x 2 workers, every rank OK" % label)
+
+
 CASES = {"smoke": case_smoke, "hosts": case_hosts, "cleanup": case_cleanup, "train": case_train,
-         "hier": case_hier}
+         "hier": case_hier, "torchrun": case_torchrun}
 
 
 def main():
