@@ -210,12 +210,13 @@ class ProcessGroupGradlink::Work final : public ::c10d::Work {
 
 ProcessGroupGradlink::ProcessGroupGradlink(std::shared_ptr<Worker> worker, int rank, int size,
                                            std::vector<uint32_t> members, std::string uid,
-                                           std::chrono::milliseconds timeout)
+                                           std::chrono::milliseconds timeout, uint64_t slots)
     : ProcessGroupBase(rank, size),
       worker_(std::move(worker)),
       members_(std::move(members)),
       uid_(std::move(uid)),
-      timeout_(timeout) {
+      timeout_(timeout),
+      slots_(std::max<uint64_t>(slots, 1)) {
   completion_ = std::thread([this] { CompletionLoop(); });
 }
 
@@ -262,7 +263,7 @@ Result<TensorHandle> ProcessGroupGradlink::Key(const std::string& what,
   const uint64_t call = calls_[signature]++;
   ++operations_;
   const std::string name =
-      "c10d/" + uid_ + "/" + signature + "#" + std::to_string(call % kSlots);
+      "c10d/" + uid_ + "/" + signature + "#" + std::to_string(call % slots_);
   if (auto it = keys_.find(name); it != keys_.end()) return it->second;
   Result<TensorHandle> t = spec == nullptr || spec->is_sum()
                                ? worker_->Declare(name, dtype, count)

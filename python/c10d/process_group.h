@@ -8,9 +8,11 @@
 // One worker serves every gradlink process group of a process (the default group and each
 // new_group), and gradlink.torch's own calls. A group's collectives are keys named after the
 // group, the operation and its shapes; the k-th call with one signature takes slot k mod
-// kSlots, so a training loop reuses a fixed set of keys (planned once) and up to kSlots calls
-// of one signature run at once. torch.distributed requires every member to issue a group's
-// collectives in one order, which makes these names agree across ranks.
+// `slots`, so a training loop reuses a fixed set of keys (each planned once). Calls on one key
+// run one after another, in call order, so up to `slots` calls of one signature run at once;
+// each slot costs the servers that key's memory, and its first use a plan. torch.distributed
+// requires every member to issue a group's collectives in one order, which makes these names
+// agree across ranks.
 //
 // Threads: the collectives start on the caller's thread; one completion thread per group waits
 // for them in issue order, copies results out where a staging buffer was needed, then
@@ -51,15 +53,13 @@ using ProcessGroupBase = ::c10d::ProcessGroup;
 
 class ProcessGroupGradlink final : public ProcessGroupBase {
  public:
-  // Calls of one signature in flight at once on one group (each slot is its own key).
-  static constexpr uint64_t kSlots = 4;
-
   // `members`: the group's global ranks, ascending (empty: every worker of the job); `rank`
   // and `size` are the caller's place in the group and its size. `uid` names the group
-  // identically on every member. `timeout`: every operation's deadline.
+  // identically on every member. `timeout`: every operation's deadline. `slots` (>= 1): keys
+  // per signature (above).
   ProcessGroupGradlink(std::shared_ptr<Worker> worker, int rank, int size,
                        std::vector<uint32_t> members, std::string uid,
-                       std::chrono::milliseconds timeout);
+                       std::chrono::milliseconds timeout, uint64_t slots = 1);
   ~ProcessGroupGradlink() override;
 
   const std::string getBackendName() const override { return "gradlink"; }
@@ -135,6 +135,7 @@ class ProcessGroupGradlink final : public ProcessGroupBase {
   const std::vector<uint32_t> members_;
   const std::string uid_;
   const std::chrono::milliseconds timeout_;
+  const uint64_t slots_;
 
   mutable std::mutex mu_;  // guards what follows
   std::map<std::string, uint64_t> calls_;         // signature -> calls so far

@@ -58,8 +58,10 @@ def explain(results):
                      for r, (rc, out) in enumerate(results))
 
 
-def test_every_operation_against_gloo(backend, tmp_path):
-    results = spawn("c10d_ops.py", 3, tmp_path)
+@pytest.mark.parametrize("slots", ["1", "3"])
+def test_every_operation_against_gloo(backend, tmp_path, slots):
+    """With one key per signature (the default) and with three (GRADLINK_C10D_SLOTS)."""
+    results = spawn("c10d_ops.py", 3, tmp_path, env={"GRADLINK_C10D_SLOTS": slots})
     for r, (rc, out) in enumerate(results):
         assert rc == 0 and "C10D OPS OK rank %d" % r in out, explain(results)
 

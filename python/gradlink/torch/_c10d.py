@@ -261,7 +261,13 @@ def _create(opts, pg_options=None):
         uid = _uid(members)
         if members == list(range(ctx.size)):
             members = []  # every worker: plain sums take the hierarchical path
-    return c10d.create(ctx.worker._shared(), rank, size, members, uid, timeout_s)
+    # Keys per signature (python/c10d/process_group.h): 1 unless code keeps several collectives
+    # of one signature in flight at once and they must overlap (each slot costs the servers the
+    # key's memory).
+    slots = int(os.environ.get("GRADLINK_C10D_SLOTS", "1"))
+    if slots < 1:
+        raise InvalidArgumentError("GRADLINK_C10D_SLOTS=%d: at least 1" % slots)
+    return c10d.create(ctx.worker._shared(), rank, size, members, uid, timeout_s, slots)
 
 
 def init_from_store(store, rank, size, timeout_s):
