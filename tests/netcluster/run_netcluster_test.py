@@ -447,7 +447,7 @@ def case_train(a):
 def case_torchrun(a):
     """Two hosts of two workers each, started the torch way with nothing gradlink-specific:
     `torchrun --nnodes 2 --node_rank R --nproc_per_node 2 --master_addr H0 --master_port P`
-    on each host, DDP over init_process_group("gradlink") (the backend's rendezvous makes the
+    on each host (and with `--rdzv_backend c10d --rdzv_endpoint H0:P` instead), DDP over init_process_group("gradlink") (the backend's rendezvous makes the
     job: a scheduler on rank 0, a server on each host); then gradlink-run with torchrun's flags
     on each host, a Horovod-style script (gradlink.torch.init())."""
     py = nc.python_with_torch()
@@ -460,18 +460,25 @@ def case_torchrun(a):
            "UCX_TLS": "tcp", "UCX_NET_DEVICES": nc.IFACE, "GLOO_SOCKET_IFNAME": nc.IFACE,
            "OMP_NUM_THREADS": "1", "GRADLINK_SECRET": "%064x" % random.getrandbits(256)}
     with nc.Cluster(2, 1e9) as cl:
+        torchrun = [py, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1"]
         for label, launcher, mode in (
-                ("torchrun", [py, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1"],
-                 "backend"),
+                ("torchrun", torchrun, "backend"),
+                ("torchrun --rdzv_backend c10d", torchrun, "backend"),
                 ("gradlink-run", [py, os.path.join(REPO, "tools", "gradlink-run"),
                                   "--bin-dir", a.bin_dir], "init")):
             port = random.randint(20000, 40000)
             procs = []
             for node in range(2):
-                argv = launcher + ["--nnodes", "2", "--node_rank", str(node), "--nproc_per_node",
-                                   "2", "--master_addr", cl.ip(0), "--master_port", str(port)]
+                if "rdzv" in label:  # elastic rendezvous: no node ranks, the store at host 0
+                    argv = launcher + ["--nnodes", "2", "--nproc_per_node", "2",
+                                       "--rdzv_backend", "c10d", "--rdzv_id", "job%d" % port,
+                                       "--rdzv_endpoint", "%s:%d" % (cl.ip(0), port)]
+                else:
+                    argv = launcher + ["--nnodes", "2", "--node_rank", str(node),
+                                       "--nproc_per_node", "2", "--master_addr", cl.ip(0),
+                                       "--master_port", str(port)]
                 argv += (["--", py] if label == "gradlink-run" else []) + [script, mode]
-                procs.append(cl.spawn(node, "%s-node%d" % (label, node), argv, env))
+                procs.append(cl.spawn(node, "%s-node%d" % (label.split()[0], node), argv, env))
             cl.wait_all(procs, a.budget / 3, label)
             text = "".join(p.out() + p.err() for p in procs)
             for r in range(4):
