@@ -131,6 +131,8 @@ def run_method(cl, a, name, run_index, save_dir):
         raise nc.RunError("%s: the ranks' final parameters differ: %s" % (
             name, [r["digest"][:12] for r in recs]))
     rec = recs[0]
+    if os.environ.get("TRAIN_CLUSTER_STEPS"):
+        print("steps %s: %s" % (name, [round(t, 3) for t in rec["step_s"]]))
     rec["compute_all"] = [c for r in recs for c in r["compute_s"]]
     return rec
 
