@@ -252,7 +252,8 @@ def main(argv=None):
     for name in names:
         t = times[name]
         med = statistics.median(t)
-        bound = comp + (ring if name == "gloo-ddp" else ps)
+        # Servers on the worker hosts move what the ring moves: the same bound.
+        bound = comp + (ring if name in ("gloo-ddp", "gradlink-ddp-colocated") else ps)
         diff = "reference" if name == "gloo-ddp" else "%.1e (relative)" % diffs[name]
         lines.append("| %s | %.3f / %.3f / %.3f | %.2fx | %.3f | %.2f | %s |" % (
             name, 1 / max(t), 1 / med, 1 / min(t), ref / med, 1 / bound, bound / med, diff))
