@@ -444,6 +444,32 @@ def case_train(a):
                p.returncode, p.stdout, p.stderr))
 
 
+class EmulatedHostNames:
+    """A host name for each of the cluster's hosts, resolvable inside every namespace
+    (/etc/netns/NS/hosts, removed on exit)."""
+
+    def __init__(self, cl):
+        self.cl = cl
+        self.names = ["%sh%d" % (cl.prefix, h) for h in range(cl.hosts)]
+        self.dirs = []
+
+    def __enter__(self):
+        lines = ["127.0.0.1 localhost"] + ["%s %s" % (self.cl.ip(h), n)
+                                          for h, n in enumerate(self.names)]
+        for h in range(self.cl.hosts):
+            d = os.path.join("/etc/netns", self.cl.ns(h))
+            os.makedirs(d, exist_ok=True)
+            self.dirs.append(d)
+            with open(os.path.join(d, "hosts"), "w") as f:
+                f.write("\n".join(lines) + "\n")
+        return self.names
+
+    def __exit__(self, *exc):
+        import shutil
+        for d in self.dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def case_torchrun(a):
     """Two hosts of two workers each, started the torch way with nothing gradlink-specific:
     `torchrun --nnodes 2 --node_rank R --nproc_per_node 2 --master_addr H0 --master_port P`
@@ -459,7 +485,7 @@ def case_torchrun(a):
     env = {"PYTHONPATH": os.path.join(REPO, "python"), "GRADLINK_BUILD_DIR": build,
            "UCX_TLS": "tcp", "UCX_NET_DEVICES": nc.IFACE, "GLOO_SOCKET_IFNAME": nc.IFACE,
            "OMP_NUM_THREADS": "1", "GRADLINK_SECRET": "%064x" % random.getrandbits(256)}
-    with nc.Cluster(2, 1e9) as cl:
+    with nc.Cluster(2, 1e9) as cl, EmulatedHostNames(cl) as names:
         torchrun = [py, "-m", "torch.distributed.run", "--redirects", "1", "--tee", "1"]
         for label, launcher, mode in (
                 ("torchrun", torchrun, "backend"),
@@ -469,10 +495,16 @@ def case_torchrun(a):
             port = random.randint(20000, 40000)
             procs = []
             for node in range(2):
-                if "rdzv" in label:  # elastic rendezvous: no node ranks, the store at host 0
-                    argv = launcher + ["--nnodes", "2", "--nproc_per_node", "2",
-                                       "--rdzv_backend", "c10d", "--rdzv_id", "job%d" % port,
-                                       "--rdzv_endpoint", "%s:%d" % (cl.ip(0), port)]
+                if "rdzv" in label:
+                    # Elastic rendezvous: no node ranks; the agent whose host name is the
+                    # endpoint's hosts the store. The namespaces share the machine's host name,
+                    # so each emulated host gets its own (a UTS namespace) and an /etc/hosts
+                    # naming both (ip netns exec mounts /etc/netns/NS/hosts over it).
+                    argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
+                            names[node]] + launcher + [
+                                "--nnodes", "2", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
+                                "--rdzv_id", "job%d" % port,
+                                "--rdzv_endpoint", "%s:%d" % (names[0], port)]
                 else:
                     argv = launcher + ["--nnodes", "2", "--node_rank", str(node),
                                        "--nproc_per_node", "2", "--master_addr", cl.ip(0),
