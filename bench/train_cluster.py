@@ -67,6 +67,7 @@ METHODS = {  # name: (train_step.py --method, extra environment, extra arguments
     # Not run unless asked: DDP with its gradients as views of its buckets (no copy in or out).
     "gloo-ddp-view": ("gloo-ddp", {}, ["--bucket-view"]),
     "gradlink-hook-view": ("gradlink-hook", {}, ["--bucket-view"]),
+    "gradlink-ddp-view": ("gradlink-ddp", {}, ["--bucket-view"]),
     # The tuned settings split in two: gradlink's options alone, UCX's variables alone.
     "gradlink-opt-tuned-gl": ("gradlink-opt", {k: v for k, v in TUNED.items() if k.startswith("GRADLINK")}, []),
     "gradlink-opt-tuned-ucx": ("gradlink-opt", {k: v for k, v in TUNED.items() if k.startswith("UCX")}, []),
