@@ -193,11 +193,11 @@ def rendezvous(store, rank, size, timeout_s):
     os.environ["GRADLINK_SECRET"] = secret
     if local[0] == rank:
         env = dict(os.environ, GRADLINK_SCHEDULER=address)
-        host = machines.index(me)
+        machine = machines.index(me)
         for i in range(per_host):
             _job["servers"].append(subprocess.Popen(
                 [_bin("gradlink-server"), "--scheduler", address, "--id",
-                 str(host * per_host + i)],
+                 str(machine * per_host + i)],
                 env=env, preexec_fn=_die_with_parent))
     return address
 
