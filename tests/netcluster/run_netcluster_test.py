@@ -517,6 +517,18 @@ def case_torchrun(a):
                 expect("C10D TORCHRUN OK rank %d mode %s" % (r, mode) in text,
                        "%s: rank %d did not finish:\n%s" % (label, r, text[-4000:]))
             print("%s: 2 nodes x 2 workers, every rank OK" % label)
+        # tcp:// with no MASTER_ADDR: rank 1 finds which of rank 0's addresses reaches it.
+        port = random.randint(20000, 40000)
+        procs = [cl.spawn(r, "tcp-rank%d" % r, [py, script, "tcp",
+                                                "tcp://%s:%d" % (cl.ip(0), port)],
+                          dict(env, RANK=str(r), WORLD_SIZE="2", C10D_EXPECT_SERVERS="2"))
+                 for r in range(2)]
+        cl.wait_all(procs, a.budget / 4, "tcp://")
+        text = "".join(p.out() + p.err() for p in procs)
+        for r in range(2):
+            expect("C10D TORCHRUN OK rank %d mode tcp" % r in text,
+                   "tcp://: rank %d did not finish:\n%s" % (r, text[-4000:]))
+        print("tcp:// without MASTER_ADDR: 2 hosts, a server on each, every rank OK")
 
 
 CASES = {"smoke": case_smoke, "hosts": case_hosts, "cleanup": case_cleanup, "train": case_train,

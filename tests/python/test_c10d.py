@@ -107,3 +107,38 @@ def test_torchrun_starts_a_gradlink_job(backend, tmp_path, mode):
     assert rc == 0, out
     for r in range(2):
         assert "C10D TORCHRUN OK rank %d mode %s" % (r, mode) in out, out
+
+
+def test_an_external_server_pool_named_by_gradlink_scheduler(backend, tmp_path):
+    """GRADLINK_SCHEDULER names a job started by hand (a pool of 3 servers): the backend joins
+    it and starts nothing of its own."""
+    import re
+    from conftest import BIN
+    sched = subprocess.Popen([os.path.join(BIN, "gradlink-scheduler"), "--port", "0", "-w", "2",
+                              "-s", "3", "--job", "pool"], stdout=subprocess.PIPE, text=True)
+    procs = [sched]
+    try:
+        port = int(re.search(r":(\d+)", sched.stdout.readline()).group(1))
+        for s in range(3):
+            procs.append(subprocess.Popen([os.path.join(BIN, "gradlink-server"), "--scheduler",
+                                           "127.0.0.1:%d" % port, "--job", "pool", "--id",
+                                           str(s)]))
+        env = {"GRADLINK_SCHEDULER": "127.0.0.1:%d" % port, "GRADLINK_JOB": "pool",
+               "C10D_EXPECT_SERVERS": "3", "WORLD_SIZE": "2"}
+        results = []
+        workers = [subprocess.Popen(
+            [sys.executable, os.path.join(JOBS, "c10d_torchrun.py"), "tcp",
+             "file://" + str(tmp_path / "store")], stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, env=dict(_env(), RANK=str(r), **env), cwd=str(tmp_path))
+            for r in range(2)]
+        procs += workers
+        for w in workers:
+            out, _ = w.communicate(timeout=90)
+            results.append((w.returncode, out.decode(errors="replace")))
+        for r, (rc, out) in enumerate(results):
+            assert rc == 0 and "C10D TORCHRUN OK rank %d mode tcp" % r in out, explain(results)
+        assert sched.wait(timeout=30) == 0  # the job ended cleanly: every worker left
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()

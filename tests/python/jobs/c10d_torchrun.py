@@ -1,5 +1,7 @@
 """Under torchrun, nothing started by hand. argv[1]: "backend" (DDP over
-init_process_group("gradlink")) or "init" (a Horovod-style script: gradlink.torch.init())."""
+init_process_group("gradlink")), "init" (a Horovod-style script: gradlink.torch.init()), or
+"tcp URL" (the backend through init_method=URL, RANK and WORLD_SIZE from the environment, no
+MASTER_ADDR: the other hosts find rank 0's address themselves)."""
 
 import os
 import sys
@@ -11,10 +13,15 @@ import gradlink.torch as gl
 
 mode = sys.argv[1]
 rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-if mode == "backend":
-    dist.init_process_group("gradlink")  # env://: torchrun's MASTER_ADDR/MASTER_PORT
+if mode in ("backend", "tcp"):
+    if mode == "tcp":
+        dist.init_process_group("gradlink", init_method=sys.argv[2], rank=rank, world_size=size)
+    else:
+        dist.init_process_group("gradlink")  # env://: torchrun's MASTER_ADDR/MASTER_PORT
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2).double())
+    if os.environ.get("C10D_EXPECT_SERVERS"):  # the job the backend joined or made
+        assert gl.num_servers() == int(os.environ["C10D_EXPECT_SERVERS"]), gl.num_servers()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(3):
         g = torch.Generator().manual_seed(10 * step + rank)
