@@ -428,14 +428,6 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::broadcast(
   return Enqueue(OpType::BROADCAST, std::move(p), tensors);
 }
 
-// Allgathers `input` (counts[r] elements from rank r, routing units) into `out` (their sum).
-namespace {
-struct GatherPlan {
-  std::vector<uint64_t> counts;
-  uint64_t total = 0;
-};
-}  // namespace
-
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::_allgather_base(
     at::Tensor& output, at::Tensor& input, const ::c10d::AllgatherOptions& opts) {
   CheckTensor(output, "_allgather_base");
@@ -628,7 +620,6 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::alltoall_base(
   CheckTensor(input, "alltoall_base");
   if (output.scalar_type() != input.scalar_type()) Fail("alltoall_base: output and input dtypes differ");
   const uint64_t n = static_cast<uint64_t>(getSize());
-  const uint64_t me = static_cast<uint64_t>(getRank());
   const uint64_t scale = RouteScale(input);
   // Elements per row (split sizes count rows of the first dimension).
   auto row = [&](const at::Tensor& t) -> uint64_t {
