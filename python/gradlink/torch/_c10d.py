@@ -244,7 +244,7 @@ def _create(opts, pg_options=None):
             address = rendezvous(opts.store, rank, size, timeout_s)
             if first:
                 atexit.register(_end_job)  # runs after the worker's shutdown (registered later)
-            _core.init(scheduler=address, rank=rank)
+            _core.init(scheduler=address, rank=rank, **_core.pending_options())
         ctx = _core._require()
         if ctx.size != size or ctx.rank != rank:
             raise InvalidArgumentError(

@@ -76,6 +76,15 @@ def _env_int(*names, default=None):
         raise InvalidArgumentError("%s=%r is not an integer" % ("/".join(names), v)) from None
 
 
+# init()'s options while it makes a gradlink process group, which joins through init() itself
+# (_c10d._create): the caller's options, not the defaults.
+_pending_options = {}
+
+
+def pending_options():
+    return dict(_pending_options)
+
+
 def _under_torchrun():
     return all(_env(n) is not None for n in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"))
 
@@ -133,14 +142,20 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
     later calls raise PeerLostError naming it within seconds. (A worker that leaves cleanly while
     the others still wait for its gradients would leave them waiting until their timeout.)
     """
-    global _ctx
+    global _ctx, _pending_options
+    # (not the job: the process group names its own)
+    options = {k: v for k, v in locals().items() if k not in ("scheduler", "rank", "job")}
     if _ctx is not None:
         return
     scheduler = scheduler or _env("GRADLINK_SCHEDULER")
     if not scheduler and _under_torchrun():
-        scheduler = _join_through_torch(
-            float(_env("GRADLINK_TIMEOUT", default=DEFAULT_TIMEOUT_S)) if timeout is None
-            else timeout)
+        _pending_options = options  # for the init() the gradlink process group makes
+        try:
+            scheduler = _join_through_torch(
+                float(_env("GRADLINK_TIMEOUT", default=DEFAULT_TIMEOUT_S)) if timeout is None
+                else timeout)
+        finally:
+            _pending_options = {}
         if scheduler is None:
             return  # the gradlink process group joined
     with _ctx_lock:

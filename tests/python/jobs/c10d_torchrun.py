@@ -35,7 +35,8 @@ if mode in ("backend", "tcp"):
     dist.all_gather(everyone, flat)
     assert all(torch.equal(e, flat) for e in everyone)
 else:
-    gl.init()
+    gl.init(fusion_buffer_bytes=1 << 20)  # the caller's options reach the worker
+    assert gl.stats()["in_force"]["fusion_buffer_bytes"] == 1 << 20, gl.stats()["in_force"]
     assert (gl.rank(), gl.size()) == (rank, size), (gl.rank(), gl.size())
     assert gl.local_rank() == int(os.environ["LOCAL_RANK"])
     t = torch.full((1000,), float(rank + 1))
