@@ -264,6 +264,9 @@ def remove_namespace(ns):
         sh(["ip", "netns", "del", ns])
     except RunError as e:
         return str(e)
+    # What a test put in /etc/netns/NS (files ip netns exec mounts over /etc: an emulated
+    # host's /etc/hosts) goes with it.
+    shutil.rmtree(os.path.join("/etc/netns", ns), ignore_errors=True)
     return None
 
 
