@@ -28,6 +28,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #endif
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -97,9 +98,6 @@ class ProcessGroupGradlink final : public ProcessGroupBase {
                                             const ::c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
 
-  // Operations started on this group (a test checks that the names agree across ranks).
-  uint64_t operations() const;
-
  private:
   class Work;
   // What one operation waits for, then does once its handles have completed (copies out of
@@ -136,13 +134,17 @@ class ProcessGroupGradlink final : public ProcessGroupBase {
   const std::string uid_;
   const std::chrono::milliseconds timeout_;
   const uint64_t slots_;
+  std::atomic<uint64_t> operations_{0};  // calls started: later ones get higher priority
 
   mutable std::mutex mu_;  // guards what follows
   std::map<std::string, uint64_t> calls_;         // signature -> calls so far
   std::map<std::string, TensorHandle> keys_;      // name -> declared key
-  uint64_t operations_ = 0;
   std::deque<Pending> queue_;
   std::vector<Pending> abandoned_;  // timed out: their buffers stay alive until shutdown
+  struct SplitBuffers {
+    std::vector<uint64_t> mine, all;
+  };
+  std::vector<std::shared_ptr<SplitBuffers>> abandoned_splits_;  // likewise
   bool stopping_ = false;
   std::condition_variable cv_;
   std::thread completion_;
