@@ -51,18 +51,22 @@ def batch(step, r, per_rank=8):
             torch.randn(per_rank, 4, generator=g, dtype=torch.float64))
 
 
-def train_ddp(group, hook=None, **kwargs):
-    model = DDP(Net(unused=kwargs.get("find_unused_parameters", False)).double(),
-                process_group=group, bucket_cap_mb=0.01, **kwargs)  # several buckets
-    if hook is not None:
-        model.register_comm_hook(group, hook)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+def train(model, opt):
+    """STEPS steps of this rank's batches; the DDP model's parameters after them."""
     for step in range(STEPS):
         x, y = batch(step, rank)
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
     return [p.detach().clone() for p in model.module.parameters()]
+
+
+def train_ddp(group, hook=None, **kwargs):
+    model = DDP(Net(unused=kwargs.get("find_unused_parameters", False)).double(),
+                process_group=group, bucket_cap_mb=0.01, **kwargs)  # several buckets
+    if hook is not None:
+        model.register_comm_hook(group, hook)
+    return train(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
 
 
 def same(a, b, what, tol=1e-12):
@@ -100,12 +104,7 @@ def train_zero(group):
     model = DDP(Net().double(), process_group=group)
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
                                   process_group=group, lr=0.01)
-    for step in range(STEPS):
-        x, y = batch(step, rank)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-    return [p.detach().clone() for p in model.module.parameters()]
+    return train(model, opt)
 
 
 ours, theirs = train_zero(None), train_zero(gloo)

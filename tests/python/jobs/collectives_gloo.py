@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 import gradlink
 import gradlink.torch as hvd
+from common import rank_data
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
@@ -22,13 +23,7 @@ dist.init_process_group("gloo", init_method="file://" + os.path.join(sys.argv[1]
 
 
 def data(r, dtype, n=4099, salt=0):
-    g = torch.Generator().manual_seed(1000 * salt + r)
-    x = torch.randn(n, generator=g) * 50
-    if dtype == torch.bool:
-        return x > 0
-    if dtype.is_complex:
-        return torch.complex(x, x.flip(0)).to(dtype)
-    return x.to(dtype)
+    return rank_data(r, dtype, n, salt)
 
 
 # What torch 1.13's Gloo broadcasts, gathers and routes; the others against references.

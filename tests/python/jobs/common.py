@@ -51,3 +51,15 @@ def reference(kind, steps, size, passes=1):
             loss_fn(model(x), y).backward()
         opt.step()
     return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def rank_data(r, dtype, n, salt=0, scale=50):
+    """Rank r's reproducible data: n values of dtype (bool: the positive ones; complex: the
+    values and their reverse), different for every (rank, salt)."""
+    g = torch.Generator().manual_seed(1000 * salt + r)
+    x = torch.randn(n, generator=g) * scale
+    if dtype == torch.bool:
+        return x > 0
+    if dtype.is_complex:
+        return torch.complex(x, x.flip(0)).to(dtype)
+    return x.to(dtype)
