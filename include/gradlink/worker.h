@@ -246,6 +246,16 @@ class Worker {
 
   // Blocks until every worker has entered the barrier.
   virtual Status Barrier(Clock::time_point deadline) = 0;
+  // This rank has run out of data (Horovod's hvd.join()): waits for its own operations to end,
+  // then sits out every later round of the others' sums until every rank has joined, and
+  // returns the rank that joined last. Meanwhile the others' sums go on without it: it adds
+  // nothing (as a tensor of zeros would, but for the sign of a zero sum), and an average
+  // divides by the ranks that pushed; a key first declared meanwhile is planned without it;
+  // a barrier counts it as arrived; other collectives that need it fail with
+  // kInvalidArgument naming it. Afterwards every rank goes on in step, the joined ones included.
+  // kInvalidArgument when the job sums on hosts first (hierarchical aggregation: set
+  // WorkerOptions::hierarchical = false); kTimeout at the deadline.
+  virtual Result<uint32_t> Join(Clock::time_point deadline) = 0;
 
   // Leaves the job cleanly; pending operations fail with kAborted. Idempotent.
   virtual Status Shutdown(Clock::time_point deadline) = 0;

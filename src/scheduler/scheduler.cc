@@ -86,6 +86,8 @@ Status SchedulerImpl::Handle(Connection& c, const Frame& f) {
     case MsgType::kDeclare: return OnDeclare(c, f);
     case MsgType::kAssignAck: return OnAssignAck(c, f);
     case MsgType::kBarrier: return OnBarrier(c, f);
+    case MsgType::kJoin: return OnJoin(c, f);
+    case MsgType::kJoinRelease: return OnJoinReleaseAck(c);
     case MsgType::kGoodbye: return OnGoodbye(c);
     case MsgType::kHeartbeat: return started_ ? Status::Ok() : ProtocolError("early kHeartbeat");
     default:
@@ -289,6 +291,34 @@ Status SchedulerImpl::OnDeclare(Connection& c, const Frame& f) {
   }
   Declaration& decl = decls_[h.key];
   if (decl.by_rank.count(c.id) != 0) return ProtocolError("key declared twice by one worker");
+  if (decl.planned && decl.joined_at_plan.erase(c.id) != 0) {
+    // Planned while this rank had joined: it gets the plan if it declared what the others did.
+    const auto& [h0, d0] = decl.by_rank.begin()->second;
+    if (decl.status.ok() && (h.dtype != h0.dtype || h.count != h0.count || d.spec != d0.spec ||
+                             d.partition_bytes != d0.partition_bytes ||
+                             (!d.shape.empty() && !d0.shape.empty() && d.shape != d0.shape))) {
+      wire::Header refusal = MakeHeader(MsgType::kAssign);
+      refusal.key = h.key;
+      refusal.code = static_cast<uint8_t>(Code::kMismatch);
+      const std::string why =
+          "key " + KeyHex(h.key) + " '" + d.name + "': rank " + std::to_string(c.id) +
+          " declared " + std::string(DataTypeName(static_cast<DataType>(h.dtype))) + "[" +
+          std::to_string(h.count) + "]" + ShapeSuffix(d.shape) + " for " + DescribeSpec(d.spec) +
+          " after rank " + std::to_string(decl.by_rank.begin()->first) + " and the others had " +
+          "declared " + std::string(DataTypeName(decl.dtype)) + "[" + std::to_string(decl.count) +
+          "]" + ShapeSuffix(d0.shape) + " for " + DescribeSpec(decl.spec) +
+          " while it had joined";
+      GL_LOG(kWarn) << "scheduler: kMismatch: " << why;
+      c.link.Send(refusal, {}, Share(wire::EncodeText(why)), Clock::now());
+      return Status::Ok();
+    }
+    decl.by_rank[c.id] = {h, std::move(d)};
+    // A refusal, or a plan every server has: at once; else with the others' at the last ack.
+    if (!decl.status.ok() || decl.acks.size() == opts_.num_servers) {
+      c.link.Send(decl.assign_header, {}, decl.assign_payload, Clock::now());
+    }
+    return Status::Ok();
+  }
   if (decl.planned) {
     // Only a worker outside the key's group declares it now (every member had, or the key
     // would not be planned): its plan is a refusal naming the group.
@@ -308,11 +338,19 @@ Status SchedulerImpl::OnDeclare(Connection& c, const Frame& f) {
   const CollectiveSpec first = decl.by_rank.empty() ? d.spec : decl.by_rank.begin()->second.second.spec;
   decl.by_rank[c.id] = {h, std::move(d)};
   // A group that cannot be (ranks out of range) is refused at once: Plan names it.
-  if (layout::GroupIsValid(first, opts_.num_workers) &&
-      decl.by_rank.size() < layout::Members(first, opts_.num_workers)) {
+  if (layout::GroupIsValid(first, opts_.num_workers) && !ReadyToPlan(decl, first)) {
     return Status::Ok();
   }
   return Plan(h.key, decl);
+}
+
+bool SchedulerImpl::ReadyToPlan(const Declaration& decl, const CollectiveSpec& spec) const {
+  const uint32_t members = layout::Members(spec, opts_.num_workers);
+  uint32_t accounted = static_cast<uint32_t>(decl.by_rank.size());
+  for (uint32_t rank : joined_) {
+    if (layout::PositionOf(spec, rank) >= 0 && decl.by_rank.count(rank) == 0) ++accounted;
+  }
+  return accounted >= members;
 }
 
 namespace {
@@ -387,10 +425,21 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
     }
   }
   decl.planned = true;
+  std::string joined_ranks;
+  for (uint32_t rank : joined_) {
+    if (layout::PositionOf(d0.spec, rank) < 0 || decl.by_rank.count(rank) != 0) continue;
+    decl.joined_at_plan.insert(rank);
+    joined_ranks += (joined_ranks.empty() ? "" : ", ") + std::to_string(rank);
+  }
 
   const std::string keyhex = KeyHex(key);
   const uint64_t per_part = std::max<uint64_t>(1, decl.partition_bytes / DataTypeSize(wire_type));
   if (disagree.empty()) decl.status = layout::Check(decl.spec, opts_.num_workers, decl.count);
+  if (disagree.empty() && decl.status.ok() && !joined_ranks.empty() &&
+      (!decl.spec.is_sum() || decl.mode != topology::Mode::kFlat)) {
+    decl.status = InvalidArgument(DescribeSpec(decl.spec) + " while rank(s) " + joined_ranks +
+                                  " have joined (join()): only sums and averages run then");
+  }
   if (!decl.status.ok()) {
     decl.status = InvalidArgument("key " + keyhex + " '" + decl.name + "': " +
                                   decl.status.message());
@@ -534,14 +583,79 @@ void SchedulerImpl::SendToWorkers(const wire::Header& h, const Payload& payload)
 
 Status SchedulerImpl::OnBarrier(Connection& c, const Frame& f) {
   if (c.role != Role::kWorker || !started_) return ProtocolError("unexpected kBarrier");
-  auto& arrived = barriers_[f.header.round];
-  arrived.insert(c.id);
-  if (arrived.size() == opts_.num_workers) {
+  if (Joined(c.id)) return ProtocolError("kBarrier from a rank that has joined");
+  barriers_[f.header.round].insert(c.id);
+  ReleaseBarriers();
+  return Status::Ok();
+}
+
+void SchedulerImpl::ReleaseBarriers() {
+  // A rank that has joined counts as arrived (it resumes with the barriers' count at release).
+  for (auto it = barriers_.begin(); it != barriers_.end();) {
+    uint32_t arrived = static_cast<uint32_t>(it->second.size());
+    for (uint32_t rank : joined_) arrived += it->second.count(rank) == 0 ? 1 : 0;
+    if (arrived < opts_.num_workers) {
+      ++it;
+      continue;
+    }
     wire::Header h = MakeHeader(MsgType::kBarrierRelease);
-    h.round = f.header.round;
-    barriers_.erase(f.header.round);
+    h.round = it->first;
+    barriers_released_ = std::max(barriers_released_, it->first);
+    it = barriers_.erase(it);
     SendToWorkers(h, nullptr);
   }
+}
+
+Status SchedulerImpl::OnJoin(Connection& c, const Frame& f) {
+  if (c.role != Role::kWorker || !started_) return ProtocolError("unexpected kJoin");
+  if (Joined(c.id) || releasing_) return ProtocolError("kJoin from a rank that has joined");
+  GL_ASSIGN_OR_RETURN(wire::JoinMsg j, wire::DecodeJoin(f.payload));
+  for (const auto& [key, round] : j.rounds) {
+    uint64_t& most = join_rounds_[key];
+    most = std::max(most, round);
+  }
+  join_barriers_ = std::max(join_barriers_, j.barriers);
+  joined_.push_back(c.id);
+  GL_LOG(kInfo) << "scheduler: " << MemberName(c) << " joined (" << joined_.size() << " of "
+                << opts_.num_workers << ")";
+  if (joined_.size() == opts_.num_workers) {
+    // Nothing is in flight any more: the servers forget the join, then the workers resume.
+    releasing_ = true;
+    release_acks_.clear();
+    for (auto& [id, s] : servers_) Send(*s, MakeHeader(MsgType::kJoinRelease));
+    return Status::Ok();
+  }
+  // Servers first: its absence must be known before a key planned without it reaches them.
+  wire::Header h = MakeHeader(MsgType::kJoined);
+  h.count = c.id;
+  for (auto& [id, s] : servers_) Send(*s, h);
+  // Keys that waited only for this rank's declaration, and barriers only for it, go on.
+  for (auto& [key, decl] : decls_) {
+    if (decl.planned || decl.by_rank.empty()) continue;
+    const CollectiveSpec& spec = decl.by_rank.begin()->second.second.spec;
+    if (layout::GroupIsValid(spec, opts_.num_workers) && ReadyToPlan(decl, spec)) {
+      GL_RETURN_IF_ERROR(Plan(key, decl));
+    }
+  }
+  ReleaseBarriers();
+  return Status::Ok();
+}
+
+Status SchedulerImpl::OnJoinReleaseAck(Connection& c) {
+  if (c.role != Role::kServer || !releasing_) return ProtocolError("unexpected kJoinRelease");
+  release_acks_.insert(c.id);
+  if (release_acks_.size() < opts_.num_servers) return Status::Ok();
+  wire::JoinMsg release;
+  release.rounds.assign(join_rounds_.begin(), join_rounds_.end());
+  release.barriers = std::max(join_barriers_, barriers_released_);
+  wire::Header h = MakeHeader(MsgType::kJoinRelease);
+  h.count = joined_.back();
+  GL_LOG(kInfo) << "scheduler: every worker joined (rank " << h.count << " last); resuming";
+  SendToWorkers(h, Share(wire::Encode(release)));
+  joined_.clear();
+  join_rounds_.clear();
+  join_barriers_ = 0;
+  releasing_ = false;
   return Status::Ok();
 }
 

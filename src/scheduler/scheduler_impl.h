@@ -17,6 +17,7 @@
 // port(), which other threads call: they read only `mu_`'s fields, atomics and constants.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -99,6 +100,9 @@ struct Declaration {
   wire::Header assign_header;
   Payload assign_payload;  // the same bytes for every member
   std::set<uint32_t> acks;  // servers that have the plan
+  // Ranks of the key's group that had joined (Worker::Join) and not declared it when it was
+  // planned: each may declare it later, and gets the plan if its declaration agrees.
+  std::set<uint32_t> joined_at_plan;
 };
 
 class SchedulerImpl final : public Scheduler {
@@ -147,6 +151,15 @@ class SchedulerImpl final : public Scheduler {
   Status Plan(uint64_t key, Declaration& decl);
   Status OnAssignAck(Connection& c, const transport::Frame& f);
   Status OnBarrier(Connection& c, const transport::Frame& f);
+  // Join (Worker::Join): a rank that ran out of data is absent from every later round, and
+  // counts as declared and arrived, until every rank has joined; then the servers forget it
+  // (each acks), and every worker learns where the keys' rounds stand (kJoinRelease).
+  Status OnJoin(Connection& c, const transport::Frame& f);
+  Status OnJoinReleaseAck(Connection& c);
+  // Every member of `spec`'s group that has not joined has declared the key.
+  bool ReadyToPlan(const Declaration& decl, const CollectiveSpec& spec) const;
+  // Releases every barrier that every worker has entered or joined past.
+  void ReleaseBarriers();
   Status OnGoodbye(Connection& c);
   void Refuse(Connection& c, const Status& why);
   void SendToWorkers(const wire::Header& h, const Payload& payload);
@@ -200,6 +213,18 @@ class SchedulerImpl final : public Scheduler {
   std::string RefusalsText() const;
   std::map<uint64_t, Declaration> decls_;
   std::map<uint64_t, std::set<uint32_t>> barriers_;
+  uint64_t barriers_released_ = 0;  // the last barrier round released
+  // Join: the ranks that joined (in the order they did), the most of each key's next round and
+  // of the barriers entered that they reported, and the servers that have forgotten the join
+  // (while `releasing_`).
+  std::vector<uint32_t> joined_;
+  std::map<uint64_t, uint64_t> join_rounds_;
+  uint64_t join_barriers_ = 0;
+  std::set<uint32_t> release_acks_;
+  bool releasing_ = false;
+  bool Joined(uint32_t rank) const {
+    return std::find(joined_.begin(), joined_.end(), rank) != joined_.end();
+  }
   Placer placer_;
   tuning::Choice tuning_;  // from the address book, once the job starts
   topology::Hosts hosts_;  // likewise: who shares a host (hierarchical keys)

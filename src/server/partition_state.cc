@@ -34,6 +34,7 @@ PartitionState::PartitionState(uint64_t key, uint32_t partition, std::string nam
   cookie_.assign(num_part_, 0);
   flags_.assign(num_part_, 0);
   gone_.assign(num_part_, false);
+  joined_.assign(num_part_, false);
   staging_.resize(num_workers_);
   left_ = participants_;
   for (uint32_t i = 0; i < num_part_; ++i) {
@@ -68,6 +69,10 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
     return ProtocolError(Describe() + ": rank " + std::to_string(sender) + " pushed round " +
                          std::to_string(h.round) + " while the server sums round " +
                          std::to_string(round_));
+  }
+  if (stage_[rank] == Stage::kAbsent) {
+    return ProtocolError(Describe() + ": rank " + std::to_string(sender) + " pushed round " +
+                         std::to_string(h.round) + " after it joined");
   }
   if (stage_[rank] != Stage::kFree) {
     return ProtocolError(Describe() + ": rank " + std::to_string(sender) + " pushed round " +
@@ -128,23 +133,81 @@ bool PartitionState::EndPush(uint32_t sender, bool ok) {
 
 uint32_t PartitionState::SummableEndLocked() const {
   uint32_t last = next_;
-  while (failure_.empty() && last < num_workers_ && stage_[last] == Stage::kStaged) ++last;
-  // The first step needs ranks 0 and 1 together (acc = s0 + s1), unless there is one worker.
-  if (next_ == 0 && last == 1 && num_workers_ > 1) last = 0;
-  return last;
+  uint32_t staged = 0;
+  while (failure_.empty() && last < num_workers_ &&
+         (stage_[last] == Stage::kStaged || stage_[last] == Stage::kAbsent)) {
+    staged += stage_[last] == Stage::kStaged ? 1 : 0;
+    ++last;
+  }
+  // The first step takes two pushes together (acc = s0 + s1) while a second is still to come.
+  if (!acc_started_ && staged == 1) {
+    for (uint32_t i = last; i < num_workers_; ++i) {
+      if (stage_[i] != Stage::kAbsent) return next_;
+    }
+  }
+  return staged == 0 ? next_ : last;
 }
 
 bool PartitionState::RoundOverLocked() const {
   // A failed round sums nothing more: staged pushes only wait for the others. A requester's
-  // push (nothing to sum) is done once it has arrived.
+  // push (nothing to sum) is done once it has arrived. A round that every participant sits
+  // out has not begun.
+  bool begun = false;
   for (uint32_t i = 0; i < num_part_; ++i) {
     const Stage s = stage_[i];
+    if (s == Stage::kAbsent) continue;
     if (!(s == Stage::kSummed || s == Stage::kFailed ||
           (s == Stage::kStaged && (!failure_.empty() || i >= num_workers_)))) {
       return false;
     }
+    begun = true;
   }
-  return true;
+  return begun;
+}
+
+void PartitionState::ApplyJoinedLocked() {
+  for (uint32_t i = 0; i < num_part_; ++i) {
+    if (!joined_[i] || stage_[i] != Stage::kFree) continue;
+    if (SumsWithoutAbsent()) {
+      stage_[i] = Stage::kAbsent;
+      continue;
+    }
+    stage_[i] = Stage::kFailed;
+    if (failure_.empty()) {
+      failure_ = Describe() + " round " + std::to_string(round_) + ": rank " +
+                 std::to_string(participants_[i]) +
+                 " has joined (join()): only sums and averages run while a rank has joined";
+      failure_code_ = Code::kInvalidArgument;
+    }
+  }
+}
+
+bool PartitionState::SetJoined(uint32_t worker, bool joined) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int32_t index = IndexOf(worker);
+  if (index < 0 || joined_[index] == joined) return false;
+  if (joined) {
+    joined_[index] = true;
+    ApplyJoinedLocked();
+    return true;
+  }
+  // Every rank has joined: nothing is in flight, and the round not yet begun starts afresh
+  // (a collective's round that failed only because ranks had joined, nobody having pushed).
+  bool pushed = false;
+  for (uint32_t i = 0; i < num_part_; ++i) {
+    pushed = pushed || (stage_[i] != Stage::kFree && stage_[i] != Stage::kAbsent &&
+                        !(stage_[i] == Stage::kFailed && joined_[i]));
+  }
+  joined_[index] = false;
+  if (stage_[index] == Stage::kAbsent) stage_[index] = Stage::kFree;
+  if (!pushed && failure_code_ == Code::kInvalidArgument && !failure_.empty()) {
+    failure_.clear();
+    for (uint32_t i = 0; i < num_part_; ++i) {
+      if (stage_[i] == Stage::kFailed) stage_[i] = Stage::kFree;
+    }
+    ApplyJoinedLocked();  // the ranks still marked joined (SetJoined(false) comes per rank)
+  }
+  return false;
 }
 
 std::optional<Completion> PartitionState::Progress() {
@@ -162,28 +225,38 @@ std::optional<Completion> PartitionState::Progress() {
 
   std::vector<std::byte>& acc = acc_[slot];
   if (last > first) {
+    // Only this thread writes a stage to or from kAbsent (SetJoined, the round's reset), and
+    // staged pushes stay staged until the loop below: reading them unlocked is safe.
     Hold(acc, acc_bytes_);
-    uint32_t r = first;
     const ReduceOp op = routing_.op;
-    if (r == 0 && direct) {
-      r = 1;  // rank 0's push is in the accumulator already
-    } else if (r == 0 && routing_.copy) {
-      std::memcpy(acc.data(), staging_[0].data(), wire_bytes_);
-      r = 1;
-    } else if (r == 0) {
-      if (num_workers_ == 1 || op != ReduceOp::kSum) {
-        reduce::Load(dtype_, acc.data(), staging_[0].data(), count_);
-        r = 1;
+    const auto present = [&](uint32_t i) { return stage_[i] != Stage::kAbsent; };
+    for (uint32_t r = first; r < last; ++r) {
+      if (!present(r)) continue;
+      if (acc_started_) {
+        reduce::Fold(op, dtype_, acc.data(), staging_[r].data(), count_);
+        continue;
+      }
+      acc_started_ = true;
+      if (r == 0 && direct) continue;  // rank 0's push is in the accumulator already
+      if (routing_.copy) {
+        std::memcpy(acc.data(), staging_[r].data(), wire_bytes_);
+        continue;
+      }
+      uint32_t second = r + 1;
+      while (second < last && !present(second)) ++second;
+      if (second == last || op != ReduceOp::kSum) {
+        reduce::Load(dtype_, acc.data(), staging_[r].data(), count_);
       } else {
-        reduce::SumTwo(dtype_, acc.data(), staging_[0].data(), staging_[1].data(), count_);
-        r = 2;
+        reduce::SumTwo(dtype_, acc.data(), staging_[r].data(), staging_[second].data(), count_);
+        r = second;
       }
     }
-    for (; r < last; ++r) reduce::Fold(op, dtype_, acc.data(), staging_[r].data(), count_);
   }
 
   std::lock_guard<std::mutex> lock(mu_);
-  for (uint32_t r = first; r < last; ++r) stage_[r] = Stage::kSummed;
+  for (uint32_t r = first; r < last; ++r) {
+    if (stage_[r] != Stage::kAbsent) stage_[r] = Stage::kSummed;
+  }
   next_ = std::max(next_, last);
   // The round is over when every rank has either been summed or failed.
   if (!RoundOverLocked()) return std::nullopt;
@@ -192,12 +265,19 @@ std::optional<Completion> PartitionState::Progress() {
   c.round = round_;
   c.slot = slot;
   c.cookies = cookie_;
+  c.absent.assign(num_part_, false);
+  uint32_t absent = 0, first_present = 0;
+  for (uint32_t i = 0; i < num_part_; ++i) {
+    c.absent[i] = stage_[i] == Stage::kAbsent;
+    absent += c.absent[i] ? 1 : 0;
+  }
+  while (first_present + 1 < num_part_ && c.absent[first_present]) ++first_present;
   if (!failure_.empty()) {
     c.status = Status(failure_code_, failure_);
   } else {
-    const uint16_t f0 = flags_[0];
+    const uint16_t f0 = flags_[first_present];
     for (uint32_t r = 0; r < num_workers_ && c.status.ok(); ++r) {
-      if (flags_[r] & wire::kFlagHostDisagrees) {
+      if (!c.absent[r] && (flags_[r] & wire::kFlagHostDisagrees)) {
         c.status = Mismatch(Describe() + " round " + std::to_string(round_) +
                             ": the workers on the host of rank " +
                             std::to_string(contributors_[r]) + " disagree on averaging");
@@ -205,13 +285,13 @@ std::optional<Completion> PartitionState::Progress() {
     }
     if ((f0 & wire::kFlagAverage) && (routing_.copy || routing_.op != ReduceOp::kSum)) {
       c.status = InvalidArgument(Describe() + " round " + std::to_string(round_) + ": rank " +
-                                 std::to_string(contributors_[0]) + " asked for an average, " +
-                                 "which only a sum has");
+                                 std::to_string(participants_[first_present]) +
+                                 " asked for an average, which only a sum has");
     }
-    for (uint32_t r = 1; r < num_part_ && c.status.ok(); ++r) {
-      if (flags_[r] != f0) {
+    for (uint32_t r = first_present + 1; r < num_part_ && c.status.ok(); ++r) {
+      if (!c.absent[r] && flags_[r] != f0) {
         c.status = Mismatch(Describe() + " round " + std::to_string(round_) + ": rank " +
-                            std::to_string(contributors_[0]) + " " +
+                            std::to_string(participants_[first_present]) + " " +
                             ((f0 & wire::kFlagAverage) ? "averages" : "sums") + " but rank " +
                             std::to_string(participants_[r]) + " " +
                             ((flags_[r] & wire::kFlagAverage) ? "averages" : "sums"));
@@ -220,7 +300,8 @@ std::optional<Completion> PartitionState::Progress() {
     }
   }
   if (c.status.ok()) {
-    const uint32_t divisor = (flags_[0] & wire::kFlagAverage) ? divisor_ : 1;
+    // An average divides by the ranks that pushed: those that sat the round out are not in it.
+    const uint32_t divisor = (flags_[first_present] & wire::kFlagAverage) ? divisor_ - absent : 1;
     if (routing_.copy) {
       c.result = acc;  // the contributor's push, as it came
     } else if (acc_bytes_ == wire_bytes_) {
@@ -233,12 +314,14 @@ std::optional<Completion> PartitionState::Progress() {
       c.result = out;
     }
   }
-  sends_pending_[slot] = num_part_;
+  sends_pending_[slot] = num_part_ - absent;
   direct_ = false;
+  acc_started_ = false;
   ++round_;
   next_ = 0;
   failure_.clear();
   std::fill(stage_.begin(), stage_.end(), Stage::kFree);
+  ApplyJoinedLocked();
   // A round that needs a rank that left fails at once, naming it; but once every contributor
   // has left there is nobody to tell, and failing each next round at once would only complete
   // round after round (their sends fail as fast), never letting go of the engine.

@@ -37,6 +37,8 @@ struct Completion {
   Status status;                       // not OK: send kDataError instead of the result
   std::span<const std::byte> result;   // in the wire dtype
   std::vector<uint64_t> cookies;       // per contributor, echoed in its pull response
+  // Per participant: it had joined (Worker::Join) and sat this round out: it gets no reply.
+  std::vector<bool> absent;
 };
 
 // What a partition does besides summing every contributor for every contributor
@@ -98,6 +100,13 @@ class PartitionState {
   // Returns true when the caller should run Progress().
   bool MarkGone(uint32_t rank);
 
+  // Worker `rank` has joined (Worker::Join: it ran out of data) or, with `joined` false, every
+  // rank has and the job goes on. While joined, a sum's rounds go on without it: it sits each
+  // out (a contribution of zeros; an average divides by the ranks that pushed), and gets no
+  // reply. Other collectives' rounds fail with kInvalidArgument naming it. Runs on the owner
+  // thread; returns true when the caller should run Progress().
+  bool SetJoined(uint32_t rank, bool joined);
+
   // One result send of `slot` finished. Returns true when the slot became free (call Progress()
   // if WaitsForSlot(slot)).
   bool SendDone(uint32_t slot);
@@ -115,7 +124,8 @@ class PartitionState {
   uint64_t bytes_held() const { return held_.load(std::memory_order_relaxed); }
 
  private:
-  enum class Stage : uint8_t { kFree, kReceiving, kStaged, kSummed, kFailed };
+  // kAbsent: a contributor that has joined, sitting the round out (a sum's only).
+  enum class Stage : uint8_t { kFree, kReceiving, kStaged, kSummed, kFailed, kAbsent };
 
   static std::vector<uint32_t> AllRanks(uint32_t n) {
     std::vector<uint32_t> r(n);
@@ -132,6 +142,13 @@ class PartitionState {
   uint32_t SummableEndLocked() const;
   bool RoundOverLocked() const;
   void FailRankLocked(uint32_t index);
+  // With mu_ held, at the start of a round or a join: joined participants that have not pushed
+  // sit a sum's round out (kAbsent); in another collective they fail it.
+  void ApplyJoinedLocked();
+  bool SumsWithoutAbsent() const {
+    return routing_.op == ReduceOp::kSum && !routing_.copy && routing_.requesters.empty() &&
+           host_of_.empty();
+  }
   // Sizes `buf` to `bytes` (once: buffers are kept for later rounds) and counts it in held_.
   void Hold(std::vector<std::byte>& buf, size_t bytes);
 
@@ -161,6 +178,8 @@ class PartitionState {
   std::string failure_;            // why the current round fails; empty: it does not
   Code failure_code_ = Code::kOk;
   std::vector<bool> gone_;         // left the job
+  std::vector<bool> joined_;       // joined (SetJoined), per participant
+  bool acc_started_ = false;       // the accumulator holds this round's first contributions
   uint32_t next_ = 0;              // ranks [0, next_) are in the accumulator
   uint32_t sends_pending_[2] = {0, 0};
   bool direct_ = false;            // rank 0's push of round_ landed in acc_[round_ % 2]

@@ -1,7 +1,9 @@
 #include "gradlink/server.h"
 
 #include <atomic>
+#include <algorithm>
 #include <condition_variable>
+#include <latch>
 #include <map>
 #include <optional>
 #include <shared_mutex>
@@ -212,6 +214,22 @@ class ServerImpl final : public Server {
         case MsgType::kMemberLeft:
           OnMemberLeft(f->header.count);
           break;
+        case MsgType::kJoined:
+          OnJoined(f->header.count);
+          break;
+        case MsgType::kJoinRelease: {
+          OnJoinRelease();
+          wire::Header ack;
+          ack.type = MsgType::kJoinRelease;
+          ack.job = job_hash_;
+          ack.sender = id_;
+          if (Status s = channel_->Send(ack, {}); !s.ok()) {
+            Finish(PeerLost("server " + std::to_string(id_) + " lost the scheduler: " +
+                            s.message()));
+            return;
+          }
+          break;
+        }
         case MsgType::kShutdown:
           Finish(Status::Ok());
           return;
@@ -259,6 +277,7 @@ class ServerImpl final : public Server {
                             workers);
         if (peers.local_only()) continue;  // its worker copies it: no push ever comes
         auto& slot = parts_[{f.header.key, p}];
+        const bool fresh = !slot;
         if (!slot) {
           if (a.spec.is_sum()) {
             slot = std::make_unique<PartitionState>(
@@ -273,6 +292,10 @@ class ServerImpl final : public Server {
                                                     layout::Members(a.spec, workers),
                                                     std::vector<uint32_t>(), std::move(routing));
           }
+        }
+        // No push can come before the ack below: this thread is still its only user.
+        if (fresh) {
+          for (uint32_t rank : joined_) slot->SetJoined(rank, true);
         }
       }
     }
@@ -296,6 +319,41 @@ class ServerImpl final : public Server {
         if (p->MarkGone(static_cast<uint32_t>(rank))) RunEngine(p);
       });
     }
+  }
+
+  // Worker `rank` joined (Worker::Join): every partition's rounds go on without it.
+  void OnJoined(uint64_t rank) {
+    if (rank >= num_workers_ ||
+        std::find(joined_.begin(), joined_.end(), rank) != joined_.end()) {
+      protocol_errors_++;
+      return;
+    }
+    joined_.push_back(static_cast<uint32_t>(rank));
+    std::shared_lock<std::shared_mutex> lock(parts_mu_);
+    for (auto& [id, part] : parts_) {
+      PartitionState* p = part.get();
+      RunOnOwner(*p, [this, p, rank] {
+        if (p->SetJoined(static_cast<uint32_t>(rank), true)) RunEngine(p);
+      });
+    }
+  }
+
+  // Every worker joined: forget it, on every partition's own thread, before the ack lets the
+  // workers push again.
+  void OnJoinRelease() {
+    std::vector<uint32_t> ranks = std::move(joined_);
+    joined_.clear();
+    if (ranks.empty()) return;
+    std::shared_lock<std::shared_mutex> lock(parts_mu_);
+    std::latch done(static_cast<std::ptrdiff_t>(parts_.size()));
+    for (auto& [id, part] : parts_) {
+      PartitionState* p = part.get();
+      RunOnOwner(*p, [p, &ranks, &done] {
+        for (uint32_t rank : ranks) p->SetJoined(rank, false);
+        done.count_down();
+      });
+    }
+    done.wait();
   }
 
   // Sends to worker `rank`'s pull lane; completes `done` with kPeerLost if it is unreachable.
@@ -419,6 +477,7 @@ class ServerImpl final : public Server {
       const uint32_t slot = c->slot;
       const std::vector<uint32_t>& to = p->participants();
       for (uint32_t i = 0; i < to.size(); ++i) {
+        if (c->absent[i]) continue;  // it joined and sat the round out
         h.cookie = c->cookies[i];
         // A participant that receives nothing (a contributor to a relay, or to another rank's
         // reduce-scatter segment) gets a reply of 0 elements: its round is over.
@@ -491,6 +550,7 @@ class ServerImpl final : public Server {
   PushReceiver push_receiver_{this};
   PullReceiver pull_receiver_{this};
   std::vector<std::optional<PeerId>> worker_peers_;  // nullopt: unreachable
+  std::vector<uint32_t> joined_;  // control thread: ranks that joined (Worker::Join)
   topology::Hosts hosts_;  // written once in Init(), before any kAssign
   std::unique_ptr<transport::ControlChannel> channel_;
   std::thread control_;

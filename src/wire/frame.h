@@ -47,6 +47,13 @@ enum class MsgType : uint8_t {
   kChallenge = 14,     // scheduler -> member: nonce_s, MAC_s
   kProof = 15,         // member -> scheduler: MAC_c
   kAuthOk = 16,        // scheduler -> member: proof accepted
+  // Join (Worker::Join, Horovod's hvd.join): ranks that ran out of data.
+  kJoin = 17,          // worker -> scheduler: this rank joined (JoinMsg: its tensors' rounds)
+  kJoined = 18,        // scheduler -> servers: worker `count` joined: absent from later rounds
+  // Every rank joined. scheduler -> servers: forget who joined (each server echoes it back
+  // once it has); then scheduler -> workers: the rank that joined last (`count`) and where
+  // every key's rounds stand (JoinMsg), so that a rank that sat rounds out resumes in step.
+  kJoinRelease = 19,
   // Data plane (transport lanes).
   kPush = 32,          // worker -> server: one partition of one round (+ pull request)
   kPullResponse = 33,  // server -> worker: the round's result for that partition

@@ -214,6 +214,35 @@ std::vector<std::byte> EncodeText(std::string_view text) {
   return w.Take();
 }
 
+std::vector<std::byte> Encode(const JoinMsg& m) {
+  Writer w;
+  w.U64(m.barriers);
+  w.U32(static_cast<uint32_t>(m.rounds.size()));
+  for (const auto& [key, round] : m.rounds) {
+    w.U64(key);
+    w.U64(round);
+  }
+  return w.Take();
+}
+
+Result<JoinMsg> DecodeJoin(std::span<const std::byte> b) {
+  Reader r(b);
+  JoinMsg m;
+  uint32_t n;
+  if (!r.U64(&m.barriers) || !r.U32(&n) || n > kMaxJoinKeys || r.remaining() / 16 < n) {
+    return Bad("join message");
+  }
+  m.rounds.resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!r.U64(&m.rounds[i].first) || !r.U64(&m.rounds[i].second)) return Bad("join message");
+    if (i > 0 && m.rounds[i].first <= m.rounds[i - 1].first) {
+      return ProtocolError("malformed join message: keys not strictly ascending");
+    }
+  }
+  if (!r.Done()) return Bad("join message");
+  return m;
+}
+
 Result<std::string> DecodeText(std::span<const std::byte> b) {
   Reader r(b);
   std::string s;

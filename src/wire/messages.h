@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gradlink/collective.h"
@@ -107,7 +108,18 @@ struct AssignMsg {
   CollectiveSpec spec = {};
 };
 
+// kJoin / kJoinRelease payload. From a worker: the next round of each of its keys and the
+// barriers it has entered; from the scheduler: the most of each over every worker (a rank that
+// sat rounds out while joined takes them up from there). Keys strictly ascending.
+struct JoinMsg {
+  std::vector<std::pair<uint64_t, uint64_t>> rounds;  // (key, next round)
+  uint64_t barriers = 0;
+};
+// Keys one kJoin can carry (16 bytes each in one control frame).
+inline constexpr uint32_t kMaxJoinKeys = 60000;
+
 std::vector<std::byte> Encode(const RegisterMsg& m);
+std::vector<std::byte> Encode(const JoinMsg& m);
 std::vector<std::byte> Encode(const WelcomeMsg& m);
 std::vector<std::byte> Encode(const DeclareMsg& m);
 std::vector<std::byte> Encode(const AssignMsg& m);
@@ -121,5 +133,6 @@ Result<DeclareMsg> DecodeDeclare(std::span<const std::byte> b);
 Result<AssignMsg> DecodeAssign(std::span<const std::byte> b, uint64_t total_count,
                                uint32_t num_servers);
 Result<std::string> DecodeText(std::span<const std::byte> b);
+Result<JoinMsg> DecodeJoin(std::span<const std::byte> b);
 
 }  // namespace gradlink::wire

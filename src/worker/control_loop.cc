@@ -136,6 +136,14 @@ void WorkerImpl::ControlLoop() {
         cv_.notify_all();
         break;
       }
+      case MsgType::kJoinRelease: {
+        Status s = OnJoinRelease(*f);
+        if (!s.ok()) {
+          FailAll(s);
+          return;
+        }
+        break;
+      }
       case MsgType::kAbort: {
         auto text = wire::DecodeText(f->payload);
         const Code code = f->header.code == 0 ? Code::kAborted : static_cast<Code>(f->header.code);
@@ -148,6 +156,30 @@ void WorkerImpl::ControlLoop() {
                       << static_cast<int>(f->header.type);
     }
   }
+}
+
+Status WorkerImpl::OnJoinRelease(const transport::Frame& f) {
+  GL_ASSIGN_OR_RETURN(wire::JoinMsg release, wire::DecodeJoin(f.payload));
+  if (f.header.count >= size_) return ProtocolError("kJoinRelease naming rank " +
+                                                    std::to_string(f.header.count));
+  // Every rank has joined, so none is summing: the segment forgets who joined before anyone
+  // starts again (each catches its own counters up as it starts a tensor's next round).
+  if (local_) local_->ClearJoined();
+  std::lock_guard lock(mu_);
+  for (const auto& [key, round] : release.rounds) {
+    auto it = tensors_.find(key);
+    if (it == tensors_.end()) {
+      resume_rounds_[key] = round;
+    } else {
+      it->second->next_round = std::max(it->second->next_round, round);
+    }
+  }
+  barrier_sent_ = std::max(barrier_sent_, release.barriers);
+  barrier_released_ = std::max(barrier_released_, release.barriers);
+  join_last_ = static_cast<uint32_t>(f.header.count);
+  join_released_ = true;
+  cv_.notify_all();
+  return Status::Ok();
 }
 
 Status WorkerImpl::OnAssign(const transport::Frame& f) {

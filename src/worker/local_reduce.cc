@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -106,6 +107,9 @@ struct LocalReduce::Segment {
   std::atomic<uint64_t> arena_used{0};
   Bell bells[kMaxRanks];
   std::atomic<uint32_t> gone[kMaxRanks];  // set by a worker that stops (it will post no more)
+  // Set by a worker that joined (Worker::Join): it posts nothing until every rank has, and sits
+  // out every chunk it has not posted; cleared, for every rank, once all have joined.
+  std::atomic<uint32_t> joined[kMaxRanks];
   char no_room[256] = {};  // with kMagicNoRoom: why worker 0 could not reserve the arena
   TableEntry table[kTableSize];
 
@@ -517,6 +521,15 @@ bool LocalReduce::Wait(const std::function<bool()>& done, Clock::time_point dead
   return ok;
 }
 
+void LocalReduce::SetJoined() {
+  seg_->joined[opts_.rank].store(1, std::memory_order_release);
+  RingPeers();  // a peer asleep waiting for this worker's chunk sums without it now
+}
+
+void LocalReduce::ClearJoined() {
+  for (uint32_t j = 0; j < opts_.ranks; ++j) seg_->joined[j].store(0, std::memory_order_release);
+}
+
 void LocalReduce::Fail(const Status& s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -644,12 +657,28 @@ bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
     return true;
   };
 
+  // Rank j has joined and did not post chunk `seq`: it sits the chunk out. Its flag is read
+  // first: once set, its counters no longer move.
+  auto sits_out = [&](uint32_t j, uint64_t seq) {
+    return seg_->joined[j].load(std::memory_order_acquire) != 0 &&
+           state[j].posted.load(std::memory_order_acquire) < seq;
+  };
+  // This worker sat rounds of the tensor out (or never used it) while it had joined: its
+  // counters catch up with the round it resumes at, as if it had posted and consumed them.
+  if (r.next_post == 0 && r.next_sum == 0) {
+    const uint64_t resume = job.round * ch.chunks;
+    if (state[me].posted.load(std::memory_order_relaxed) < resume) {
+      state[me].consumed.store(resume, std::memory_order_release);
+      state[me].posted.store(resume, std::memory_order_release);
+    }
+  }
+
   // Post: copy the next chunk in once every rank has consumed what its slot held.
   while (r.next_post < ch.chunks && r.next_post < r.next_sum + 2) {
     const uint64_t seq = seq_of(r.next_post);
     bool free = true;
     for (uint32_t j = 0; j < ranks && seq > 2; ++j) {
-      if (state[j].consumed.load(std::memory_order_acquire) < seq - 2) {
+      if (state[j].consumed.load(std::memory_order_acquire) < seq - 2 && !sits_out(j, seq - 2)) {
         free = false;
         if (left(j)) return true;
         break;
@@ -675,16 +704,22 @@ bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
   // Sum: once every rank has posted the chunk, all slots in rank order into our tensor.
   for (uint64_t summed = 0; r.next_sum < r.next_post && summed < max_sums; ++summed) {
     const uint64_t seq = seq_of(r.next_sum);
+    // The ranks in this chunk's sum, in rank order: all but those that joined and sat it out.
+    std::array<uint32_t, kMaxRanks> in;
+    uint32_t n_in = 0;
     for (uint32_t j = 0; j < ranks; ++j) {
+      if (sits_out(j, seq)) continue;
       if (state[j].posted.load(std::memory_order_acquire) < seq) return left(j) || moved;
+      in[n_in++] = j;
     }
     if (r.next_sum + 1 == ch.chunks) r.t_arrived = Clock::now();
-    const uint32_t avg0 = state[0].average[seq % 2].load(std::memory_order_relaxed);
-    for (uint32_t j = 1; j < ranks && r.failure.ok(); ++j) {
+    const uint32_t avg0 = state[in[0]].average[seq % 2].load(std::memory_order_relaxed);
+    for (uint32_t k = 1; k < n_in && r.failure.ok(); ++k) {
+      const uint32_t j = in[k];
       const uint32_t avg = state[j].average[seq % 2].load(std::memory_order_relaxed);
       if (avg != avg0) {
         r.failure = Mismatch(job.what + " round " + std::to_string(job.round) + ": rank " +
-                             std::to_string(JobRank(0)) + " " + (avg0 ? "averages" : "sums") +
+                             std::to_string(JobRank(in[0])) + " " + (avg0 ? "averages" : "sums") +
                              " but rank " + std::to_string(JobRank(j)) + " " +
                              (avg ? "averages" : "sums"));
       }
@@ -702,9 +737,13 @@ bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
         acc = scratch_.data();
       }
       // The servers' order and reducers (src/server/partition_state.cc): bit-identical sums.
-      reduce::SumTwo(job.dtype, acc, slot(0, seq), slot(1, seq), n);
-      for (uint32_t j = 2; j < ranks; ++j) reduce::Accumulate(job.dtype, acc, slot(j, seq), n);
-      const uint32_t divisor = avg0 ? ranks : 1;
+      if (n_in == 1) {
+        reduce::Load(job.dtype, acc, slot(in[0], seq), n);
+      } else {
+        reduce::SumTwo(job.dtype, acc, slot(in[0], seq), slot(in[1], seq), n);
+      }
+      for (uint32_t k = 2; k < n_in; ++k) reduce::Accumulate(job.dtype, acc, slot(in[k], seq), n);
+      const uint32_t divisor = avg0 ? n_in : 1;
       if (acc != out || divisor != 1) reduce::Store(job.dtype, out, acc, n, divisor);
     }
     state[me].consumed.store(seq, std::memory_order_release);

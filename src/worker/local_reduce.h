@@ -151,6 +151,10 @@ class LocalReduce {
   void Poll();
   // Wakes this worker's threads asleep in Wait() (an operation ended elsewhere).
   void Wake() { Ring(opts_.rank); }
+  // Join (Worker::Join): this worker, with no job left, sits out the others' chunks from now on;
+  // ClearJoined (every rank has joined, none is summing): every rank takes part again.
+  void SetJoined();
+  void ClearJoined();
   // The job failed: every job (queued or later) ends with `s`. Takes no lock a driver holds.
   void Fail(const Status& s);
   // Ends every job (with the failure given to Fail(), else kAborted) and joins the background

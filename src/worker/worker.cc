@@ -1,6 +1,7 @@
 // WorkerImpl (worker_impl.h): joining the job, declaring tensors, push_pull, barriers, stats and
 // shutdown.
 #include <algorithm>
+#include <thread>
 #include <limits>
 
 #include "common/env.h"
@@ -226,6 +227,11 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
     t->output_count = layout::OutputCount(spec, size_, rank_, count);
     if (!spec.is_sum()) t->copies = layout::LocalCopies(spec, size_, rank_, count);
     t->wire = dtype;
+    // A key the others used while this rank had joined resumes at their round.
+    if (auto resume = resume_rounds_.find(key); resume != resume_rounds_.end()) {
+      t->next_round = resume->second;
+      resume_rounds_.erase(resume);
+    }
     tensors_[key] = t;
   }
   // Outside the lock: a claim in the host's segment may wait on another process. Only sums
@@ -308,6 +314,70 @@ Status WorkerImpl::Barrier(Clock::time_point deadline) {
                    ": not every worker arrived before the deadline");
   }
   return barrier_released_ >= seq ? Status::Ok() : failure_;
+}
+
+Result<uint32_t> WorkerImpl::Join(Clock::time_point deadline) {
+  if (host_path_) {
+    return InvalidArgument("join() on rank " + std::to_string(rank_) +
+                           ": this job sums on each host first (hierarchical aggregation), "
+                           "where a rank cannot sit rounds out; join() needs "
+                           "WorkerOptions::hierarchical = false (GRADLINK_HIERARCHICAL=0)");
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (joining_) return InvalidArgument("join() on rank " + std::to_string(rank_) +
+                                         ": another join() of this worker is in progress");
+    joining_ = true;
+    join_released_ = false;
+  }
+  struct Unjoin {
+    WorkerImpl* w;
+    ~Unjoin() {
+      std::lock_guard lock(w->mu_);
+      w->joining_ = false;
+    }
+  } unjoin{this};
+  // This worker's own operations first: they end as the others push their rounds.
+  wire::JoinMsg msg;
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if (!failure_.ok()) return failure_;
+      const bool idle = std::none_of(tensors_.begin(), tensors_.end(), [](const auto& kv) {
+        return kv.second->busy || !kv.second->queue.empty();
+      });
+      if (idle) {
+        for (const auto& [key, t] : tensors_) msg.rounds.emplace_back(key, t->next_round);
+        msg.barriers = barrier_sent_;
+        break;
+      }
+    }
+    if (Clock::now() >= deadline) {
+      return Timeout("join() on rank " + std::to_string(rank_) +
+                     ": this worker's own operations had not ended by the deadline");
+    }
+    if (local_) local_->Poll();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (msg.rounds.size() > wire::kMaxJoinKeys) {
+    return ResourceExhausted("join() on rank " + std::to_string(rank_) + ": " +
+                             std::to_string(msg.rounds.size()) + " tensors, more than the " +
+                             std::to_string(wire::kMaxJoinKeys) + " a join can carry");
+  }
+  std::sort(msg.rounds.begin(), msg.rounds.end());
+  if (local_) local_->SetJoined();
+  wire::Header h;
+  h.type = MsgType::kJoin;
+  h.job = job_hash_;
+  h.sender = rank_;
+  GL_RETURN_IF_ERROR(channel_->Send(h, wire::Encode(msg), deadline));
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_until(lock, deadline, [&] { return join_released_ || !failure_.ok(); })) {
+    return Timeout("join() on rank " + std::to_string(rank_) +
+                   ": not every worker had joined by the deadline");
+  }
+  if (!join_released_) return failure_;
+  return join_last_;
 }
 
 Status WorkerImpl::Shutdown(Clock::time_point deadline) {

@@ -94,6 +94,7 @@ class WorkerImpl final : public Worker {
   WorkerStats Stats() const override;
 
   Status Barrier(Clock::time_point deadline) override;
+  Result<uint32_t> Join(Clock::time_point deadline) override;
 
   Status Shutdown(Clock::time_point deadline) override;
 
@@ -291,6 +292,8 @@ class WorkerImpl final : public Worker {
   void ControlLoop();
 
   Status OnAssign(const transport::Frame& f);
+  // kJoinRelease: every rank has joined; each key's rounds resume where the others left them.
+  Status OnJoinRelease(const transport::Frame& f);
 
   // ---- Same-host path (src/worker/local_reduce.h) --------------------------------------------
 
@@ -375,6 +378,11 @@ class WorkerImpl final : public Worker {
   // Requests to issue not yet answered; nonzero while a thread is in Issue() (push_queue.cc).
   std::atomic<uint32_t> issue_requests_{0};
   uint64_t barrier_sent_ = 0, barrier_released_ = 0;
+  // Join(): in progress; released (every rank joined) with the rank that joined last; the next
+  // round of keys this worker had not declared when it sat their rounds out (for Declare).
+  bool joining_ = false, join_released_ = false;
+  uint32_t join_last_ = 0;
+  std::unordered_map<uint64_t, uint64_t> resume_rounds_;
 
   const std::shared_ptr<internal::Counters> counters_ = std::make_shared<internal::Counters>();
   const std::shared_ptr<internal::FusionPool> pool_ =

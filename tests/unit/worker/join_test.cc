@@ -1,0 +1,212 @@
+// Worker::Join (Horovod's hvd.join) on whole jobs, through the servers and through the
+// same-host path: ranks that run out of data sit the others' rounds out, sums and averages go
+// on over the ranks that pushed (each checked against a scalar loop over those ranks, in rank
+// order), a key first used meanwhile is planned without the joined ranks, and once every rank
+// has joined all go on in step. Every wait has a deadline.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gradlink/worker.h"
+#include "unit/support/job_harness.h"
+#include "unit/support/reference.h"
+
+namespace gradlink {
+namespace {
+
+using test::In;
+using test::Job;
+using test::JobConfig;
+using test::kOpTimeout;
+using test::OnEveryWorker;
+
+constexpr uint32_t kWorkers = 3;
+// Rounds each rank runs before it joins: rank 0 stops first, rank 2 last.
+constexpr uint64_t kRounds[kWorkers] = {2, 4, 6};
+constexpr uint64_t kElems = 50000;  // 200 KB of fp32: several partitions on each server
+
+// Rank r's value of element i in round k: not integers, so that the order of the sum shows.
+float Value(uint32_t r, uint64_t k, uint64_t i) {
+  const uint64_t m = test::Mix((uint64_t{r} << 40) ^ (k << 20) ^ i);
+  return static_cast<float>(static_cast<int64_t>(m % 2001) - 1000) / 64.0f + 1.0f / 3.0f;
+}
+int32_t IntValue(uint32_t r, uint64_t k, uint64_t i) {
+  return static_cast<int32_t>(test::Mix((uint64_t{r} << 40) ^ (k << 20) ^ i ^ 7) % 100000) - 50000;
+}
+
+// The ranks that push round k of a tensor every rank runs `rounds` of (its own count for
+// `solo`, the tensor only rank 2 runs while the others have joined).
+std::vector<uint32_t> Present(uint64_t k) {
+  std::vector<uint32_t> in;
+  for (uint32_t r = 0; r < kWorkers; ++r) {
+    if (k < kRounds[r]) in.push_back(r);
+  }
+  return in;
+}
+
+// What the servers' rank-order reducers give: fp32 summed in fp32, divided by the ranks summed;
+// int32 summed exactly, divided with truncation toward zero.
+float ExpectedAverage(const std::vector<uint32_t>& in, uint64_t k, uint64_t i) {
+  float acc = Value(in[0], k, i);
+  for (size_t j = 1; j < in.size(); ++j) acc += Value(in[j], k, i);
+  return acc / static_cast<float>(in.size());
+}
+int32_t ExpectedSum(const std::vector<uint32_t>& in, uint64_t k, uint64_t i) {
+  int64_t acc = 0;
+  for (uint32_t r : in) acc += IntValue(r, k, i);
+  return static_cast<int32_t>(acc);
+}
+
+// One round of the averaged fp32 tensor and the summed int32 one on `rank`, checked.
+void RunRound(Worker& w, const TensorHandle& avg, const TensorHandle& sum, uint64_t k,
+              const std::vector<uint32_t>& in) {
+  const uint32_t rank = w.rank();
+  std::vector<float> a(kElems);
+  std::vector<int32_t> b(kElems);
+  for (uint64_t i = 0; i < kElems; ++i) {
+    a[i] = Value(rank, k, i);
+    b[i] = IntValue(rank, k, i);
+  }
+  PushPullHandle ha = w.PushPull(avg, std::as_writable_bytes(std::span(a)), {.average = true});
+  PushPullHandle hb = w.PushPull(sum, std::as_writable_bytes(std::span(b)));
+  ASSERT_TRUE(ha.Wait(In(kOpTimeout)).ok()) << "rank " << rank << " round " << k;
+  ASSERT_TRUE(hb.Wait(In(kOpTimeout)).ok()) << "rank " << rank << " round " << k;
+  uint64_t wrong = 0;
+  for (uint64_t i = 0; i < kElems; ++i) {
+    const float want = ExpectedAverage(in, k, i);
+    if (std::memcmp(&a[i], &want, sizeof(float)) != 0 || b[i] != ExpectedSum(in, k, i)) {
+      if (wrong++ == 0) {
+        ADD_FAILURE() << "rank " << rank << " round " << k << " element " << i << ": average "
+                      << a[i] << " (want " << want << "), sum " << b[i] << " (want "
+                      << ExpectedSum(in, k, i) << ") over " << in.size() << " ranks";
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0u) << "rank " << rank << " round " << k;
+}
+
+void RunUnevenJob(const JobConfig& config) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  OnEveryWorker(kWorkers, [&](uint32_t rank) {
+    Worker& w = job.worker(rank);
+    auto avg = w.Declare("grad.avg", DataType::kFloat32, kElems);
+    auto sum = w.Declare("grad.sum", DataType::kInt32, kElems);
+    ASSERT_TRUE(avg.ok() && sum.ok());
+    for (uint64_t k = 0; k < kRounds[rank]; ++k) {
+      ASSERT_NO_FATAL_FAILURE(RunRound(w, *avg, *sum, k, Present(k)));
+    }
+    // The last rank also runs a tensor nobody else has declared: planned without the others.
+    if (rank == kWorkers - 1) {
+      auto solo_avg = w.Declare("late.avg", DataType::kFloat32, kElems);
+      auto solo_sum = w.Declare("late.sum", DataType::kInt32, kElems);
+      ASSERT_TRUE(solo_avg.ok() && solo_sum.ok());
+      for (uint64_t k = 0; k < 2; ++k) {
+        ASSERT_NO_FATAL_FAILURE(RunRound(w, *solo_avg, *solo_sum, k, {rank}));
+      }
+    }
+    Result<uint32_t> last = w.Join(In(kOpTimeout));
+    ASSERT_TRUE(last.ok()) << "rank " << rank << ": " << last.status().ToString();
+    EXPECT_EQ(*last, kWorkers - 1) << "rank " << rank;
+    // Everyone in step again: the next round of every tensor sums all three ranks, the late
+    // ones included (ranks 0 and 1 declare them now and resume at their round).
+    const std::vector<uint32_t> all = {0, 1, 2};
+    ASSERT_NO_FATAL_FAILURE(RunRound(w, *avg, *sum, kRounds[kWorkers - 1], all));
+    auto late_avg = w.Declare("late.avg", DataType::kFloat32, kElems);
+    auto late_sum = w.Declare("late.sum", DataType::kInt32, kElems);
+    ASSERT_TRUE(late_avg.ok() && late_sum.ok());
+    ASSERT_NO_FATAL_FAILURE(RunRound(w, *late_avg, *late_sum, 2, all));
+    EXPECT_TRUE(w.Barrier(In(kOpTimeout)).ok()) << "rank " << rank;
+    // A second join, with nothing left to sit out.
+    Result<uint32_t> again = w.Join(In(kOpTimeout));
+    EXPECT_TRUE(again.ok()) << "rank " << rank << ": " << again.status().ToString();
+    if (config.local_arena_bytes != 0) {
+      EXPECT_GT(w.Stats().bytes_copied_local, 0u) << "rank " << rank << ": not the same-host path";
+    }
+  });
+  job.FinishCleanly();
+}
+
+JobConfig ServersConfig() {
+  JobConfig config;
+  config.workers = kWorkers;
+  config.servers = 2;
+  config.partition_bytes = 16 << 10;
+  return config;
+}
+
+TEST(JoinTest, UnevenRoundsThroughTheServers) { RunUnevenJob(ServersConfig()); }
+
+TEST(JoinTest, UnevenRoundsOnTheSameHostPath) {
+  JobConfig config = ServersConfig();
+  config.local_arena_bytes = 16 << 20;
+  config.local_chunk_bytes = 64 << 10;
+  RunUnevenJob(config);
+}
+
+// A barrier counts a joined rank as arrived: the others' barriers do not wait for it, and the
+// counts agree afterwards.
+TEST(JoinTest, BarriersWhileARankHasJoined) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(ServersConfig()));
+  OnEveryWorker(kWorkers, [&](uint32_t rank) {
+    Worker& w = job.worker(rank);
+    for (uint32_t b = 0; b < rank; ++b) {
+      ASSERT_TRUE(w.Barrier(In(kOpTimeout)).ok()) << "rank " << rank << " barrier " << b;
+    }
+    ASSERT_TRUE(w.Join(In(kOpTimeout)).ok()) << "rank " << rank;
+    EXPECT_TRUE(w.Barrier(In(kOpTimeout)).ok()) << "rank " << rank;
+  });
+  job.FinishCleanly();
+}
+
+// Collectives other than sums cannot sit a rank out: they fail, naming the joined rank, and
+// never hang.
+TEST(JoinTest, OtherCollectivesFailWhileARankHasJoined) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(ServersConfig()));
+  CollectiveSpec bcast;
+  bcast.kind = Collective::kBroadcast;
+  bcast.root = 1;
+  OnEveryWorker(kWorkers, [&](uint32_t rank) {
+    Worker& w = job.worker(rank);
+    std::vector<float> buf(1000);
+    auto bytes = std::as_writable_bytes(std::span(buf));
+    auto run = [&](const TensorHandle& t) {
+      std::fill(buf.begin(), buf.end(), static_cast<float>(rank));
+      return w.Run(t, bytes, bytes).Wait(In(kOpTimeout));
+    };
+    // Planned before anyone joined: the servers fail its round.
+    auto early = w.DeclareCollective("bcast.early", DataType::kFloat32, 1000, bcast);
+    ASSERT_TRUE(early.ok()) << early.status().ToString();
+    ASSERT_TRUE(run(*early).ok());
+    EXPECT_EQ(buf[999], 1.0f);
+    ASSERT_TRUE(w.Barrier(In(kOpTimeout)).ok());
+    if (rank == 0) {
+      ASSERT_TRUE(w.Join(In(kOpTimeout)).ok());
+    } else {
+      Status s = run(*early);
+      EXPECT_EQ(s.code(), Code::kInvalidArgument) << "rank " << rank << ": " << s.ToString();
+      EXPECT_NE(s.message().find("rank 0 has joined"), std::string::npos) << s.ToString();
+      // First declared meanwhile: the scheduler refuses it.
+      auto late = w.DeclareCollective("bcast.late", DataType::kFloat32, 1000, bcast);
+      ASSERT_TRUE(late.ok()) << late.status().ToString();
+      s = run(*late);
+      EXPECT_EQ(s.code(), Code::kInvalidArgument) << "rank " << rank << ": " << s.ToString();
+      EXPECT_NE(s.message().find("have joined"), std::string::npos) << s.ToString();
+      ASSERT_TRUE(w.Join(In(kOpTimeout)).ok());
+    }
+    // Once everyone has joined, the early key's next round runs whole again.
+    Status again = run(*early);
+    EXPECT_TRUE(again.ok()) << "rank " << rank << ": " << again.ToString();
+    EXPECT_EQ(buf[0], 1.0f) << "rank " << rank;
+  });
+  job.FinishCleanly();
+}
+
+}  // namespace
+}  // namespace gradlink
