@@ -413,6 +413,16 @@ class PyWorker {
     Check(s);
   }
 
+  uint32_t join(std::optional<double> timeout_s) {
+    gl::Result<uint32_t> last = gl::InvalidArgument("join: not run");
+    {
+      py::gil_scoped_release release;
+      last = live().Join(DeadlineFrom(timeout_s ? timeout_s : operation_timeout_s_));
+    }
+    Check(last.status());
+    return *last;
+  }
+
   void shutdown(double timeout_s) {
     if (!worker_ || shut_down_) return;
     shut_down_ = true;
@@ -656,6 +666,10 @@ PYBIND11_MODULE(_gradlink, m) {
            "same tensors the same way). `keepalive` (owning every member's memory) is held until "
            "the operation completes.")
       .def("barrier", &PyWorker::barrier, py::arg("timeout") = py::none())
+      .def("join", &PyWorker::join, py::arg("timeout") = py::none(),
+           "This rank ran out of data (Horovod's join): waits for its own operations, sits "
+           "the others' sums out until every rank has joined, and returns the rank that "
+           "joined last.")
       .def("shutdown", &PyWorker::shutdown, py::arg("timeout") = 5.0)
       .def("_num_inflight", &PyWorker::num_inflight);
 

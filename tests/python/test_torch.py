@@ -41,6 +41,11 @@ def test_horovod_allreduce_family_compression_and_optimizer_keywords(run_job):
     expect_ok(run_job(3, 2, "hvd_api.py"), "HVD API", 3)
 
 
+@PATHS
+def test_horovod_join_with_uneven_batches(run_job, env):
+    expect_ok(run_job(3, 2, "hvd_join.py", env=env), "HVD JOIN", 3)
+
+
 def test_horovod_allgather_reducescatter_alltoall(run_job):
     expect_ok(run_job(3, 2, "hvd_gather.py"), "HVD GATHER", 3)
 

@@ -110,6 +110,7 @@ from ._horovod import (  # noqa: F401
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
+    join,
     remove_process_set,
 )
 from ._optimizer import DistributedOptimizer  # noqa: F401
@@ -120,6 +121,7 @@ from ._timeline import start_timeline, stop_timeline  # noqa: F401
 HorovodInternalError = GradlinkError
 
 __all__ = [
+    "join",
     "Adasum",
     "Average",
     "Compression",

@@ -267,6 +267,16 @@ def barrier(timeout=None):
     ctx.worker.barrier(ctx.timeout if timeout is None else timeout)
 
 
+def join(timeout=None):
+    """This rank has run out of data: waits for its own operations to end, then sits out the
+    other ranks' sums (it adds nothing; an average divides by the ranks that pushed) until
+    every rank has joined. Returns the rank that joined last; every rank then goes on in step.
+    Only sums and averages run while a rank has joined: other collectives that need it raise
+    InvalidArgumentError naming it."""
+    ctx = _require()
+    return ctx.worker.join(ctx.timeout if timeout is None else timeout)
+
+
 def shutdown():
     """Leaves the job cleanly (pending operations fail with AbortedError). Idempotent."""
     global _ctx

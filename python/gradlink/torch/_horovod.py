@@ -122,6 +122,18 @@ def barrier(process_set=global_process_set, timeout=None):
     _core.synchronize(h, timeout)
 
 
+def join(device=-1):
+    """Horovod's join: this rank has run out of data. The others' allreduces go on without
+    it (it contributes nothing, as Horovod's zeros; Average divides by the ranks that
+    contributed) until every rank has joined; returns the rank that joined last. `device` is
+    accepted for Horovod's signature (tensors here are on the CPU). Differences from Horovod:
+    allgather, broadcast, alltoall, reducescatter, Min/Max/Product and process-set
+    collectives raise InvalidArgumentError while a rank has joined, and join() raises in a
+    job that sums on each host first (set GRADLINK_HIERARCHICAL=0)."""
+    del device
+    return _core.join()
+
+
 def _set_name(group, name):
     """Keys of a process set are its own: the same tensor name in two sets never meets."""
     return name if group is None else "ps[%s].%s" % (",".join(str(r) for r in group), name)

@@ -102,6 +102,33 @@ RegisterMsg SampleRegister() {
   return m;
 }
 
+TEST(MessagesTest, JoinRoundTripAndRejects) {
+  JoinMsg m;
+  m.barriers = 7;
+  m.rounds = {{1, 5}, {9, 0}, {UINT64_MAX, 3}};
+  const std::vector<std::byte> b = Encode(m);
+  auto d = DecodeJoin(b);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->barriers, 7u);
+  EXPECT_EQ(d->rounds, m.rounds);
+  for (size_t n = 0; n < b.size(); ++n) {
+    EXPECT_FALSE(DecodeJoin(std::span(b).first(n)).ok()) << "truncated to " << n;
+  }
+  std::vector<std::byte> trailing = b;
+  trailing.push_back(std::byte{0});
+  EXPECT_FALSE(DecodeJoin(trailing).ok());
+  JoinMsg unsorted;
+  unsorted.rounds = {{9, 1}, {1, 1}};
+  auto u = DecodeJoin(Encode(unsorted));
+  ASSERT_FALSE(u.ok());
+  EXPECT_NE(u.status().message().find("ascending"), std::string::npos);
+  // A count past the bound is refused before anything is allocated.
+  JoinMsg big;
+  big.rounds.resize(kMaxJoinKeys + 1);
+  for (uint64_t i = 0; i < big.rounds.size(); ++i) big.rounds[i] = {i, 0};
+  EXPECT_FALSE(DecodeJoin(Encode(big)).ok());
+}
+
 TEST(MessagesTest, RegisterRoundTrip) {
   for (int32_t rank : {-1, 0, 5, std::numeric_limits<int32_t>::max()}) {
     for (Role role : {Role::kWorker, Role::kServer}) {

@@ -1,0 +1,64 @@
+"""hvd.join with uneven data, as a Horovod script uses it: rank r has 2 + r batches, trains
+with DistributedOptimizer until its data runs out, then joins. Each step's averaged gradient is
+the mean over the ranks that still had a batch, so the model must equal a single-process run
+that averages exactly those ranks' losses at each step; one more step after the join has every
+rank again (asserts inside)."""
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+import gradlink.torch as hvd  # noqa: E402
+
+torch.set_num_threads(1)
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+steps = [2 + r for r in range(size)]  # batches per rank: uneven
+
+
+def present(step):
+    return [r for r in range(size) if step < steps[r]]
+
+
+def train_step(model, opt, step, ranks):
+    """This rank's share of one step; `ranks` None: the single-process reference over them."""
+    opt.zero_grad()
+    batch = common.global_batch(step, 0, size)
+    if ranks is None:
+        x, y = common.shard(batch, rank, size)
+        common.loss_fn(model(x), y).backward()
+    else:
+        loss = sum(common.loss_fn(model(x), y)
+                   for x, y in (common.shard(batch, r, size) for r in ranks)) / len(ranks)
+        loss.backward()
+    opt.step()
+
+
+model = common.make_model(seed=0)
+opt = hvd.DistributedOptimizer(common.make_optimizer("sgd", model.parameters()),
+                               named_parameters=model.named_parameters())
+for step in range(steps[rank]):
+    train_step(model, opt, step, None)
+    # A plain allreduce beside it counts the ranks still training: the joined add nothing.
+    count = hvd.allreduce(torch.ones(3, dtype=torch.int64), op=hvd.Sum, name="count")
+    assert count.tolist() == [len(present(step))] * 3, (step, count)
+last = hvd.join()
+assert last == size - 1, last
+# In step again: one more step with every rank.
+train_step(model, opt, steps[-1], None)
+count = hvd.allreduce(torch.ones(3, dtype=torch.int64), op=hvd.Sum, name="count")
+assert count.tolist() == [size] * 3, count
+
+ref = common.make_model(seed=0)
+ref_opt = common.make_optimizer("sgd", ref.parameters())
+for step in range(steps[-1]):
+    train_step(ref, ref_opt, step, present(step))
+train_step(ref, ref_opt, steps[-1], list(range(size)))
+for (name, got), want in zip(model.state_dict().items(), ref.state_dict().values()):
+    assert torch.allclose(got, want, rtol=0, atol=1e-12), (name, (got - want).abs().max())
+print("HVD JOIN OK rank %d" % rank)
+hvd.shutdown()
