@@ -1,8 +1,9 @@
 """hvd.join with uneven data, as a Horovod script uses it: rank r has 2 + r batches, trains
 with DistributedOptimizer until its data runs out, then joins. Each step's averaged gradient is
 the mean over the ranks that still had a batch, so the model must equal a single-process run
-that averages exactly those ranks' losses at each step; one more step after the join has every
-rank again (asserts inside)."""
+that averages exactly those ranks' losses at each step. After the join, the model of the rank
+that joined last is broadcast (Horovod's pattern) and one more step has every rank again
+(asserts inside)."""
 
 import os
 import sys
@@ -38,6 +39,22 @@ def train_step(model, opt, step, ranks):
     opt.step()
 
 
+def reference(n, then_all=False):
+    """Single process: n steps averaging the ranks present at each, then one with every rank."""
+    ref = common.make_model(seed=0)
+    ref_opt = common.make_optimizer("sgd", ref.parameters())
+    for step in range(n):
+        train_step(ref, ref_opt, step, present(step))
+    if then_all:
+        train_step(ref, ref_opt, steps[-1], list(range(size)))
+    return ref.state_dict()
+
+
+def expect_equal(state, want, what):
+    for (name, got), w in zip(state.items(), want.values()):
+        assert torch.allclose(got, w, rtol=0, atol=1e-12), (what, name, (got - w).abs().max())
+
+
 model = common.make_model(seed=0)
 opt = hvd.DistributedOptimizer(common.make_optimizer("sgd", model.parameters()),
                                named_parameters=model.named_parameters())
@@ -46,19 +63,17 @@ for step in range(steps[rank]):
     # A plain allreduce beside it counts the ranks still training: the joined add nothing.
     count = hvd.allreduce(torch.ones(3, dtype=torch.int64), op=hvd.Sum, name="count")
     assert count.tolist() == [len(present(step))] * 3, (step, count)
+# This rank's model took its own steps, each averaged over the ranks present.
+expect_equal(model.state_dict(), reference(steps[rank]), "before join")
 last = hvd.join()
 assert last == size - 1, last
+# Horovod's pattern: the rank that joined last has the model trained on every batch.
+hvd.broadcast_parameters(model.state_dict(), root_rank=last)
+hvd.broadcast_optimizer_state(opt, root_rank=last)
 # In step again: one more step with every rank.
 train_step(model, opt, steps[-1], None)
 count = hvd.allreduce(torch.ones(3, dtype=torch.int64), op=hvd.Sum, name="count")
 assert count.tolist() == [size] * 3, count
-
-ref = common.make_model(seed=0)
-ref_opt = common.make_optimizer("sgd", ref.parameters())
-for step in range(steps[-1]):
-    train_step(ref, ref_opt, step, present(step))
-train_step(ref, ref_opt, steps[-1], list(range(size)))
-for (name, got), want in zip(model.state_dict().items(), ref.state_dict().values()):
-    assert torch.allclose(got, want, rtol=0, atol=1e-12), (name, (got - want).abs().max())
+expect_equal(model.state_dict(), reference(steps[-1], then_all=True), "after join")
 print("HVD JOIN OK rank %d" % rank)
 hvd.shutdown()
