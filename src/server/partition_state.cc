@@ -166,6 +166,7 @@ bool PartitionState::RoundOverLocked() const {
 }
 
 void PartitionState::ApplyJoinedLocked() {
+  if (joined_count_ == 0) return;
   for (uint32_t i = 0; i < num_part_; ++i) {
     if (!joined_[i] || stage_[i] != Stage::kFree) continue;
     if (SumsWithoutAbsent()) {
@@ -188,6 +189,7 @@ bool PartitionState::SetJoined(uint32_t worker, bool joined) {
   if (index < 0 || joined_[index] == joined) return false;
   if (joined) {
     joined_[index] = true;
+    ++joined_count_;
     ApplyJoinedLocked();
     return true;
   }
@@ -199,6 +201,7 @@ bool PartitionState::SetJoined(uint32_t worker, bool joined) {
                         !(stage_[i] == Stage::kFailed && joined_[i]));
   }
   joined_[index] = false;
+  --joined_count_;
   if (stage_[index] == Stage::kAbsent) stage_[index] = Stage::kFree;
   if (!pushed && failure_code_ == Code::kInvalidArgument && !failure_.empty()) {
     failure_.clear();
@@ -265,19 +268,23 @@ std::optional<Completion> PartitionState::Progress() {
   c.round = round_;
   c.slot = slot;
   c.cookies = cookie_;
-  c.absent.assign(num_part_, false);
   uint32_t absent = 0, first_present = 0;
-  for (uint32_t i = 0; i < num_part_; ++i) {
-    c.absent[i] = stage_[i] == Stage::kAbsent;
-    absent += c.absent[i] ? 1 : 0;
+  if (joined_count_ != 0) {  // else no allocation: `absent` stays empty
+    c.absent.assign(num_part_, false);
+    for (uint32_t i = 0; i < num_part_; ++i) {
+      // Sat the round out, or failed it only by having joined: no reply either way.
+      c.absent[i] = stage_[i] == Stage::kAbsent || (joined_[i] && stage_[i] == Stage::kFailed);
+      absent += c.absent[i] ? 1 : 0;
+    }
+    while (first_present + 1 < num_part_ && c.absent[first_present]) ++first_present;
   }
-  while (first_present + 1 < num_part_ && c.absent[first_present]) ++first_present;
+  const auto sat_out = [&](uint32_t i) { return !c.absent.empty() && c.absent[i]; };
   if (!failure_.empty()) {
     c.status = Status(failure_code_, failure_);
   } else {
     const uint16_t f0 = flags_[first_present];
     for (uint32_t r = 0; r < num_workers_ && c.status.ok(); ++r) {
-      if (!c.absent[r] && (flags_[r] & wire::kFlagHostDisagrees)) {
+      if (!sat_out(r) && (flags_[r] & wire::kFlagHostDisagrees)) {
         c.status = Mismatch(Describe() + " round " + std::to_string(round_) +
                             ": the workers on the host of rank " +
                             std::to_string(contributors_[r]) + " disagree on averaging");
@@ -289,7 +296,7 @@ std::optional<Completion> PartitionState::Progress() {
                                  " asked for an average, which only a sum has");
     }
     for (uint32_t r = first_present + 1; r < num_part_ && c.status.ok(); ++r) {
-      if (!c.absent[r] && flags_[r] != f0) {
+      if (!sat_out(r) && flags_[r] != f0) {
         c.status = Mismatch(Describe() + " round " + std::to_string(round_) + ": rank " +
                             std::to_string(participants_[first_present]) + " " +
                             ((f0 & wire::kFlagAverage) ? "averages" : "sums") + " but rank " +

@@ -38,6 +38,7 @@ struct Completion {
   std::span<const std::byte> result;   // in the wire dtype
   std::vector<uint64_t> cookies;       // per contributor, echoed in its pull response
   // Per participant: it had joined (Worker::Join) and sat this round out: it gets no reply.
+  // Empty when nobody has joined.
   std::vector<bool> absent;
 };
 
@@ -179,6 +180,7 @@ class PartitionState {
   Code failure_code_ = Code::kOk;
   std::vector<bool> gone_;         // left the job
   std::vector<bool> joined_;       // joined (SetJoined), per participant
+  uint32_t joined_count_ = 0;      // how many are
   bool acc_started_ = false;       // the accumulator holds this round's first contributions
   uint32_t next_ = 0;              // ranks [0, next_) are in the accumulator
   uint32_t sends_pending_[2] = {0, 0};

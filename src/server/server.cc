@@ -477,7 +477,7 @@ class ServerImpl final : public Server {
       const uint32_t slot = c->slot;
       const std::vector<uint32_t>& to = p->participants();
       for (uint32_t i = 0; i < to.size(); ++i) {
-        if (c->absent[i]) continue;  // it joined and sat the round out
+        if (!c->absent.empty() && c->absent[i]) continue;  // it joined and sat the round out
         h.cookie = c->cookies[i];
         // A participant that receives nothing (a contributor to a relay, or to another rank's
         // reduce-scatter segment) gets a reply of 0 elements: its round is over.

@@ -823,5 +823,79 @@ TEST(PartitionStateRoutingTest, MinFoldsInRankOrder) {
   EXPECT_EQ(FromBytes<int32_t>(c->result), (std::vector<int32_t>{3, -8, -1}));
 }
 
+// A rank that joined (Worker::Join) sits rounds out: the others' round completes without it,
+// in rank order, an average divides by the ranks that pushed, it gets no reply, and a push from
+// it is refused; a round it alone would start never begins; once every rank has joined and the
+// join is over, it takes part again.
+TEST(PartitionStateTest, AJoinedRankSitsRoundsOut) {
+  Harness h(DataType::kFloat32, 3, 4);
+  const std::vector<std::vector<std::byte>> pushes = {
+      AsBytes(std::vector<float>{1.5f, 2, 3}), AsBytes(std::vector<float>{10, 20, 30}),
+      AsBytes(std::vector<float>{100, 200, 300}), AsBytes(std::vector<float>{0.25f, 0.5f, 1})};
+  // Round 0 with everyone.
+  Done d0 = RunRound(h, 0, pushes, {2, 0, 3, 1});
+  EXPECT_TRUE(d0.c.absent.empty());
+  ReleaseSlot(h.state(), d0.c, 4);
+  // Ranks 1 and 3 join: round 1 averages ranks 0 and 2 only.
+  EXPECT_TRUE(h.state().SetJoined(1, true));
+  EXPECT_FALSE(h.state().Progress().has_value());  // nobody has pushed: no round
+  EXPECT_TRUE(h.state().SetJoined(3, true));
+  EXPECT_FALSE(h.state().Progress().has_value());
+  bool run = false;
+  EXPECT_EQ(h.Begin(h.MakePush(1, 1), pushes[1], &run).code(), Code::kProtocolError);
+  Done d1 = RunRound(h, 1, pushes, {2, 0}, wire::kFlagAverage);
+  ASSERT_TRUE(d1.c.status.ok()) << d1.c.status.ToString();
+  EXPECT_EQ(FromBytes<float>(d1.result), (std::vector<float>{(1.5f + 100) / 2, 101, 151.5f}));
+  EXPECT_EQ(d1.c.absent, (std::vector<bool>{false, true, false, true}));
+  ReleaseSlot(h.state(), d1.c, 2);  // two replies, not four
+  // The join is over: round 2 has every rank again.
+  EXPECT_FALSE(h.state().SetJoined(1, false));
+  EXPECT_FALSE(h.state().SetJoined(3, false));
+  Done d2 = RunRound(h, 2, pushes, {3, 1, 0, 2});
+  EXPECT_TRUE(d2.c.absent.empty());
+  EXPECT_EQ(FromBytes<float>(d2.result), (std::vector<float>{111.75f, 222.5f, 334}));
+}
+
+// A collective other than a sum cannot leave a rank out: its round fails naming the joined rank,
+// and the failure is forgotten once the join is over.
+TEST(PartitionStateRoutingTest, AJoinedRankFailsARelayUntilTheJoinIsOver) {
+  Routing routing{ReduceOp::kSum, true, {1, 2}, {}};
+  PartitionState st(kKey, 0, "b", DataType::kFloat32, 2, {0}, 3, {}, routing);
+  EXPECT_TRUE(st.SetJoined(2, true));
+  wire::Header h;
+  h.type = wire::MsgType::kPush;
+  h.key = kKey;
+  h.dtype = static_cast<uint8_t>(DataType::kFloat32);
+  h.sender = 0;
+  h.count = 2;
+  bool run = false;
+  auto span = st.BeginPush(h, &run);
+  ASSERT_TRUE(span.ok());
+  st.EndPush(0, true);
+  h.sender = 1;
+  h.count = 0;
+  ASSERT_TRUE(st.BeginPush(h, &run).ok());
+  st.EndPush(1, true);
+  std::optional<Completion> c = st.Progress();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->status.code(), Code::kInvalidArgument);
+  EXPECT_NE(c->status.message().find("rank 2 has joined"), std::string::npos);
+  EXPECT_EQ(c->absent, (std::vector<bool>{false, false, true}));  // no reply to rank 2
+  EXPECT_FALSE(st.SendDone(c->slot));
+  EXPECT_TRUE(st.SendDone(c->slot));
+  // Round 1 starts failed while rank 2 is joined; once the join is over, it runs.
+  EXPECT_FALSE(st.SetJoined(2, false));
+  h.round = 1;
+  for (uint32_t r : {0u, 1u, 2u}) {
+    h.sender = r;
+    h.count = r == 0 ? 2 : 0;
+    ASSERT_TRUE(st.BeginPush(h, &run).ok()) << r;
+    st.EndPush(r, true);
+  }
+  c = st.Progress();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_TRUE(c->status.ok()) << c->status.ToString();
+}
+
 }  // namespace
 }  // namespace gradlink::server
