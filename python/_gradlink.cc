@@ -145,6 +145,7 @@ class Handle {
     d["pull"] = s(t.pull);
     d["unpack"] = s(t.unpack);
     d["total"] = s(t.total);
+    d["server"] = s(t.server);  // within reduce, not a stage of its own
     return d;
   }
 

@@ -24,9 +24,16 @@ struct ServerStats {
   uint64_t bytes_reduced = 0;      // bytes of pushes summed
   uint64_t protocol_errors = 0;    // bad frames (connection closed) and bad pushes (refused)
   uint64_t mismatches = 0;         // pushes that disagreed with the declaration or each other
-  // Bytes of partition state held now (staging, accumulators, results): what the memory budget
-  // (ServerOptions::memory_budget_bytes) bounds.
+  // Bytes of round buffers (staging, accumulators, results) held now: in the hands of rounds
+  // in flight, plus those kept free for the next rounds (at most 256 MiB); the most so far.
+  // Rounds take buffers as their pushes arrive and give them back once summed or sent, so this
+  // follows what the workers have in flight (their leads), not what the server was ever given.
+  // The scheduler admits keys by the memory budget (ServerOptions::memory_budget_bytes) as if
+  // every partition held its buffers at once: the bound stays whatever the timing.
   uint64_t bytes_held = 0;
+  uint64_t bytes_in_rounds = 0;
+  uint64_t peak_bytes_held = 0;
+  uint64_t buffer_allocations = 0;  // round buffers allocated (not reused) so far
 };
 
 class Server {

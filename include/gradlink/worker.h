@@ -97,6 +97,12 @@ struct PushPullTiming {
   Clock::duration unpack{};  // groups: -> every member written (copies out of fusion buffers,
                              //    done by the thread in Wait()/Poll(), so its wake-up is in here)
   Clock::duration total{};
+  // From the servers' own clocks: the most any partition's server took from the round's last
+  // push landing to sending its sum (summing it, and waiting for an engine), to within 0.05%
+  // (wire::EncodeServerTime). Not a stage: it overlaps `reduce` (the last partitions' wholly;
+  // earlier ones' may start during `push`), whose rest is the slowest worker's pushes and the
+  // network. 0 on the same-host path (no server).
+  Clock::duration server{};
 };
 
 // What a worker has done so far (monotonic counters).

@@ -11,8 +11,9 @@ namespace gradlink::server {
 PartitionState::PartitionState(uint64_t key, uint32_t partition, std::string name, DataType dtype,
                                uint64_t count, std::vector<uint32_t> contributors,
                                uint32_t workers, std::vector<uint32_t> host_of,
-                               Routing routing)
-    : key_(key),
+                               Routing routing, BufferPool* pool)
+    : pool_(pool),
+      key_(key),
       partition_(partition),
       name_(std::move(name)),
       dtype_(dtype),
@@ -108,7 +109,7 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
   const bool direct = rank == 0 && acc_bytes_ == wire_bytes_ && sends_pending_[slot] == 0;
   if (rank == 0) direct_ = direct;
   std::vector<std::byte>& buf = direct ? acc_[slot] : staging_[rank];
-  Hold(buf, direct ? acc_bytes_ : wire_bytes_);
+  Take(buf, direct ? acc_bytes_ : wire_bytes_);
   return std::span<std::byte>(buf);
 }
 
@@ -119,6 +120,7 @@ bool PartitionState::EndPush(uint32_t sender, bool ok) {
   const uint32_t rank = static_cast<uint32_t>(index);
   if (ok) {
     stage_[rank] = Stage::kStaged;
+    last_landed_ = Clock::now();
   } else {
     stage_[rank] = Stage::kFailed;
     if (failure_.empty()) {
@@ -230,7 +232,7 @@ std::optional<Completion> PartitionState::Progress() {
   if (last > first) {
     // Only this thread writes a stage to or from kAbsent (SetJoined, the round's reset), and
     // staged pushes stay staged until the loop below: reading them unlocked is safe.
-    Hold(acc, acc_bytes_);
+    Take(acc, acc_bytes_);
     const ReduceOp op = routing_.op;
     const auto present = [&](uint32_t i) { return stage_[i] != Stage::kAbsent; };
     for (uint32_t r = first; r < last; ++r) {
@@ -254,6 +256,9 @@ std::optional<Completion> PartitionState::Progress() {
         r = second;
       }
     }
+    // Summed: the pushes' staging goes back for other rounds (this rank's next push comes
+    // only after this round's reply).
+    for (uint32_t r = first; r < last; ++r) Give(staging_[r]);
   }
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -267,6 +272,7 @@ std::optional<Completion> PartitionState::Progress() {
   Completion c;
   c.round = round_;
   c.slot = slot;
+  c.server_time = Clock::now() - last_landed_;
   c.cookies = cookie_;
   uint32_t absent = 0, first_present = 0;
   if (joined_count_ != 0) {  // else no allocation: `absent` stays empty
@@ -316,7 +322,7 @@ std::optional<Completion> PartitionState::Progress() {
       c.result = acc;
     } else {
       std::vector<std::byte>& out = out_[slot];
-      Hold(out, wire_bytes_);
+      Take(out, wire_bytes_);
       reduce::Store(dtype_, out.data(), acc.data(), count_, divisor);
       c.result = out;
     }
@@ -340,10 +346,20 @@ std::optional<Completion> PartitionState::Progress() {
   return c;
 }
 
-void PartitionState::Hold(std::vector<std::byte>& buf, size_t bytes) {
+void PartitionState::Take(std::vector<std::byte>& buf, size_t bytes) {
   if (buf.size() == bytes) return;
-  held_.fetch_add(bytes - buf.size(), std::memory_order_relaxed);  // buffers only grow
-  buf.resize(bytes);
+  held_.fetch_add(bytes - buf.size(), std::memory_order_relaxed);
+  if (pool_ != nullptr && buf.empty()) {
+    buf = pool_->Take(bytes);
+  } else {
+    buf.resize(bytes);
+  }
+}
+
+void PartitionState::Give(std::vector<std::byte>& buf) {
+  if (pool_ == nullptr || buf.empty()) return;  // without a pool, buffers stay for later rounds
+  held_.fetch_sub(buf.size(), std::memory_order_relaxed);
+  pool_->Give(buf);
 }
 
 void PartitionState::FailRankLocked(uint32_t index) {
@@ -383,7 +399,12 @@ bool PartitionState::WaitsForSlot(uint32_t slot) const {
 bool PartitionState::SendDone(uint32_t slot) {
   std::lock_guard<std::mutex> lock(mu_);
   if (slot > 1 || sends_pending_[slot] == 0) return false;
-  return --sends_pending_[slot] == 0;
+  if (--sends_pending_[slot] != 0) return false;
+  // Every reply is out: the round's accumulator and result go back (under mu_, so that the
+  // round two later, which takes them again, cannot start before).
+  Give(acc_[slot]);
+  Give(out_[slot]);
+  return true;
 }
 
 }  // namespace gradlink::server

@@ -1,8 +1,9 @@
 // The round state machine of one (key, partition) on a server.
 //
 // Each contributing rank (every worker, or one per host when hosts sum first) has one staging
-// buffer: a worker pushes round r+1 only after it has pulled
-// round r, so at most one push per rank is ever outstanding. Where the accumulator has the wire
+// buffer while its push is in: a worker pushes round r+1 only after it has pulled round r, so at
+// most one push per rank is ever outstanding. With the server's BufferPool, a round takes its
+// buffers as its pushes come and gives them back once summed or sent (buffer_pool.h). Where the accumulator has the wire
 // dtype (fp32, fp64, int64), rank 0's push lands in the accumulator itself and needs none,
 // unless round r-2's result is still being sent from that accumulator. The accumulator is double-buffered
 // by round parity: round r's result may still be on its way to slow workers while round r+1 is
@@ -24,8 +25,10 @@
 #include <vector>
 
 #include "gradlink/collective.h"
+#include "gradlink/options.h"
 #include "gradlink/status.h"
 #include "gradlink/tensor.h"
+#include "server/buffer_pool.h"
 #include "wire/frame.h"
 
 namespace gradlink::server {
@@ -37,6 +40,8 @@ struct Completion {
   Status status;                       // not OK: send kDataError instead of the result
   std::span<const std::byte> result;   // in the wire dtype
   std::vector<uint64_t> cookies;       // per contributor, echoed in its pull response
+  // From the round's last push landing to this completion: the server's own time on it.
+  Clock::duration server_time{};
   // Per participant: it had joined (Worker::Join) and sat this round out: it gets no reply.
   // Empty when nobody has joined.
   std::vector<bool> absent;
@@ -60,9 +65,12 @@ class PartitionState {
   // per host: control/topology.h); `workers`: the job's, the divisor of an average.
   // `host_of` (hierarchical): each worker's host, the index of its host's contributor: a worker
   // that leaves fails its host's contribution, whoever pushes it. Empty: each worker its own.
+  // `pool` (the server's; outlives this): where a round takes its buffers and gives them back
+  // once summed or sent; null: each buffer stays with the partition for later rounds.
   PartitionState(uint64_t key, uint32_t partition, std::string name, DataType dtype,
                  uint64_t count, std::vector<uint32_t> contributors, uint32_t workers,
-                 std::vector<uint32_t> host_of = {}, Routing routing = {});
+                 std::vector<uint32_t> host_of = {}, Routing routing = {},
+                 BufferPool* pool = nullptr);
   // Every one of `num_workers` workers contributes, in rank order (flat aggregation).
   PartitionState(uint64_t key, uint32_t partition, std::string name, DataType dtype,
                  uint64_t count, uint32_t num_workers)
@@ -121,7 +129,8 @@ class PartitionState {
 
   // Bytes of buffers this partition holds now (staging, accumulators, results); any thread. At
   // most reduce::ServerBytesHeld(dtype, count, workers), the figure the scheduler admits by;
-  // one staging buffer less while rank 0's pushes land in the accumulator.
+  // one staging buffer less while rank 0's pushes land in the accumulator. With a pool, only
+  // what its rounds in flight hold: nothing between rounds.
   uint64_t bytes_held() const { return held_.load(std::memory_order_relaxed); }
 
  private:
@@ -150,9 +159,12 @@ class PartitionState {
     return routing_.op == ReduceOp::kSum && !routing_.copy && routing_.requesters.empty() &&
            host_of_.empty();
   }
-  // Sizes `buf` to `bytes` (once: buffers are kept for later rounds) and counts it in held_.
-  void Hold(std::vector<std::byte>& buf, size_t bytes);
+  // Sizes `buf` to `bytes` (from the pool, if any, when it is empty) and counts it in held_;
+  // Give() hands it back to the pool (without one, it stays).
+  void Take(std::vector<std::byte>& buf, size_t bytes);
+  void Give(std::vector<std::byte>& buf);
 
+  BufferPool* const pool_;
   const uint64_t key_;
   const uint32_t partition_;
   const std::string name_;
@@ -182,6 +194,7 @@ class PartitionState {
   std::vector<bool> joined_;       // joined (SetJoined), per participant
   uint32_t joined_count_ = 0;      // how many are
   bool acc_started_ = false;       // the accumulator holds this round's first contributions
+  Clock::time_point last_landed_{};  // this round's latest push payload (EndPush)
   uint32_t next_ = 0;              // ranks [0, next_) are in the accumulator
   uint32_t sends_pending_[2] = {0, 0};
   bool direct_ = false;            // rank 0's push of round_ landed in acc_[round_ % 2]

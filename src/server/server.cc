@@ -39,6 +39,11 @@ constexpr auto kPoll = std::chrono::milliseconds(100);
 // partitions keep the rule: a 4 MiB sum (~0.5 ms) would hold up every other push on the lane.
 constexpr uint64_t kInlineSumBytes = 16 << 10;
 
+// Free round buffers a server keeps for the next rounds (buffer_pool.h). The steady state of a
+// job needs as many as its rounds in flight hold at their peak, which the workers' leads bound:
+// 2 partitions of 64 KiB ahead per server and worker on a network (control/tuning.h).
+constexpr uint64_t kPoolFreeBytes = uint64_t{256} << 20;
+
 class ServerImpl final : public Server {
  public:
   ServerImpl(const ServerOptions& o, std::shared_ptr<transport::Fabric> fabric)
@@ -155,8 +160,13 @@ class ServerImpl final : public Server {
     s.protocol_errors = protocol_errors_.load() + push_lane_->stats().protocol_errors +
                         (pull_lane_ ? pull_lane_->stats().protocol_errors : 0);
     s.mismatches = mismatches_.load();
-    std::shared_lock<std::shared_mutex> lock(parts_mu_);
-    for (const auto& [id, part] : parts_) s.bytes_held += part->bytes_held();
+    {
+      std::shared_lock<std::shared_mutex> lock(parts_mu_);
+      for (const auto& [id, part] : parts_) s.bytes_in_rounds += part->bytes_held();
+    }
+    s.bytes_held = s.bytes_in_rounds + pool_.free_bytes();
+    s.peak_bytes_held = pool_.peak_bytes();
+    s.buffer_allocations = pool_.allocations();
     return s;
   }
 
@@ -283,14 +293,16 @@ class ServerImpl final : public Server {
             slot = std::make_unique<PartitionState>(
                 f.header.key, p, a.name, dtype, a.partitions[p].count,
                 topology::Contributors(hosts_, mode, f.header.key, p), workers,
-                mode == topology::Mode::kFlat ? std::vector<uint32_t>() : hosts_.host_of);
+                mode == topology::Mode::kFlat ? std::vector<uint32_t>() : hosts_.host_of,
+                server::Routing{}, &pool_);
           } else {
             server::Routing routing{a.spec.op, copy, peers.requesters, peers.receives};
             // An average divides by the group's members (every worker without a group).
             slot = std::make_unique<PartitionState>(f.header.key, p, a.name, dtype,
                                                     a.partitions[p].count, peers.contributors,
                                                     layout::Members(a.spec, workers),
-                                                    std::vector<uint32_t>(), std::move(routing));
+                                                    std::vector<uint32_t>(), std::move(routing),
+                                                    &pool_);
           }
         }
         // No push can come before the ack below: this thread is still its only user.
@@ -466,6 +478,8 @@ class ServerImpl final : public Server {
       std::span<const std::byte> payload = c->result;
       if (c->status.ok()) {
         h.type = MsgType::kPullResponse;
+        h.server_time = wire::EncodeServerTime(static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::microseconds>(c->server_time).count()));
         h.dtype = static_cast<uint8_t>(p->dtype());
         h.count = p->count();
       } else {
@@ -556,6 +570,9 @@ class ServerImpl final : public Server {
   std::thread control_;
   std::vector<std::unique_ptr<WorkQueue>> engines_;
 
+  // Every partition's round buffers; kept free for reuse up to kPoolFreeBytes. Declared before
+  // parts_, which give their buffers back to it.
+  server::BufferPool pool_{kPoolFreeBytes};
   mutable std::shared_mutex parts_mu_;
   std::map<std::pair<uint64_t, uint32_t>, std::unique_ptr<PartitionState>> parts_;
 

@@ -1,5 +1,6 @@
 #include "wire/frame.h"
 
+#include <algorithm>
 #include <string>
 
 namespace gradlink::wire {
@@ -29,7 +30,7 @@ enum Offset : size_t {
   kOffPartition = 24,
   kOffDtype = 28,
   kOffCode = 29,
-  kOffReserved = 30,  // u16, must be zero
+  kOffServerTime = 30,  // u16: kPullResponse's server time, else zero
   kOffRound = 32,
   kOffCount = 40,
   kOffPayload = 48,
@@ -41,6 +42,15 @@ bool IsKnownType(uint8_t t) {
 }
 
 }  // namespace
+
+uint16_t EncodeServerTime(uint64_t micros) {
+  uint32_t e = 0;
+  while (e < 15 && (micros >> e) > 0xFFF) ++e;
+  const uint64_t m = std::min<uint64_t>(micros >> e, 0xFFF);
+  return static_cast<uint16_t>(e << 12 | m);
+}
+
+uint64_t DecodeServerTime(uint16_t code) { return uint64_t{code & 0xFFFu} << (code >> 12); }
 
 bool IsControlType(MsgType t) { return static_cast<uint8_t>(t) < 32; }
 bool IsDataType(MsgType t) { return static_cast<uint8_t>(t) >= 32; }
@@ -58,7 +68,7 @@ HeaderBytes EncodeHeader(const Header& h) {
   Put<uint32_t>(p + kOffPartition, h.partition);
   Put<uint8_t>(p + kOffDtype, h.dtype);
   Put<uint8_t>(p + kOffCode, h.code);
-  Put<uint16_t>(p + kOffReserved, 0);
+  Put<uint16_t>(p + kOffServerTime, h.server_time);
   Put<uint64_t>(p + kOffRound, h.round);
   Put<uint64_t>(p + kOffCount, h.count);
   Put<uint64_t>(p + kOffPayload, h.payload_bytes);
@@ -93,7 +103,11 @@ Result<Header> DecodeHeader(std::span<const std::byte> bytes) {
   }
   const uint8_t type = Get<uint8_t>(p + kOffType);
   if (!IsKnownType(type)) return ProtocolError("unknown message type " + std::to_string(type));
-  if (Get<uint16_t>(p + kOffReserved) != 0) return ProtocolError("reserved header bytes not zero");
+  const uint16_t server_time = Get<uint16_t>(p + kOffServerTime);
+  if (server_time != 0 && type != static_cast<uint8_t>(MsgType::kPullResponse)) {
+    return ProtocolError("server time " + std::to_string(server_time) + " on a frame of type " +
+                         std::to_string(type) + " (only a pull response has one)");
+  }
 
   Header h;
   h.type = static_cast<MsgType>(type);
@@ -108,6 +122,7 @@ Result<Header> DecodeHeader(std::span<const std::byte> bytes) {
   h.count = Get<uint64_t>(p + kOffCount);
   h.payload_bytes = Get<uint64_t>(p + kOffPayload);
   h.cookie = Get<uint64_t>(p + kOffCookie);
+  h.server_time = server_time;
 
   if ((h.flags & ~kKnownFlags) != 0) return ProtocolError("unknown flags " + std::to_string(h.flags));
   if (h.code > kMaxCode) return ProtocolError("status code out of range: " + std::to_string(h.code));

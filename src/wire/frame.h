@@ -61,6 +61,11 @@ enum class MsgType : uint8_t {
   kLaneHello = 35,     // first frame on a data endpoint of an authenticated job (lane_auth.h)
 };
 
+// A duration in microseconds in 16 bits: a 12-bit mantissa and a 4-bit exponent (m << e), so
+// 0-4095 us exactly and up to 134 s within 0.05%; longer saturates.
+uint16_t EncodeServerTime(uint64_t micros);
+uint64_t DecodeServerTime(uint16_t code);
+
 bool IsControlType(MsgType t);
 bool IsDataType(MsgType t);
 
@@ -80,6 +85,9 @@ struct Header {
   uint32_t partition = 0;   // partition index within the key
   uint8_t dtype = 0;        // DataType on data frames, 0 on control frames
   uint8_t code = 0;         // Code on kAbort / kDataError, else 0
+  // kPullResponse: the server's own time on the round, from its last push landing to the
+  // reply being sent (EncodeServerTime); 0 on every other frame.
+  uint16_t server_time = 0;
   uint64_t round = 0;       // round number on data frames
   uint64_t count = 0;       // elements in the payload (data frames)
   uint64_t payload_bytes = 0;

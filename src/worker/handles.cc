@@ -42,6 +42,7 @@ void EndPartLocked(Group& g, Group::Part& p) {
   p.t_pushed = op.t_pushed;
   p.t_arrived = op.t_arrived;
   p.t_done = op.t_done;
+  p.t_server = op.t_server;
   if (!p.status.ok() && p.what != nullptr) {
     p.status = Status(p.status.code(), *p.what + ": " + p.status.message());
   }
@@ -172,20 +173,27 @@ PushPullTiming PushPullHandle::Timing() const {
     std::lock_guard<std::mutex> lock(g.mu);
     if (!g.finished) return {};
     Clock::time_point first_issue{}, pushed{}, arrived{}, done{};
+    Clock::duration server{};
     for (const Group::Part& p : g.parts) {
       first_issue = std::max(first_issue, p.t_first_issue);
       pushed = std::max(pushed, p.t_pushed);
       arrived = std::max(arrived, p.t_arrived);
       done = std::max(done, p.t_done);
+      server = std::max(server, p.t_server);
     }
-    return MakeTiming(g.t_call, g.t_started, first_issue, pushed, arrived, done, g.t_finished);
+    PushPullTiming t =
+        MakeTiming(g.t_call, g.t_started, first_issue, pushed, arrived, done, g.t_finished);
+    t.server = server;
+    return t;
   }
   if (!op_) return {};
   std::lock_guard<std::mutex> lock(op_->mu);
   if (!op_->done) return {};
   const Op& op = *op_;
-  return MakeTiming(op.t_call, op.t_call, op.t_first_issue, op.t_pushed, op.t_arrived, op.t_done,
-                    op.t_done);
+  PushPullTiming t = MakeTiming(op.t_call, op.t_call, op.t_first_issue, op.t_pushed,
+                                op.t_arrived, op.t_done, op.t_done);
+  t.server = op.t_server;
+  return t;
 }
 
 }  // namespace gradlink

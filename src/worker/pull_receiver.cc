@@ -2,6 +2,9 @@
 // the caller's tensor; a refusal (kDataError) fails the op, naming the server.
 #include "worker/worker_impl.h"
 
+#include <algorithm>
+#include <chrono>
+
 namespace gradlink {
 
 using transport::Lane;
@@ -41,6 +44,8 @@ Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
     return ProtocolError("pull reply has the wrong shape");
   }
   op.t_arrived = Clock::now();
+  op.t_server = std::max<Clock::duration>(
+      op.t_server, std::chrono::microseconds(wire::DecodeServerTime(h.server_time)));
   op.receiving++;
   // A hierarchical op's sum lands where its partial was pushed from: the host's segment.
   if (op.host) return op.partial[h.partition];

@@ -121,6 +121,7 @@ struct Op {
   std::shared_ptr<std::byte> owned;
   // Where the time went (PushPullTiming); set under WorkerImpl::mu_, read once `done`.
   Clock::time_point t_call, t_first_issue, t_pushed, t_arrived, t_done;
+  Clock::duration t_server{};  // the most a partition's server reported (PushPullTiming::server)
   // Completion, guarded by `mu`.
   std::mutex mu;
   std::condition_variable cv;
@@ -143,6 +144,7 @@ struct Group {
     bool ended = false;
     Status status;
     Clock::time_point t_call, t_first_issue, t_pushed, t_arrived, t_done;
+    Clock::duration t_server{};
   };
   std::string what;  // "push_pull group of N tensors (...)"
   Clock::duration timeout{};  // WorkerOptions::operation_timeout: for Wait() without a deadline

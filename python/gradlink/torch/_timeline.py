@@ -1,8 +1,8 @@
 """horovod.torch's start_timeline / stop_timeline: a Chrome-trace JSON (chrome://tracing,
 Perfetto) of every push_pull this worker waited for, one row per tensor, its stages as measured
 by the worker (queue: to the first partition handed to the transport; push: to every push sent;
-reduce: to the last sum back, the servers' time included; pull: to every sum written; pack and
-unpack for fused groups). Times are this process's monotonic clock, in microseconds."""
+reduce: to the last sum back, with the servers' own time on it nested inside as "server sum",
+from their clocks; pull: to every sum written; pack and unpack for fused groups). Times are this process's monotonic clock, in microseconds."""
 
 import json
 import threading
@@ -57,6 +57,13 @@ def record(name, started, timing):
             if d > 0:
                 t["events"].append({"name": stage, "cat": "push_pull", "ph": "X", "ts": at,
                                     "dur": d, "pid": rank, "tid": tid, "args": {"tensor": name}})
+                server = min(timing.get("server", 0.0) * 1e6, d)
+                if stage == "reduce" and server > 0:
+                    # The servers' own time (their clocks), nested at the end of reduce: what
+                    # is left before it is the slowest worker's pushes and the network.
+                    t["events"].append({"name": "server sum", "cat": "server", "ph": "X",
+                                        "ts": at + d - server, "dur": server, "pid": rank,
+                                        "tid": tid, "args": {"tensor": name}})
                 at += d
 
 

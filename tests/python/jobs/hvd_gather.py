@@ -90,7 +90,13 @@ rows = {e["args"]["name"]: e["tid"] for e in trace if e["name"] == "thread_name"
 assert "allgather.ag.torch.float32.shapes" in rows, sorted(rows)[:5]
 spans = [e for e in trace if e["ph"] == "X"]
 assert spans and {e["name"] for e in spans} <= {"pack", "queue", "push", "reduce", "pull",
-                                                  "unpack"}, {e["name"] for e in spans}
+                                                  "unpack", "server sum"}, {e["name"] for e in spans}
+# The servers' own time (from their clocks) nests inside a reduce of its row.
+server = [e for e in spans if e["name"] == "server sum"]
+assert server, "no server time in the timeline"
+for e in server:
+    assert any(r["name"] == "reduce" and r["tid"] == e["tid"] and r["ts"] <= e["ts"] + 1e-3 and
+               e["ts"] + e["dur"] <= r["ts"] + r["dur"] + 1e-3 for r in spans), e
 for tid in set(e["tid"] for e in spans):
     mine = [e for e in spans if e["tid"] == tid]
     assert all(e["dur"] > 0 and e["pid"] == rank for e in mine)

@@ -897,5 +897,64 @@ TEST(PartitionStateRoutingTest, AJoinedRankFailsARelayUntilTheJoinIsOver) {
   EXPECT_TRUE(c->status.ok()) << c->status.ToString();
 }
 
+// The pool hands out buffers of the size asked, reuses what was given back (by size), frees
+// what would pass its free bound, and counts what is in use, free and at most both.
+TEST(BufferPoolTest, ReusesBySizeAndBoundsWhatItKeeps) {
+  BufferPool pool(100);
+  std::vector<std::byte> a = pool.Take(60), b = pool.Take(60), c = pool.Take(30);
+  EXPECT_EQ(a.size(), 60u);
+  EXPECT_EQ(pool.in_use_bytes(), 150u);
+  EXPECT_EQ(pool.allocations(), 3u);
+  const std::byte* a_data = a.data();
+  pool.Give(a);
+  EXPECT_TRUE(a.empty());
+  pool.Give(b);  // 60 + 60 > 100: freed, not kept
+  pool.Give(c);
+  EXPECT_EQ(pool.free_bytes(), 90u);
+  EXPECT_EQ(pool.in_use_bytes(), 0u);
+  EXPECT_EQ(pool.peak_bytes(), 150u);
+  std::vector<std::byte> again = pool.Take(60);
+  EXPECT_EQ(again.data(), a_data);  // the one given back, not a new one
+  EXPECT_EQ(pool.allocations(), 3u);
+  std::vector<std::byte> other = pool.Take(45);  // no free buffer of that size
+  EXPECT_EQ(pool.allocations(), 4u);
+  EXPECT_EQ(pool.free_bytes(), 30u);
+}
+
+// With the server's pool, a partition holds nothing between rounds: its staging goes back once
+// summed, its accumulator once every reply is sent, and the next round takes them again.
+TEST(PartitionStateTest, WithAPoolBuffersGoBackBetweenRounds) {
+  BufferPool pool(1 << 20);
+  PartitionState st(kKey, 3, "g", DataType::kFloat16, 4, {0, 1, 2}, 3, {}, {}, &pool);
+  const std::vector<uint16_t> one(4, 0x3C00);  // 1.0 in fp16
+  for (uint64_t round = 0; round < 3; ++round) {
+    for (uint32_t r = 0; r < 3; ++r) {
+      wire::Header h;
+      h.type = wire::MsgType::kPush;
+      h.key = kKey;
+      h.partition = 3;
+      h.sender = r;
+      h.round = round;
+      h.dtype = static_cast<uint8_t>(DataType::kFloat16);
+      h.count = 4;
+      bool run = false;
+      auto span = st.BeginPush(h, &run);
+      ASSERT_TRUE(span.ok()) << span.status().ToString();
+      std::memcpy(span->data(), one.data(), 8);
+      st.EndPush(r, true);
+    }
+    EXPECT_GT(st.bytes_held(), 0u);
+    std::optional<Completion> c = st.Progress();
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(FromBytes<uint16_t>(c->result), std::vector<uint16_t>(4, 0x4200));  // 3.0
+    for (int i = 0; i < 3; ++i) st.SendDone(c->slot);
+    EXPECT_EQ(st.bytes_held(), 0u) << "round " << round;
+    EXPECT_EQ(pool.in_use_bytes(), 0u) << "round " << round;
+  }
+  // Round 0 allocated 3 stagings (8 bytes) and the fp32 accumulator (16 bytes); its fp16
+  // result (8 bytes) took a staging summed just before. Later rounds allocated nothing.
+  EXPECT_EQ(pool.allocations(), 4u);
+}
+
 }  // namespace
 }  // namespace gradlink::server

@@ -75,7 +75,7 @@ uint64_t GetLe(const HeaderBytes& b, size_t off, size_t n) {
 // Field offsets of docs/wire_format.md, restated here so a layout change fails a test.
 constexpr size_t kOffMagic = 0, kOffVersion = 4, kOffType = 5, kOffFlags = 6, kOffJob = 8,
                  kOffSender = 12, kOffKey = 16, kOffPartition = 24, kOffDtype = 28, kOffCode = 29,
-                 kOffReserved = 30, kOffRound = 32, kOffCount = 40, kOffPayload = 48,
+                 kOffServerTime = 30, kOffRound = 32, kOffCount = 40, kOffPayload = 48,
                  kOffCookie = 56;
 
 void ExpectProtocolError(const Result<Header>& r, const std::string& what) {
@@ -202,7 +202,7 @@ TEST(FrameTest, ByteLayoutIsLittleEndianAtDocumentedOffsets) {
   EXPECT_EQ(GetLe(b, kOffPartition, 4), h.partition);
   EXPECT_EQ(GetLe(b, kOffDtype, 1), h.dtype);
   EXPECT_EQ(GetLe(b, kOffCode, 1), h.code);
-  EXPECT_EQ(GetLe(b, kOffReserved, 2), 0u);
+  EXPECT_EQ(GetLe(b, kOffServerTime, 2), 0u);
   EXPECT_EQ(GetLe(b, kOffRound, 8), h.round);
   EXPECT_EQ(GetLe(b, kOffCount, 8), h.count);
   EXPECT_EQ(GetLe(b, kOffPayload, 8), h.payload_bytes);
@@ -271,14 +271,36 @@ TEST(FrameTest, RejectsUnknownTypes) {
   }
 }
 
-TEST(FrameTest, RejectsNonzeroReservedBytes) {
+TEST(FrameTest, ServerTimeOnlyOnPullResponses) {
   for (size_t i = 0; i < 2; ++i) {
     for (uint8_t v : {uint8_t{1}, uint8_t{0x80}, uint8_t{0xFF}}) {
       HeaderBytes b = EncodeHeader(SamplePush());
-      b[kOffReserved + i] = std::byte{v};
-      ExpectProtocolError(DecodeHeader(b), "reserved byte " + std::to_string(i));
+      b[kOffServerTime + i] = std::byte{v};
+      ExpectProtocolError(DecodeHeader(b), "server time byte " + std::to_string(i));
     }
   }
+  Header h = SamplePush();
+  h.type = MsgType::kPullResponse;
+  h.flags = 0;
+  h.server_time = EncodeServerTime(123456);
+  auto d = DecodeHeader(EncodeHeader(h));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->server_time, h.server_time);
+}
+
+TEST(FrameTest, ServerTimeCodes) {
+  for (uint64_t us : {0ull, 1ull, 4095ull}) EXPECT_EQ(DecodeServerTime(EncodeServerTime(us)), us);
+  uint64_t last = 0;
+  for (uint64_t us = 1; us <= (uint64_t{4095} << 15); us = us * 3 + 1) {
+    const uint64_t back = DecodeServerTime(EncodeServerTime(us));
+    EXPECT_LE(back, us);
+    EXPECT_GE(static_cast<double>(back), static_cast<double>(us) * (1 - 1.0 / 2048)) << us;
+    EXPECT_GE(back, last);  // monotonic
+    last = back;
+  }
+  // Past 134 s: saturates at the largest code.
+  EXPECT_EQ(EncodeServerTime(UINT64_MAX), 0xFFFF);
+  EXPECT_EQ(DecodeServerTime(0xFFFF), uint64_t{4095} << 15);
 }
 
 TEST(FrameTest, RejectsUnknownFlags) {
