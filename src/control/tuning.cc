@@ -10,8 +10,11 @@ namespace gradlink::tuning {
 namespace {
 
 // One machine: the bytes move through memory, and the cost to cut is per message (a partition
-// is a send, a receive and a summing task): few, large partitions, a window of 8 of them, no
-// lead (no shared link for flows to drift apart on). bench/RESULTS.md: 4 MiB.
+// is a send, a receive and a summing task): few, large partitions, a window of 8 of them, and 8
+// ahead per server. No shared link makes flows drift apart there; the lead bounds what a
+// server holds when one worker runs ahead (its pushes wait in staging for the other's): a
+// 32 MiB lead ran as fast as none (gradlink-bench, 2 workers, 64 and 256 MiB, servers' path:
+// 80-89 against 85-95 ms and 328-330 against 335-342 ms). bench/RESULTS.md: 4 MiB.
 constexpr uint64_t kOneMachinePartition = 4u << 20;
 // A network: a server answers a partition once all n workers' pushes of it are in, so the flows
 // into it must stay in step, and the pipeline's start (the first sums wait for n partitions)
@@ -23,7 +26,8 @@ constexpr uint64_t kOneMachinePartition = 4u << 20;
 constexpr uint64_t kNetworkPartition = 64u << 10;
 constexpr uint64_t kOneMachineInFlight = 8;   // partitions per worker
 constexpr uint64_t kNetworkInFlight = 16;     // partitions per worker, at least
-constexpr uint64_t kPartitionsAhead = 2;      // per server an op spans (network only)
+constexpr uint64_t kPartitionsAhead = 2;      // per server an op spans, network
+constexpr uint64_t kOneMachineAhead = 8;      // per server an op spans, one machine
 
 // a x b, saturating (a partition set near 2^46 bytes must not wrap the window to a small one).
 uint64_t Times(uint64_t a, uint64_t b) {
@@ -51,9 +55,9 @@ Choice Choose(const wire::WelcomeMsg& book, std::optional<uint64_t> partition) {
   if (c.fabric == Fabric::kOneMachine) {
     c.partition_bytes = partition.value_or(kOneMachinePartition);
     c.max_bytes_in_flight = Times(c.partition_bytes, kOneMachineInFlight);
-    c.max_bytes_ahead = 0;
-    c.why = "every member on machine " + std::string(first) +
-            ": large partitions, no lead limit";
+    c.max_bytes_ahead = Times(c.partition_bytes, kOneMachineAhead);
+    c.why = "every member on machine " + std::string(first) + ": large partitions, " +
+            std::to_string(kOneMachineAhead) + " ahead per server";
   } else {
     c.partition_bytes = partition.value_or(kNetworkPartition);
     // Enough in flight for every server's lead, so the window never binds before the leads do.

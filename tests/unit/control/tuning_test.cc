@@ -19,13 +19,13 @@ wire::WelcomeMsg Book(std::vector<std::string> worker_hosts, std::vector<std::st
   return w;
 }
 
-TEST(TuningTest, OneMachineGetsLargePartitionsAndNoLead) {
+TEST(TuningTest, OneMachineGetsLargePartitionsAndALeadOfEight) {
   // Processes of one machine: "machine/pid".
   const Choice c = Choose(Book({"vm/10", "vm/11"}, {"vm/12"}));
   EXPECT_EQ(c.fabric, Fabric::kOneMachine);
   EXPECT_EQ(c.partition_bytes, 4u << 20);
   EXPECT_EQ(c.max_bytes_in_flight, 32u << 20);
-  EXPECT_EQ(c.max_bytes_ahead, 0u);
+  EXPECT_EQ(c.max_bytes_ahead, 32u << 20);
   EXPECT_NE(c.why.find("machine vm"), std::string::npos) << c.why;
 }
 
@@ -55,7 +55,7 @@ TEST(TuningTest, WindowAndLeadFollowAPartitionThatIsSet) {
   EXPECT_NE(net.why.find("for the 1048576-byte partitions set"), std::string::npos) << net.why;
   const Choice one = Choose(Book({"a/1", "a/2"}, {"a/3"}), 4);
   EXPECT_EQ(one.max_bytes_in_flight, 32u);
-  EXPECT_EQ(one.max_bytes_ahead, 0u);
+  EXPECT_EQ(one.max_bytes_ahead, 32u);
   // Saturating, never wrapped around to a small window.
   EXPECT_EQ(Choose(Book({"a/1", "b/2"}, {"c/3"}), UINT64_MAX / 2).max_bytes_in_flight, UINT64_MAX);
 }
