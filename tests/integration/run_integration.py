@@ -1212,6 +1212,55 @@ def case_server_memory(h):
           % (m.group(1), m.group(2), avail / 2**20))
 
 
+def case_server_memory_in_flight(h):
+    """What a server holds follows the rounds in flight, not what it was given: 2 gradlink-bench
+    workers push 1 GiB fp32 tensors through one gradlink-server (no tuning flags, the default
+    budget): every element exact, and the server's RSS, sampled every 5 ms, grows by less than
+    512 MiB over idle (its pool keeps up to 256 MiB free, and each worker leads by 32 MiB on one
+    machine), where keeping every partition's buffers for the job grew it by 3 GiB."""
+    import threading
+    job = "it-memory-flight"
+    sched, addr = h.start_scheduler(2, 1, extra=["--job", job])
+    srv = h.start_servers(addr, 1, ["--job", job])
+    time.sleep(1.0)
+    idle = _rss(srv[0].pid)
+    peak = [idle]
+    done = [False]
+
+    def sample():
+        while not done[0]:
+            peak[0] = max(peak[0], _rss(srv[0].pid))
+            time.sleep(0.005)
+    args = ["-b", "1G", "-e", "1G", "-n", "2", "--warmup", "1", "--local-arena", "0", "--job", job]
+    wk = [h.spawn("worker%d" % r, [h.bin("gradlink-bench"), "--scheduler", addr] + args)
+          for r in range(2)]
+    th = threading.Thread(target=sample)
+    th.start()
+    procs = srv + wk + [sched]
+    try:
+        h.wait_all(wk, [0, 0], 150, "1 GiB through one server")
+        for p in srv + [sched]:
+            if h.wait(p, 15) != 0:
+                raise Failure("%s exited with %d" % (p.name, p.rc()))
+    except Failure:
+        h.dump_logs(procs)
+        raise
+    finally:
+        done[0] = True
+        th.join()
+        for p in procs:
+            h.kill(p)
+    rows = bench_rows(wk)
+    if len(rows) != 1 or rows[0][3] != "OK":
+        raise Failure("rows %s" % rows)
+    grew = peak[0] - idle
+    if grew >= 512 << 20:
+        raise Failure("server RSS grew %.1f MiB over idle (%.1f MiB) for 1 GiB tensors"
+                      % (grew / 2**20, idle / 2**20))
+    print("ok   1 GiB tensors: server RSS idle %.1f MiB, peak +%.1f MiB (3072 MiB before the pool)"
+          % (idle / 2**20, grew / 2**20))
+
+
 CASES = {
     "matrix_w1": lambda h: case_matrix(h, 1),
     "matrix_w2": lambda h: case_matrix(h, 2),
@@ -1236,6 +1285,7 @@ CASES = {
     "bench_sizes": case_bench_sizes,
     "strangers": case_strangers,
     "server_memory": case_server_memory,
+    "server_memory_in_flight": case_server_memory_in_flight,
     "scale_128": case_scale_128,
     "bad_settings": case_bad_settings,
 }
