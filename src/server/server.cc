@@ -498,14 +498,31 @@ class ServerImpl final : public Server {
         const bool empty = c->status.ok() && !p->receives(i);
         h.count = empty ? 0 : c->status.ok() ? p->count() : 0;
         h.payload_bytes = empty ? 0 : payload.size();
-        SendToWorker(to[i], h, empty ? std::span<const std::byte>() : payload,
-                     [this, p, slot, text](const Status& s) {
-          if (!s.ok()) GL_LOG(kInfo) << "server " << id_ << ": pull response failed: " << s.ToString();
-          if (p->SendDone(slot) && p->WaitsForSlot(slot)) {
-            RunOnOwner(*p, [this, p] { RunEngine(p); });
-          }
-        });
+        const std::span<const std::byte> body = empty ? std::span<const std::byte>() : payload;
+        if (text) {  // an error's text lives until its sends are done
+          SendToWorker(to[i], h, body, [this, p, slot, text](const Status& s) {
+            ReplySent(p, slot, s);
+          });
+        } else {
+          // Two words of capture (the slot in the pointer's low bit): std::function keeps
+          // them inline, so a reply allocates no callback.
+          const uintptr_t tagged = reinterpret_cast<uintptr_t>(p) | slot;
+          SendToWorker(to[i], h, body, [this, tagged](const Status& s) {
+            ReplySent(reinterpret_cast<PartitionState*>(tagged & ~uintptr_t{1}),
+                      static_cast<uint32_t>(tagged & 1), s);
+          });
+        }
       }
+    }
+  }
+
+  static_assert(alignof(PartitionState) >= 2, "RunEngine tags a PartitionState* with a slot bit");
+
+  // One reply of `p`'s round in `slot` has been sent (or failed).
+  void ReplySent(PartitionState* p, uint32_t slot, const Status& s) {
+    if (!s.ok()) GL_LOG(kInfo) << "server " << id_ << ": pull response failed: " << s.ToString();
+    if (p->SendDone(slot) && p->WaitsForSlot(slot)) {
+      RunOnOwner(*p, [this, p] { RunEngine(p); });
     }
   }
 

@@ -24,8 +24,7 @@ void UcxLane::Send(PeerId peer, const wire::Header& h, std::span<const std::byte
                                 std::to_string(h.payload_bytes) + " payload bytes, span has " +
                                 std::to_string(payload.size()));
   } else {
-    wire::HeaderBytes hb = wire::EncodeHeader(h);
-    op->header.assign(hb.begin(), hb.end());
+    op->header = wire::EncodeHeader(h);
   }
   PostSend(op);
 }
@@ -37,7 +36,8 @@ void UcxLane::SendRawForTesting(PeerId peer, std::span<const std::byte> header_b
   op->peer = peer;
   op->payload = payload;
   op->done = std::move(done);
-  op->header.assign(header_bytes.begin(), header_bytes.end());
+  op->raw_header.assign(header_bytes.begin(), header_bytes.end());
+  op->raw = true;
   PostSend(op);
 }
 
@@ -78,7 +78,8 @@ void UcxLane::StartSend(SendOp* op) {
   // REPLY gives the receiver our endpoint, so it can close it when we send garbage.
   param.flags = UCP_AM_SEND_FLAG_REPLY;
   param.memory_type = UCS_MEMORY_TYPE_HOST;
-  ucs_status_ptr_t r = ucp_am_send_nbx(peer->ep, kAmId, op->header.data(), op->header.size(),
+  const std::span<const std::byte> header = op->header_bytes();
+  ucs_status_ptr_t r = ucp_am_send_nbx(peer->ep, kAmId, header.data(), header.size(),
                                        op->payload.data(), op->payload.size(), &param);
   if (r == nullptr) {
     OnSendDone(op, UCS_OK);

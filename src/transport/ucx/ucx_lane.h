@@ -117,7 +117,14 @@ class UcxLane final : public Lane {
   struct SendOp {
     UcxLane* lane = nullptr;
     PeerId peer = 0;
-    std::vector<std::byte> header;
+    // The encoded header, inline (no allocation per send); SendRawForTesting's bytes, of any
+    // length, go in `raw_header` instead.
+    wire::HeaderBytes header{};
+    std::vector<std::byte> raw_header;
+    bool raw = false;
+    std::span<const std::byte> header_bytes() const {
+      return raw ? std::span<const std::byte>(raw_header) : std::span<const std::byte>(header);
+    }
     std::span<const std::byte> payload;
     SendCallback done;
     bool done_called = false;
