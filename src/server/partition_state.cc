@@ -273,7 +273,9 @@ std::optional<Completion> PartitionState::Progress() {
   c.round = round_;
   c.slot = slot;
   c.server_time = Clock::now() - last_landed_;
-  c.cookies = cookie_;
+  // Kept per slot (its capacity reused: no allocation per round) while the replies go out.
+  sent_cookies_[slot].assign(cookie_.begin(), cookie_.end());
+  c.cookies = sent_cookies_[slot];
   uint32_t absent = 0, first_present = 0;
   if (joined_count_ != 0) {  // else no allocation: `absent` stays empty
     c.absent.assign(num_part_, false);

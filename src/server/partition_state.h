@@ -39,7 +39,9 @@ struct Completion {
   uint32_t slot = 0;                   // pass to SendDone()
   Status status;                       // not OK: send kDataError instead of the result
   std::span<const std::byte> result;   // in the wire dtype
-  std::vector<uint64_t> cookies;       // per contributor, echoed in its pull response
+  // Per participant, echoed in its pull response; valid, like `result`, until the slot's sends
+  // are done.
+  std::span<const uint64_t> cookies;
   // From the round's last push landing to this completion: the server's own time on it.
   Clock::duration server_time{};
   // Per participant: it had joined (Worker::Join) and sat this round out: it gets no reply.
@@ -187,6 +189,7 @@ class PartitionState {
   // Per contributor, from here on.
   std::vector<Stage> stage_;
   std::vector<uint64_t> cookie_;
+  std::vector<uint64_t> sent_cookies_[2];  // per slot: cookie_ as its round completed
   std::vector<uint16_t> flags_;
   std::string failure_;            // why the current round fails; empty: it does not
   Code failure_code_ = Code::kOk;

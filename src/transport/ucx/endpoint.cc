@@ -65,7 +65,7 @@ void UcxLane::FailPeer(Peer* peer, Status status) {
     GL_LOG(kInfo) << peer->failure.ToString();
     if (receiver_ != nullptr) receiver_->OnPeerFailed(peer->id, peer->failure);
   }
-  std::vector<SendOp*> ops(peer->in_flight.begin(), peer->in_flight.end());
+  const std::vector<SendOp*> ops = peer->in_flight.snapshot();
   for (SendOp* op : ops) CompleteSend(op, peer->failure);
   // UCX wants a failed endpoint closed by its owner; do it outside any ucp callback.
   after_progress_.push_back([this, peer] {

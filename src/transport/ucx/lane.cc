@@ -209,7 +209,7 @@ void UcxLane::Shutdown() {
   // below, and OnSendDone then only frees them.
   const Status aborted = Aborted("ucx lane '" + name_ + "' stopped");
   for (auto& peer : peers_) {
-    std::vector<SendOp*> ops(peer->in_flight.begin(), peer->in_flight.end());
+    const std::vector<SendOp*> ops = peer->in_flight.snapshot();
     for (SendOp* op : ops) CompleteSend(op, aborted);
   }
   RunAfterProgress();
@@ -298,12 +298,12 @@ void UcxLane::Shutdown() {
   worker_ = nullptr;
 
   // Whatever UCX did not give back is ours now; the worker (and with it every request) is gone.
-  for (SendOp* op : sends_in_ucx_) {
+  for (SendOp* op : sends_in_ucx_.snapshot()) {
     CompleteSend(op, aborted);
     delete op;
   }
   sends_in_ucx_.clear();
-  for (auto& peer : peers_) peer->in_flight.clear();
+  for (auto& peer : peers_) peer->in_flight.clear();  // their members were just freed
   for (RecvOp* op : recvs_in_flight_) {
     if (receiver_ != nullptr) receiver_->OnReceiveFailed(op->header, aborted);
     delete op;

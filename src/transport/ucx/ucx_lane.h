@@ -100,18 +100,6 @@ class UcxLane final : public Lane {
  private:
   struct SendOp;
 
-  // An endpoint created by Connect(). Never freed before the worker, so ucp callbacks may
-  // hold a raw pointer to it.
-  struct Peer {
-    UcxLane* lane = nullptr;
-    PeerId id = 0;
-    std::string name;
-    ucp_ep_h ep = nullptr;      // null once closed
-    bool failed = false;        // sticky
-    Status failure;             // why, when failed
-    std::unordered_set<SendOp*> in_flight;  // sends UCX still owns
-  };
-
   // One Send(). Lives until UCX is done with it (its request completed), which may be after
   // `done` ran: a failed peer's sends complete at once, UCX releases them later.
   struct SendOp {
@@ -129,6 +117,66 @@ class UcxLane final : public Lane {
     SendCallback done;
     bool done_called = false;
     Status early;  // set when the send is rejected before reaching UCX
+    // Its places in its peer's list and the lane's of sends UCX still owns (SendList).
+    struct Link {
+      SendOp* prev = nullptr;
+      SendOp* next = nullptr;
+      bool linked = false;
+    } peer_link, lane_link;
+  };
+
+  // Sends UCX still owns, linked through one of their Links: inserting and erasing allocate
+  // nothing (an unordered_set did, a node per send). Progress thread only.
+  class SendList {
+   public:
+    explicit SendList(SendOp::Link SendOp::*link) : link_(link) {}
+    void insert(SendOp* op) {
+      SendOp::Link& l = op->*link_;
+      if (l.linked) return;
+      l = {nullptr, head_, true};
+      if (head_ != nullptr) (head_->*link_).prev = op;
+      head_ = op;
+      ++size_;
+    }
+    void erase(SendOp* op) {
+      SendOp::Link& l = op->*link_;
+      if (!l.linked) return;
+      if (l.prev != nullptr) (l.prev->*link_).next = l.next; else head_ = l.next;
+      if (l.next != nullptr) (l.next->*link_).prev = l.prev;
+      l = {};
+      --size_;
+    }
+    // The members now, for loops that complete (and so may erase) them.
+    std::vector<SendOp*> snapshot() const {
+      std::vector<SendOp*> v;
+      v.reserve(size_);
+      for (SendOp* op = head_; op != nullptr; op = (op->*link_).next) v.push_back(op);
+      return v;
+    }
+    // Forgets every member without touching it (they may be freed already).
+    void clear() {
+      head_ = nullptr;
+      size_ = 0;
+    }
+    bool empty() const { return size_ == 0; }
+    size_t size() const { return size_; }
+
+   private:
+    SendOp::Link SendOp::*link_;
+    SendOp* head_ = nullptr;
+    size_t size_ = 0;
+  };
+
+  // An endpoint created by Connect(). Never freed before the worker, so ucp callbacks may
+  // hold a raw pointer to it.
+  struct Peer {
+    UcxLane* lane = nullptr;
+    PeerId id = 0;
+    std::string name;
+    ucp_ep_h ep = nullptr;      // null once closed
+    bool failed = false;        // sticky
+    Status failure;             // why, when failed
+    SendList in_flight{&SendOp::peer_link};  // sends UCX still owns
   };
 
   // One rendezvous receive in flight.
@@ -221,7 +269,7 @@ class UcxLane final : public Lane {
   std::unique_ptr<std::byte[]> TakeBounce(size_t bytes);
   void GiveBounce(size_t bytes, std::unique_ptr<std::byte[]> b);
   std::unordered_set<RecvOp*> recvs_in_flight_;
-  std::unordered_set<SendOp*> sends_in_ucx_;
+  SendList sends_in_ucx_{&SendOp::lane_link};
   int closes_in_flight_ = 0;
 
   std::atomic<uint64_t> frames_sent_{0};

@@ -792,7 +792,8 @@ TEST(PartitionStateRoutingTest, RelayWaitsForEveryRequesterAndAnswersEachPartici
   ASSERT_TRUE(c.has_value());
   ASSERT_TRUE(c->status.ok()) << c->status.ToString();
   EXPECT_EQ(FromBytes<uint16_t>(c->result), nan_payload);
-  EXPECT_EQ(c->cookies, (std::vector<uint64_t>{102, 100, 101, 103}));
+  EXPECT_EQ(std::vector<uint64_t>(c->cookies.begin(), c->cookies.end()),
+            (std::vector<uint64_t>{102, 100, 101, 103}));
   // A requester that pushes elements fails the next round for everyone, naming it.
   for (int i = 0; i < 4; ++i) p.SendDone(c->slot);
   EXPECT_EQ(push(1, 4, nan_payload, 1).code(), Code::kMismatch);
