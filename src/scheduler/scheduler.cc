@@ -629,6 +629,10 @@ Status SchedulerImpl::OnJoin(Connection& c, const Frame& f) {
   wire::Header h = MakeHeader(MsgType::kJoined);
   h.count = c.id;
   for (auto& [id, s] : servers_) Send(*s, h);
+  // Then the rank itself: only now does it sit out the same-host path's chunks, so the others
+  // can go on there (and join) only after this join is recorded, and the rank that joined last
+  // is the last one recorded here.
+  Send(c, h);
   // Keys that waited only for this rank's declaration, and barriers only for it, go on.
   for (auto& [key, decl] : decls_) {
     if (decl.planned || decl.by_rank.empty()) continue;

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <algorithm>
 #include <condition_variable>
+#include <ctime>
 #include <latch>
 #include <map>
 #include <optional>
@@ -44,6 +45,12 @@ constexpr uint64_t kInlineSumBytes = 16 << 10;
 // 2 partitions of 64 KiB ahead per server and worker on a network (control/tuning.h).
 constexpr uint64_t kPoolFreeBytes = uint64_t{256} << 20;
 
+double ProcessCpuSeconds() {
+  timespec t{};
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) != 0) return 0;
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
 class ServerImpl final : public Server {
  public:
   ServerImpl(const ServerOptions& o, std::shared_ptr<transport::Fabric> fabric)
@@ -51,6 +58,7 @@ class ServerImpl final : public Server {
   ~ServerImpl() override { Stop(); }
 
   Status Init() {
+    cpu_at_start_ = ProcessCpuSeconds();
     if (opts_.engine_threads == 0) return InvalidArgument("engine_threads must be at least 1");
     if (!wire::IsValidServerWeight(opts_.weight)) {
       return InvalidArgument("server " + wire::ServerWeightError(opts_.weight));
@@ -138,6 +146,12 @@ class ServerImpl final : public Server {
     }
     if (control_.joinable()) control_.join();
     Finish(Aborted("server stopped"));
+    if (const ServerStats s = push_lane_ ? stats() : ServerStats{}; s.bytes_reduced != 0) {
+      GL_LOG(kInfo) << "server " << id_ << ": summed " << (s.bytes_reduced >> 20)
+                    << " MiB of pushes with " << s.process_cpu_seconds << " s of CPU ("
+                    << s.cpu_seconds_per_gb << " s per GB), peak " << (s.peak_bytes_held >> 20)
+                    << " MiB of round buffers";
+    }
     for (auto& e : engines_) e->Stop();
     if (pull_lane_) pull_lane_->Stop();
     if (push_lane_) push_lane_->Stop();
@@ -167,6 +181,10 @@ class ServerImpl final : public Server {
     s.bytes_held = s.bytes_in_rounds + pool_.free_bytes();
     s.peak_bytes_held = pool_.peak_bytes();
     s.buffer_allocations = pool_.allocations();
+    s.process_cpu_seconds = ProcessCpuSeconds() - cpu_at_start_;
+    if (s.bytes_reduced != 0) {
+      s.cpu_seconds_per_gb = s.process_cpu_seconds / (static_cast<double>(s.bytes_reduced) / 1e9);
+    }
     return s;
   }
 
@@ -593,6 +611,7 @@ class ServerImpl final : public Server {
   mutable std::shared_mutex parts_mu_;
   std::map<std::pair<uint64_t, uint32_t>, std::unique_ptr<PartitionState>> parts_;
 
+  double cpu_at_start_ = 0;  // ProcessCpuSeconds() when Init() began
   std::atomic<bool> stopped_{false};
   std::mutex mu_;
   std::condition_variable cv_;

@@ -49,7 +49,8 @@ enum class MsgType : uint8_t {
   kAuthOk = 16,        // scheduler -> member: proof accepted
   // Join (Worker::Join, Horovod's hvd.join): ranks that ran out of data.
   kJoin = 17,          // worker -> scheduler: this rank joined (JoinMsg: its tensors' rounds)
-  kJoined = 18,        // scheduler -> servers: worker `count` joined: absent from later rounds
+  kJoined = 18,        // scheduler -> servers, then that worker: worker `count` joined (recorded):
+                       // absent from later rounds
   // Every rank joined. scheduler -> servers: forget who joined (each server echoes it back
   // once it has); then scheduler -> workers: the rank that joined last (`count`) and where
   // every key's rounds stand (JoinMsg), so that a rank that sat rounds out resumes in step.

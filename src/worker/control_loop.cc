@@ -136,6 +136,14 @@ void WorkerImpl::ControlLoop() {
         cv_.notify_all();
         break;
       }
+      case MsgType::kJoined:
+        // Our join is recorded: the others' same-host chunks go on without us from now on.
+        if (f->header.count != rank_) {
+          protocol_errors_++;
+        } else if (local_) {
+          local_->SetJoined();
+        }
+        break;
       case MsgType::kJoinRelease: {
         Status s = OnJoinRelease(*f);
         if (!s.ok()) {

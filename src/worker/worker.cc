@@ -365,7 +365,8 @@ Result<uint32_t> WorkerImpl::Join(Clock::time_point deadline) {
                              std::to_string(wire::kMaxJoinKeys) + " a join can carry");
   }
   std::sort(msg.rounds.begin(), msg.rounds.end());
-  if (local_) local_->SetJoined();
+  // The same-host segment learns of the join when the scheduler has recorded it (kJoined, on
+  // the control thread, in order with a release).
   wire::Header h;
   h.type = MsgType::kJoin;
   h.job = job_hash_;

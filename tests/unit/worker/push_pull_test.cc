@@ -196,6 +196,10 @@ TEST(JobTest, ServerMemoryFollowsTheRoundsInFlight) {
   EXPECT_GT(allocations_after_first, 0u);
   const ServerStats end = job.server(0).stats();
   EXPECT_LE(end.buffer_allocations, 64u);
+  // CPU per GB summed: this process's, so the workers' too here; only its presence is checked.
+  EXPECT_GT(end.process_cpu_seconds, 0.0);
+  EXPECT_NEAR(end.cpu_seconds_per_gb, end.process_cpu_seconds / (end.bytes_reduced / 1e9),
+              1e-6 * end.cpu_seconds_per_gb + 1e-9);
   std::printf("server: %llu round-buffer allocations (%llu after the first operation), peak "
               "%llu bytes held\n", static_cast<unsigned long long>(end.buffer_allocations),
               static_cast<unsigned long long>(allocations_after_first),
