@@ -122,6 +122,27 @@ Done RunRound(Harness& h, uint64_t round, const std::vector<std::vector<std::byt
   return d;
 }
 
+// One whole push of `count` elements (0: a requester's) from `sender` into a PartitionState
+// without a Harness: BeginPush, the payload copied in, EndPush.
+Status PushTo(PartitionState& st, uint32_t sender, uint64_t round, DataType dtype,
+              uint64_t count, const void* data = nullptr) {
+  wire::Header h;
+  h.type = wire::MsgType::kPush;
+  h.key = st.key();
+  h.partition = st.partition();
+  h.sender = sender;
+  h.round = round;
+  h.dtype = static_cast<uint8_t>(dtype);
+  h.count = count;
+  h.payload_bytes = count * DataTypeSize(dtype);
+  bool run = false;
+  Result<std::span<std::byte>> span = st.BeginPush(h, &run);
+  if (!span.ok()) return span.status();
+  if (data != nullptr && !span->empty()) std::memcpy(span->data(), data, span->size());
+  st.EndPush(sender, true);
+  return Status::Ok();
+}
+
 std::vector<uint32_t> Iota(uint32_t n) {
   std::vector<uint32_t> v(n);
   std::iota(v.begin(), v.end(), 0u);
@@ -805,18 +826,8 @@ TEST(PartitionStateRoutingTest, MinFoldsInRankOrder) {
   PartitionState p(kKey, 0, "min", DataType::kInt32, 3, {0, 1, 2}, 3, {}, routing);
   const std::vector<std::vector<int32_t>> in = {{5, -7, 0}, {3, 9, 0}, {4, -8, -1}};
   for (uint32_t r : {2u, 0u, 1u}) {  // any arrival order
-    wire::Header h;
-    h.type = wire::MsgType::kPush;
-    h.sender = r;
-    h.key = kKey;
-    h.dtype = static_cast<uint8_t>(DataType::kInt32);
-    h.count = 3;
-    h.payload_bytes = 12;
-    bool run = false;
-    auto span = p.BeginPush(h, &run);
-    ASSERT_TRUE(span.ok()) << span.status().ToString();
-    std::memcpy(span->data(), in[r].data(), 12);
-    p.EndPush(r, true);
+    Status pushed = PushTo(p, r, 0, DataType::kInt32, 3, in[r].data());
+    ASSERT_TRUE(pushed.ok()) << pushed.ToString();
   }
   std::optional<Completion> c;
   while (auto next = p.Progress()) c = next;
@@ -863,20 +874,9 @@ TEST(PartitionStateRoutingTest, AJoinedRankFailsARelayUntilTheJoinIsOver) {
   Routing routing{ReduceOp::kSum, true, {1, 2}, {}};
   PartitionState st(kKey, 0, "b", DataType::kFloat32, 2, {0}, 3, {}, routing);
   EXPECT_TRUE(st.SetJoined(2, true));
-  wire::Header h;
-  h.type = wire::MsgType::kPush;
-  h.key = kKey;
-  h.dtype = static_cast<uint8_t>(DataType::kFloat32);
-  h.sender = 0;
-  h.count = 2;
-  bool run = false;
-  auto span = st.BeginPush(h, &run);
-  ASSERT_TRUE(span.ok());
-  st.EndPush(0, true);
-  h.sender = 1;
-  h.count = 0;
-  ASSERT_TRUE(st.BeginPush(h, &run).ok());
-  st.EndPush(1, true);
+  const float root[2] = {1, 2};
+  ASSERT_TRUE(PushTo(st, 0, 0, DataType::kFloat32, 2, root).ok());
+  ASSERT_TRUE(PushTo(st, 1, 0, DataType::kFloat32, 0).ok());  // a requester
   std::optional<Completion> c = st.Progress();
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->status.code(), Code::kInvalidArgument);
@@ -886,12 +886,8 @@ TEST(PartitionStateRoutingTest, AJoinedRankFailsARelayUntilTheJoinIsOver) {
   EXPECT_TRUE(st.SendDone(c->slot));
   // Round 1 starts failed while rank 2 is joined; once the join is over, it runs.
   EXPECT_FALSE(st.SetJoined(2, false));
-  h.round = 1;
   for (uint32_t r : {0u, 1u, 2u}) {
-    h.sender = r;
-    h.count = r == 0 ? 2 : 0;
-    ASSERT_TRUE(st.BeginPush(h, &run).ok()) << r;
-    st.EndPush(r, true);
+    ASSERT_TRUE(PushTo(st, r, 1, DataType::kFloat32, r == 0 ? 2 : 0, root).ok()) << r;
   }
   c = st.Progress();
   ASSERT_TRUE(c.has_value());
@@ -930,19 +926,8 @@ TEST(PartitionStateTest, WithAPoolBuffersGoBackBetweenRounds) {
   const std::vector<uint16_t> one(4, 0x3C00);  // 1.0 in fp16
   for (uint64_t round = 0; round < 3; ++round) {
     for (uint32_t r = 0; r < 3; ++r) {
-      wire::Header h;
-      h.type = wire::MsgType::kPush;
-      h.key = kKey;
-      h.partition = 3;
-      h.sender = r;
-      h.round = round;
-      h.dtype = static_cast<uint8_t>(DataType::kFloat16);
-      h.count = 4;
-      bool run = false;
-      auto span = st.BeginPush(h, &run);
-      ASSERT_TRUE(span.ok()) << span.status().ToString();
-      std::memcpy(span->data(), one.data(), 8);
-      st.EndPush(r, true);
+      Status pushed = PushTo(st, r, round, DataType::kFloat16, 4, one.data());
+      ASSERT_TRUE(pushed.ok()) << pushed.ToString();
     }
     EXPECT_GT(st.bytes_held(), 0u);
     std::optional<Completion> c = st.Progress();
