@@ -32,20 +32,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-
-
-def parse_size(text):
-    m = re.fullmatch(r"(\d+)([KMG]?)", text.strip().upper())
-    if not m:
-        raise argparse.ArgumentTypeError("size %r: digits and an optional K, M or G" % text)
-    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
-
-
-def human(n):
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return "%d%s" % (n >> shift, unit)
-    return str(n)
+sys.path.insert(0, HERE)
+from compare import human, parse_size  # noqa: E402  (bench/compare.py's size helpers)
 
 
 def cpu_seconds(pid):
@@ -141,9 +129,9 @@ class Job:
             row = None
             partition = None
             for out in outs:
-                pm = re.search(r"partitions (\d+)([KMG]?)", out)
+                pm = re.search(r"partitions (\d+[KMG]?)", out)
                 if pm:
-                    partition = int(pm.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[pm.group(2)]
+                    partition = parse_size(pm.group(1))
                 for ln in out.splitlines():
                     f = ln.split()
                     if len(f) == 8 and f[0] == str(self.size):
