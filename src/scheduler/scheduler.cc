@@ -649,6 +649,13 @@ Status SchedulerImpl::OnJoinReleaseAck(Connection& c) {
   if (c.role != Role::kServer || !releasing_) return ProtocolError("unexpected kJoinRelease");
   release_acks_.insert(c.id);
   if (release_acks_.size() < opts_.num_servers) return Status::Ok();
+  if (join_rounds_.size() > wire::kMaxJoinKeys) {
+    // The workers' keys together: more than one release can carry.
+    Finish(ResourceExhausted("every worker joined, with " + std::to_string(join_rounds_.size()) +
+                             " keys among them: more than the " +
+                             std::to_string(wire::kMaxJoinKeys) + " a join release carries"));
+    return Status::Ok();
+  }
   wire::JoinMsg release;
   release.rounds.assign(join_rounds_.begin(), join_rounds_.end());
   release.barriers = std::max(join_barriers_, barriers_released_);

@@ -4,8 +4,9 @@
 #include <algorithm>
 #include <condition_variable>
 #include <ctime>
-#include <latch>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <thread>
@@ -246,7 +247,11 @@ class ServerImpl final : public Server {
           OnJoined(f->header.count);
           break;
         case MsgType::kJoinRelease: {
-          OnJoinRelease();
+          if (Status forgot = OnJoinRelease(); !forgot.ok()) {
+            Finish(forgot);
+            channel_->Close();
+            return;
+          }
           wire::Header ack;
           ack.type = MsgType::kJoinRelease;
           ack.job = job_hash_;
@@ -369,21 +374,37 @@ class ServerImpl final : public Server {
   }
 
   // Every worker joined: forget it, on every partition's own thread, before the ack lets the
-  // workers push again.
-  void OnJoinRelease() {
+  // workers push again. Bounded: an owner that never runs the call (a lane or engine that has
+  // stopped drops it) fails this server instead of hanging its control thread.
+  Status OnJoinRelease() {
     std::vector<uint32_t> ranks = std::move(joined_);
     joined_.clear();
-    if (ranks.empty()) return;
-    std::shared_lock<std::shared_mutex> lock(parts_mu_);
-    std::latch done(static_cast<std::ptrdiff_t>(parts_.size()));
-    for (auto& [id, part] : parts_) {
-      PartitionState* p = part.get();
-      RunOnOwner(*p, [p, &ranks, &done] {
-        for (uint32_t rank : ranks) p->SetJoined(rank, false);
-        done.count_down();
-      });
+    if (ranks.empty()) return Status::Ok();
+    struct Countdown {
+      std::mutex mu;
+      std::condition_variable cv;
+      size_t left = 0;
+    };
+    auto left = std::make_shared<Countdown>();
+    auto shared_ranks = std::make_shared<const std::vector<uint32_t>>(std::move(ranks));
+    {
+      std::shared_lock<std::shared_mutex> lock(parts_mu_);
+      left->left = parts_.size();
+      for (auto& [id, part] : parts_) {
+        PartitionState* p = part.get();
+        RunOnOwner(*p, [p, shared_ranks, left] {
+          for (uint32_t rank : *shared_ranks) p->SetJoined(rank, false);
+          std::lock_guard<std::mutex> g(left->mu);
+          if (--left->left == 0) left->cv.notify_all();
+        });
+      }
     }
-    done.wait();
+    std::unique_lock<std::mutex> wait(left->mu);
+    if (!left->cv.wait_for(wait, std::chrono::seconds(10), [&] { return left->left == 0; })) {
+      return Internal("server " + std::to_string(id_) + ": " + std::to_string(left->left) +
+                      " partitions did not forget the join within 10 s");
+    }
+    return Status::Ok();
   }
 
   // Sends to worker `rank`'s pull lane; completes `done` with kPeerLost if it is unreachable.
