@@ -120,8 +120,9 @@ void WorkerImpl::ControlLoop() {
       return;
     }
     switch (f->header.type) {
-      case MsgType::kAssign: {
-        Status s = OnAssign(*f);
+      case MsgType::kAssign:
+      case MsgType::kJoinRelease: {
+        Status s = f->header.type == MsgType::kAssign ? OnAssign(*f) : OnJoinRelease(*f);
         if (!s.ok()) {
           FailAll(s);
           return;
@@ -144,14 +145,6 @@ void WorkerImpl::ControlLoop() {
           local_->SetJoined();
         }
         break;
-      case MsgType::kJoinRelease: {
-        Status s = OnJoinRelease(*f);
-        if (!s.ok()) {
-          FailAll(s);
-          return;
-        }
-        break;
-      }
       case MsgType::kAbort: {
         auto text = wire::DecodeText(f->payload);
         const Code code = f->header.code == 0 ? Code::kAborted : static_cast<Code>(f->header.code);

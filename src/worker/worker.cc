@@ -1,8 +1,8 @@
 // WorkerImpl (worker_impl.h): joining the job, declaring tensors, push_pull, barriers, stats and
 // shutdown.
 #include <algorithm>
-#include <thread>
 #include <limits>
+#include <thread>
 
 #include "common/env.h"
 #include "common/log.h"
