@@ -1,7 +1,7 @@
 #include "gradlink/server.h"
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <ctime>
 #include <map>
