@@ -14,6 +14,7 @@
 #include <array>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <new>
 
@@ -107,6 +108,9 @@ struct LocalReduce::Segment {
   std::atomic<uint64_t> arena_used{0};
   Bell bells[kMaxRanks];
   std::atomic<uint32_t> gone[kMaxRanks];  // set by a worker that stops (it will post no more)
+  // Why it stopped (its failure, or that it shut down), written before its `gone` flag: a peer
+  // left waiting reports the cause (the scheduler lost, a server lost), not just the departure.
+  char why_gone[kMaxRanks][192] = {};
   // Set by a worker that joined (Worker::Join): it posts nothing until every rank has, and sits
   // out every chunk it has not posted; cleared, for every rank, once all have joined.
   std::atomic<uint32_t> joined[kMaxRanks];
@@ -542,11 +546,13 @@ void LocalReduce::Fail(const Status& s) {
 }
 
 void LocalReduce::Stop() {
+  std::string why;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
     stopping_ = true;
-    if (failure_.ok()) failure_ = Aborted("worker " + std::to_string(opts_.rank) + " shut down");
+    if (failure_.ok()) failure_ = Aborted(Name(opts_.rank) + " shut down");
+    why = failure_.ToString();
     failed_.store(true, std::memory_order_release);
     cv_.notify_one();
   }
@@ -554,10 +560,19 @@ void LocalReduce::Stop() {
   if (background_.joinable()) background_.join();
   std::lock_guard<std::mutex> drive(drive_mu_);
   DriveOnce(kPassSums);  // failed: ends every job
-  // The others stop waiting for this worker's chunks (LocalReduce::Advance).
+  // The others stop waiting for this worker's chunks (LocalReduce::Advance), and learn why.
+  std::snprintf(seg_->why_gone[opts_.rank], sizeof(seg_->why_gone[opts_.rank]), "%s",
+                why.c_str());
   seg_->gone[opts_.rank].store(1, std::memory_order_release);
   RingPeers();
   Ring(opts_.rank);
+}
+
+std::string LocalReduce::LeftJob(uint32_t j) const {
+  // Read after its `gone` flag (acquire), so the text is whole; bounded whatever it holds.
+  const char* why = seg_->why_gone[j];
+  const std::string cause(why, strnlen(why, sizeof(seg_->why_gone[j])));
+  return Name(j) + " left the job" + (cause.empty() ? "" : " (" + cause + ")");
 }
 
 void LocalReduce::Background() {
@@ -650,7 +665,7 @@ bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
   // Rank j, which this job waits for, has stopped: it will never post or consume again.
   auto left = [&](uint32_t j) {
     if (seg_->gone[j].load(std::memory_order_acquire) == 0) return false;
-    r.failure = Aborted(job.what + ": " + Name(j) + " left the job; " + Name(me) +
+    r.failure = Aborted(job.what + ": " + LeftJob(j) + "; " + Name(me) +
                         " still waits for it (same-host path, round " +
                         std::to_string(job.round) + ")");
     r.abandoned = true;
@@ -817,7 +832,7 @@ bool LocalReduce::AdvanceHost(Running& r, uint64_t max_sums) {
   auto entry = [&](uint64_t n) { return entries + entry_of(n) * ch.entry_bytes; };
   auto left = [&](uint32_t j) {
     if (seg_->gone[j].load(std::memory_order_acquire) == 0) return false;
-    r.failure = Aborted(job.what + ": " + Name(j) + " left the job; " + Name(me) +
+    r.failure = Aborted(job.what + ": " + LeftJob(j) + "; " + Name(me) +
                         " still waits for it (hierarchical aggregation, round " +
                         std::to_string(job.round) + ")");
     r.abandoned = true;

@@ -186,6 +186,8 @@ class LocalReduce {
     return local < opts_.job_ranks.size() ? opts_.job_ranks[local] : local;
   }
   std::string Name(uint32_t local) const { return "worker " + std::to_string(JobRank(local)); }
+  // "worker J left the job (why it stopped)", once J's `gone` flag is seen.
+  std::string LeftJob(uint32_t j) const;
   bool PostsLeft();  // drive_mu_ held: chunks not yet posted, or jobs not yet taken
   // Lets go of the drive; rings this worker's bell if more than `waiters_besides_me` callers
   // wait (one of them may sleep until the drive is free).

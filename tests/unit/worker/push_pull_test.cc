@@ -161,9 +161,11 @@ TEST(JobTest, SingleLaneMode) {
 // A server holds what the rounds in flight need, not every partition it was given: with a lead
 // of 256 KiB per worker, a 32 MiB tensor in 64 KiB partitions never has the server hold more
 // than a few MiB (it held 3 x 32 MiB for the rest of the job before rounds shared a pool), holds
-// no buffer in a round between operations, and reuses its buffers: a few dozen allocations for
-// 3 x 512 partition rounds (each of which used to allocate its own). Sums checked on every
-// element.
+// no buffer in a round between operations, and reuses its buffers: it allocates no more of them
+// than it held at once (at most 128 under the 8 MiB peak, for 3 x 512 partition rounds that
+// each allocated their own before). How many it holds at once varies with scheduling: 10-20
+// here alone, 82 on a loaded machine, where send completions reach the server late. Sums
+// checked on every element.
 TEST(JobTest, ServerMemoryFollowsTheRoundsInFlight) {
   JobConfig config;
   config.workers = 2;
@@ -195,7 +197,8 @@ TEST(JobTest, ServerMemoryFollowsTheRoundsInFlight) {
   }
   EXPECT_GT(allocations_after_first, 0u);
   const ServerStats end = job.server(0).stats();
-  EXPECT_LE(end.buffer_allocations, 64u);
+  // Every buffer is one partition's 64 KiB; the pool frees none (far under its cap).
+  EXPECT_LE(end.buffer_allocations * (64u << 10), end.peak_bytes_held);
   // CPU per GB summed: this process's, so the workers' too here; only its presence is checked.
   EXPECT_GT(end.process_cpu_seconds, 0.0);
   EXPECT_NEAR(end.cpu_seconds_per_gb, end.process_cpu_seconds / (end.bytes_reduced / 1e9),
