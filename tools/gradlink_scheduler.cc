@@ -22,7 +22,11 @@ int main(int argc, char** argv) {
   app.add_option("-s,--servers", o.num_servers, "number of servers")->required()->check(CLI::PositiveNumber);
   app.add_option("--job", o.job, "job name")->capture_default_str();
   app.add_option("--join-timeout-ms", join_timeout_ms, "time for every member to join")->capture_default_str();
+  bool no_failover = false;
+  app.add_flag("--no-failover", no_failover,
+               "a lost server fails the job (default: its partitions move to the others)");
   CLI11_PARSE(app, argc, argv);
+  o.server_failover = !no_failover;
   // One socket per member (thousands of them) plus strangers' connections: the soft limit of
   // open files is often 1024; take what the hard limit allows.
   rlimit nofile{};

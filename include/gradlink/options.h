@@ -22,6 +22,9 @@ struct SchedulerOptions {
   // The job secret (docs/security.md): members must prove it before anything else they send is
   // processed. nullopt: unauthenticated. gradlink-scheduler reads GRADLINK_SECRET(_FILE).
   std::optional<std::string> secret;
+  // A lost server's partitions move to the servers left, and training goes on (docs/
+  // operations.md, "Server failover"); false: a lost server fails the job.
+  bool server_failover = true;
 };
 
 struct ServerOptions {

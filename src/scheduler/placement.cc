@@ -1,6 +1,7 @@
 #include "scheduler/placement.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace gradlink::scheduler {
 
@@ -13,7 +14,34 @@ Placer::Placer(std::vector<double> weights)
                          [&](double w) { return w == weight_.front(); });
 }
 
+void Placer::Retire(uint32_t id) {
+  if (retired_.empty()) retired_.assign(weight_.size(), false);
+  if (id < retired_.size()) retired_[id] = true;
+}
+
+uint32_t Placer::Place(uint64_t bytes) {
+  const uint32_t s = LeastLoaded();
+  load_[s] += bytes;
+  cost_[s] += bytes + kPartitionCostBytes;
+  ++parts_[s];
+  return s;
+}
+
 uint32_t Placer::LeastLoaded() const {
+  if (!retired_.empty()) {  // the servers left, by cost per weight (ties: lowest id)
+    constexpr double kTie = 1 - 1e-12;
+    std::optional<uint32_t> best;
+    double best_ratio = 0;
+    for (uint32_t i = 0; i < cost_.size(); ++i) {
+      if (retired_[i]) continue;
+      const double ratio = static_cast<double>(cost_[i]) / weight_[i];
+      if (!best || ratio < best_ratio * kTie) {
+        best = i;
+        best_ratio = ratio;
+      }
+    }
+    return best.value_or(0);
+  }
   if (uniform_) {
     return static_cast<uint32_t>(std::min_element(cost_.begin(), cost_.end()) - cost_.begin());
   }
@@ -43,10 +71,7 @@ std::vector<wire::PartitionPlan> Placer::Plan(DataType dtype, uint64_t count,
     wire::PartitionPlan p;
     p.offset = offset;
     p.count = std::min(per_part, count - offset);
-    p.server = LeastLoaded();
-    load_[p.server] += p.count * size;
-    cost_[p.server] += p.count * size + kPartitionCostBytes;
-    ++parts_[p.server];
+    p.server = Place(p.count * size);
     plan.push_back(p);
   }
   return plan;

@@ -41,6 +41,11 @@ class Placer {
   // load per weight (ties: lowest id). An empty tensor has no partitions.
   std::vector<wire::PartitionPlan> Plan(DataType dtype, uint64_t count, uint64_t partition_bytes);
 
+  // Failover: server `id` was lost and takes nothing more.
+  void Retire(uint32_t id);
+  // One partition of `bytes` to the server with the least load per weight left; counted.
+  uint32_t Place(uint64_t bytes);
+
   const std::vector<uint64_t>& load_bytes() const { return load_; }
   const std::vector<uint64_t>& load_cost() const { return cost_; }  // bytes + charges
   const std::vector<uint64_t>& partitions() const { return parts_; }
@@ -53,6 +58,7 @@ class Placer {
   std::vector<uint64_t> cost_;   // bytes + kPartitionCostBytes per partition
   std::vector<uint64_t> parts_;  // partitions per server
   std::vector<double> weight_;
+  std::vector<bool> retired_;  // empty until a server is retired
   // All weights equal: compare costs exactly, as integers.
   bool uniform_ = true;
 };

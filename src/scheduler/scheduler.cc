@@ -56,8 +56,83 @@ void SchedulerImpl::Send(Connection& c, const wire::Header& h, std::span<const s
 }
 
 void SchedulerImpl::ConnectionLost(Connection& c, const Status& why) {
+  MemberLost(c, MemberName(c) + " lost its connection to the scheduler: " + why.message());
+}
+
+void SchedulerImpl::MemberLost(Connection& c, const std::string& what) {
   if (!c.registered || c.left || finished()) return;
-  Finish(PeerLost(MemberName(c) + " lost its connection to the scheduler: " + why.message()));
+  if (c.role == Role::kServer && started_) {
+    Status failover = ServerFailover(c, what);
+    if (failover.ok()) return;
+    Finish(PeerLost(what + " (no failover: " + failover.message() + ")"));
+    return;
+  }
+  Finish(PeerLost(what));
+}
+
+Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
+  const uint32_t lost = c.id;
+  if (!opts_.server_failover) return Unavailable("the scheduler runs without it");
+  if (lost_servers_.size() + 1 >= opts_.num_servers) {
+    return Unavailable("it was the last server");
+  }
+  if (!joined_.empty() || releasing_) return Unavailable("a rank has joined (join())");
+  std::vector<uint64_t> keys;
+  for (auto& [key, decl] : decls_) {
+    if (!decl.planned || !decl.status.ok()) continue;
+    const bool there = std::any_of(decl.plan.begin(), decl.plan.end(),
+                                   [&](const wire::PartitionPlan& p) { return p.server == lost; });
+    if (!there) continue;
+    if (decl.mode != topology::Mode::kFlat || !decl.spec.is_sum()) {
+      return Unavailable("key " + KeyHex(key) + " '" + decl.name +
+                                "' is not a flat sum (hierarchical keys and other collectives "
+                                "do not move yet)");
+    }
+    if (decl.replanning) return Unavailable("another server's failover is in progress");
+    keys.push_back(key);
+  }
+  c.left = true;  // gone for good: nothing more is sent to it or expected from it
+  c.link.Close();
+  lost_servers_.insert(lost);
+  placer_.Retire(lost);
+  uint64_t moved = 0;
+  const auto now = Clock::now();
+  for (uint64_t key : keys) {
+    Declaration& decl = decls_.at(key);
+    const uint64_t size = DataTypeSize(topology::WireType(decl.dtype, decl.mode));
+    for (wire::PartitionPlan& p : decl.plan) {
+      if (p.server != lost) continue;
+      p.server = placer_.Place(p.count * size);
+      ++moved;
+    }
+    wire::AssignMsg a;
+    a.name = decl.name;
+    a.mode = static_cast<uint8_t>(decl.mode);
+    a.spec = decl.spec;
+    a.partitions = decl.plan;
+    decl.assign_payload = Share(wire::Encode(a));
+    // The workers hold rounds of a key they have: its new servers learn where they stand.
+    decl.assign_header.flags = decl.delivered ? wire::kFlagReplan : 0;
+    decl.acks.clear();
+    decl.replanning = true;
+    for (auto& [id, s] : servers_) {
+      if (lost_servers_.count(id) == 0) s->link.Send(decl.assign_header, {}, decl.assign_payload, now);
+    }
+  }
+  GL_LOG(kWarn) << "scheduler: " << what << "; " << moved
+                << " partitions of " << keys.size() << " key(s) move to the "
+                << opts_.num_servers - lost_servers_.size() << " servers left";
+  wire::Header h = MakeHeader(MsgType::kServerLost);
+  h.count = lost;
+  SendToWorkers(h, nullptr);
+  return Status::Ok();
+}
+
+bool SchedulerImpl::AckedByAll(const Declaration& decl) const {
+  for (const auto& [id, s] : servers_) {
+    if (lost_servers_.count(id) == 0 && decl.acks.count(id) == 0) return false;
+  }
+  return true;
 }
 
 Status SchedulerImpl::Handle(Connection& c, const Frame& f) {
@@ -484,9 +559,12 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
   decl.assign_header.dtype = h0.dtype;
   decl.assign_header.count = decl.count;
   decl.assign_payload = Share(wire::Encode(a));
+  decl.plan = a.partitions;
   // Servers first: a worker may push as soon as it has the plan.
   const auto now = Clock::now();
-  for (auto& [id, s] : servers_) s->link.Send(decl.assign_header, {}, decl.assign_payload, now);
+  for (auto& [id, s] : servers_) {
+    if (lost_servers_.count(id) == 0) s->link.Send(decl.assign_header, {}, decl.assign_payload, now);
+  }
   return Status::Ok();
 }
 
@@ -560,7 +638,11 @@ Status SchedulerImpl::OnAssignAck(Connection& c, const Frame& f) {
   }
   Declaration& decl = it->second;
   decl.acks.insert(c.id);
-  if (decl.acks.size() == opts_.num_servers) SendToDeclarers(decl);
+  if (AckedByAll(decl) && (decl.replanning || !decl.delivered)) {
+    decl.replanning = false;
+    decl.delivered = true;
+    SendToDeclarers(decl);
+  }
   return Status::Ok();
 }
 
@@ -679,12 +761,17 @@ Status SchedulerImpl::OnGoodbye(Connection& c) {
     c.link.Close();
     return Status::Ok();
   }
-  c.left = true;
   if (c.role == Role::kServer && started_ && !finished()) {
-    // Its partitions have no other home: every worker would wait on them.
-    Finish(PeerLost(MemberName(c) + " left while the job was running"));
+    // Its partitions move to the others, or have no other home: every worker would wait.
+    Status failover = ServerFailover(c, MemberName(c) + " left");
+    c.left = true;
+    if (!failover.ok()) {
+      Finish(PeerLost(MemberName(c) + " left while the job was running (no failover: " +
+                      failover.message() + ")"));
+    }
     return Status::Ok();
   }
+  c.left = true;
   if (c.role == Role::kWorker && started_ && workers_left_ + 1 < opts_.num_workers) {
     // Rounds that need this worker can never complete: the servers fail them, naming it.
     wire::Header h = MakeHeader(MsgType::kMemberLeft);

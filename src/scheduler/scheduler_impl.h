@@ -100,6 +100,9 @@ struct Declaration {
   wire::Header assign_header;
   Payload assign_payload;  // the same bytes for every member
   std::set<uint32_t> acks;  // servers that have the plan
+  std::vector<wire::PartitionPlan> plan;  // once planned (its partitions' servers)
+  bool delivered = false;   // the workers have the plan
+  bool replanning = false;  // failover: moved partitions wait for their new servers' acks
   // Ranks of the key's group that had joined (Worker::Join) and not declared it when it was
   // planned: each may declare it later, and gets the plan if its declaration agrees.
   std::set<uint32_t> joined_at_plan;
@@ -167,8 +170,18 @@ class SchedulerImpl final : public Scheduler {
   // group's (a key of a group is not declared by the others).
   void SendToDeclarers(const Declaration& decl);
   void Send(Connection& c, const wire::Header& h, std::span<const std::byte> payload = {});
-  // A registered member's connection failed: the job fails, naming it (unless it had left).
+  // A registered member's connection failed: the job fails, naming it (unless it had left);
+  // a server's partitions move to the others instead where they can (ServerFailover).
   void ConnectionLost(Connection& c, const Status& why);
+  // Likewise, `what` saying what happened (naming the member).
+  void MemberLost(Connection& c, const std::string& what);
+  // Server `c` is lost mid-job: its partitions move to the servers left (by weight, as
+  // placement does), those servers adopt them (kAssign with kFlagReplan, acked), then every
+  // worker gets kServerLost and each moved key's new plan. An error says why it cannot be (the
+  // last server, a key that is not a flat sum, a rank that joined, a failover in progress).
+  Status ServerFailover(Connection& c, const std::string& what);
+  // Every server not lost has acked the key's plan.
+  bool AckedByAll(const Declaration& decl) const;
   // Ends the job with `result`; on failure every member still connected gets kAbort, workers
   // first (SendServerAbortWhenDue).
   void Finish(Status result);
@@ -200,6 +213,7 @@ class SchedulerImpl final : public Scheduler {
   // The connections of conns_ that had not registered when last seen (AcceptAll prunes it).
   std::vector<std::weak_ptr<Connection>> unregistered_;
   std::map<uint32_t, std::shared_ptr<Connection>> workers_, servers_;
+  std::set<uint32_t> lost_servers_;  // failover: servers whose partitions moved
   uint32_t registered_workers_ = 0, registered_servers_ = 0, workers_left_ = 0;
   bool started_ = false;
   Clock::time_point started_at_, last_heartbeat_, accept_paused_until_;

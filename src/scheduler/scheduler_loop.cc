@@ -332,9 +332,9 @@ void SchedulerImpl::OnTimers(Clock::time_point now) {
         c->last_heard = std::max(c->last_heard, now);
       }
       if (now - c->last_heard > transport::kSilenceLimit) {
-        Finish(PeerLost(MemberName(*c) + " sent nothing for " +
-                        std::to_string(Ms(now - c->last_heard)) + " ms: hung or cut off"));
-        return;
+        MemberLost(*c, MemberName(*c) + " sent nothing for " +
+                           std::to_string(Ms(now - c->last_heard)) + " ms: hung or cut off");
+        if (finished()) return;
       }
     }
   }
@@ -379,8 +379,8 @@ void SchedulerImpl::CheckConnection(Connection& c, Clock::time_point now) {
                   " (the limit is " + std::to_string(Ms(transport::kSilenceLimit)) + " ms)";
     c.link.Close();
     if (c.registered && !c.left && !finished()) {
-      Finish(PeerLost(MemberName(c) + " does not read what the scheduler sends (" + why +
-                      "): hung or cut off"));
+      MemberLost(c, MemberName(c) + " does not read what the scheduler sends (" + why +
+                        "): hung or cut off");
     } else {
       GL_LOG(kWarn) << "scheduler: closing " << c.link.peer_name() << ": " << why;
     }

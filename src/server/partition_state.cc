@@ -66,7 +66,9 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
                                                    : " (each host's partial sum comes from one rank)"));
   }
   const uint32_t rank = static_cast<uint32_t>(index);
-  if (h.round != round_) {
+  if (adopting_) {
+    if (h.count == count_ && stage_[rank] == Stage::kFree) push_round_[rank] = h.round;
+  } else if (h.round != round_) {
     return ProtocolError(Describe() + ": rank " + std::to_string(sender) + " pushed round " +
                          std::to_string(h.round) + " while the server sums round " +
                          std::to_string(round_));
@@ -106,7 +108,8 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
   // staging buffer fewer per partition. Not while round-2's result is still going out of that
   // accumulator: then rank 0 is staged like the others.
   const uint32_t slot = static_cast<uint32_t>(round_ % 2);
-  const bool direct = rank == 0 && acc_bytes_ == wire_bytes_ && sends_pending_[slot] == 0;
+  const bool direct =
+      rank == 0 && acc_bytes_ == wire_bytes_ && sends_pending_[slot] == 0 && !adopting_;
   if (rank == 0) direct_ = direct;
   std::vector<std::byte>& buf = direct ? acc_[slot] : staging_[rank];
   Take(buf, direct ? acc_bytes_ : wire_bytes_);
@@ -215,12 +218,145 @@ bool PartitionState::SetJoined(uint32_t worker, bool joined) {
   return false;
 }
 
+void PartitionState::Adopt() {
+  std::lock_guard<std::mutex> lock(mu_);
+  adopting_ = true;
+  reported_.assign(num_part_, 0);
+  reported_round_.assign(num_part_, 0);
+  push_round_.assign(num_part_, 0);
+  has_result_.assign(num_part_, false);
+  input_follows_.assign(num_part_, false);
+  reported_result_.resize(num_part_);
+}
+
+bool PartitionState::adopting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return adopting_;
+}
+
+Result<std::span<std::byte>> PartitionState::BeginRecover(const wire::Header& h) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int32_t index = IndexOf(h.sender);
+  if (!adopting_ || index < 0 || reported_[index] != 0) {
+    return ProtocolError(Describe() + ": kRecover from rank " + std::to_string(h.sender) +
+                         (adopting_ ? (index < 0 ? ", which does not push this partition"
+                                                 : " twice")
+                                    : " for a partition this server was not given by failover"));
+  }
+  const bool result = (h.flags & wire::kFlagHasResult) != 0;
+  if (h.dtype != static_cast<uint8_t>(dtype_) || h.count != (result ? count_ : 0)) {
+    return ProtocolError(Describe() + ": kRecover from rank " + std::to_string(h.sender) +
+                         " of " + std::to_string(h.count) + " elements, declared " +
+                         std::to_string(count_));
+  }
+  const uint32_t i = static_cast<uint32_t>(index);
+  reported_[i] = 1;
+  reported_round_[i] = h.round;
+  has_result_[i] = result;
+  input_follows_[i] = (h.flags & wire::kFlagInputFollows) != 0;
+  if (!result) return std::span<std::byte>();
+  Take(reported_result_[i], wire_bytes_);
+  return std::span<std::byte>(reported_result_[i]);
+}
+
+bool PartitionState::EndRecover(uint32_t sender, bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int32_t index = IndexOf(sender);
+  if (!adopting_ || index < 0 || reported_[index] != 1) return false;
+  reported_[index] = 2;
+  if (!ok && failure_.empty()) {
+    failure_ = Describe() + ": the failover report of rank " + std::to_string(sender) +
+               " failed to arrive";
+    failure_code_ = Code::kPeerLost;
+  }
+  return AdoptionReadyLocked();
+}
+
+bool PartitionState::AdoptionReadyLocked() const {
+  for (uint32_t i = 0; i < num_part_; ++i) {
+    if (reported_[i] != 2) return false;
+    if (input_follows_[i] && stage_[i] != Stage::kStaged && stage_[i] != Stage::kFailed) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::optional<Completion> PartitionState::FinishAdoptionLocked() {
+  adopting_ = false;
+  // The latest result any worker holds, and the round each worker would push next.
+  std::optional<uint32_t> holder;
+  uint64_t base = 0;
+  for (uint32_t i = 0; i < num_part_; ++i) {
+    if (has_result_[i] && (!holder || reported_round_[i] > reported_round_[*holder])) holder = i;
+    if (!has_result_[i]) base = std::max(base, reported_round_[i]);
+  }
+  if (holder) base = std::max(base, reported_round_[*holder] + 1);
+  const uint64_t latest = holder ? reported_round_[*holder] : 0;
+  // Every copy of the latest result is the same bits (a worker's copy is what it received).
+  for (uint32_t i = 0; i < num_part_ && holder; ++i) {
+    if (i == *holder || !has_result_[i] || reported_round_[i] != latest) continue;
+    if (reported_result_[i] != reported_result_[*holder] && failure_.empty()) {
+      failure_ = Describe() + ": ranks " + std::to_string(participants_[*holder]) + " and " +
+                 std::to_string(participants_[i]) + " hold different results of round " +
+                 std::to_string(latest);
+      failure_code_ = Code::kInternal;
+    }
+  }
+  Completion c;
+  c.round = latest;
+  c.slot = static_cast<uint32_t>(latest % 2);
+  c.absent.assign(num_part_, true);
+  uint32_t answered = 0;
+  for (uint32_t i = 0; i < num_part_; ++i) {
+    if (stage_[i] != Stage::kStaged) continue;
+    if (holder && push_round_[i] == latest) {  // it did not receive the latest result: it gets it
+      c.absent[i] = false;
+      ++answered;
+      Give(staging_[i]);
+      stage_[i] = Stage::kFree;
+    } else if (push_round_[i] != base && failure_.empty()) {
+      failure_ = Describe() + ": after failover rank " + std::to_string(participants_[i]) +
+                 " pushed round " + std::to_string(push_round_[i]) + ", the others are at round " +
+                 std::to_string(base);
+      failure_code_ = Code::kInternal;
+    }
+  }
+  round_ = base;
+  next_ = 0;
+  const bool failed = !failure_.empty();
+  // A failover that went wrong fails the round after it too, for every worker: none waits.
+  for (uint32_t i = 0; i < num_part_ && failed; ++i) {
+    if (stage_[i] == Stage::kFree) stage_[i] = Stage::kFailed;
+  }
+  const bool keep = answered > 0 && !failed;
+  for (uint32_t i = 0; i < num_part_; ++i) {
+    if (!(keep && i == *holder)) Give(reported_result_[i]);
+  }
+  if (answered == 0) return std::nullopt;
+  if (failed) {
+    c.status = Status(failure_code_, failure_);
+  } else {
+    out_[c.slot] = std::move(reported_result_[*holder]);
+    reported_result_[*holder] = std::vector<std::byte>();
+    c.result = out_[c.slot];
+  }
+  sent_cookies_[c.slot].assign(cookie_.begin(), cookie_.end());
+  c.cookies = sent_cookies_[c.slot];
+  sends_pending_[c.slot] = answered;
+  return c;
+}
+
 std::optional<Completion> PartitionState::Progress() {
   uint32_t slot;
   uint32_t first, last;  // ranks [first, last) to add now
   bool direct;           // rank 0's push is in the accumulator
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (adopting_) {
+      if (!AdoptionReadyLocked()) return std::nullopt;
+      if (std::optional<Completion> answered = FinishAdoptionLocked()) return answered;
+    }
     slot = static_cast<uint32_t>(round_ % 2);
     if (sends_pending_[slot] != 0) return std::nullopt;  // round-2's result still going out
     first = next_;

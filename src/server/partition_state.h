@@ -118,6 +118,20 @@ class PartitionState {
   // thread; returns true when the caller should run Progress().
   bool SetJoined(uint32_t rank, bool joined);
 
+  // Failover: this server takes over the partition from a lost one (OnAssign with
+  // kFlagReplan). Where its rounds stand comes from the workers: each sends one kRecover,
+  // the result of the last round it received or, having none, the round it pushes next, and
+  // says whether its push of a round it has not received follows. Nothing is summed until
+  // every worker has reported. Then the partition goes on one round past the latest result
+  // (workers all hold the same: sums are deterministic, and the copies are compared), and a
+  // push of that latest round is answered with it. Flat sums only. Before any push.
+  void Adopt();
+  bool adopting() const;
+  // A kRecover header: where its result lands (empty: none); an error drops it, answered so.
+  Result<std::span<std::byte>> BeginRecover(const wire::Header& h);
+  // Its payload landed (or not). True when Progress() should run.
+  bool EndRecover(uint32_t sender, bool ok);
+
   // One result send of `slot` finished. Returns true when the slot became free (call Progress()
   // if WaitsForSlot(slot)).
   bool SendDone(uint32_t slot);
@@ -201,6 +215,19 @@ class PartitionState {
   uint32_t next_ = 0;              // ranks [0, next_) are in the accumulator
   uint32_t sends_pending_[2] = {0, 0};
   bool direct_ = false;            // rank 0's push of round_ landed in acc_[round_ % 2]
+
+  // Failover (Adopt()): per worker, whether its kRecover is in (0 no, 1 landing, 2 in), the
+  // round it named, whether that is a result's (in reported_result_[i]), whether its push
+  // follows; and each push's round while adopting.
+  bool adopting_ = false;
+  std::vector<uint8_t> reported_;
+  std::vector<uint64_t> reported_round_, push_round_;
+  std::vector<bool> has_result_, input_follows_;
+  std::vector<std::vector<std::byte>> reported_result_;
+  bool AdoptionReadyLocked() const;
+  // Every worker has reported: sets the round, and returns the completion that answers the
+  // pushes of the latest result's round, if any.
+  std::optional<Completion> FinishAdoptionLocked();
 
   std::vector<std::vector<std::byte>> staging_;  // wire dtype
   std::vector<std::byte> acc_[2];                // accumulator dtype

@@ -331,6 +331,8 @@ class ServerImpl final : public Server {
         // No push can come before the ack below: this thread is still its only user.
         if (fresh) {
           for (uint32_t rank : joined_) slot->SetJoined(rank, true);
+          // Taken over from a lost server: the workers say where its rounds stand.
+          if (f.header.flags & wire::kFlagReplan) slot->Adopt();
         }
       }
     }
@@ -461,7 +463,9 @@ class ServerImpl final : public Server {
   }
 
   Result<std::span<std::byte>> OnPushHeader(const wire::Header& h) {
-    if (h.type != MsgType::kPush || h.job != job_hash_ || h.sender >= num_workers_) {
+    const bool recover = h.type == MsgType::kRecover;
+    if ((h.type != MsgType::kPush && !recover) || h.job != job_hash_ ||
+        h.sender >= num_workers_) {
       protocol_errors_++;
       GL_LOG(kWarn) << "server " << id_ << ": dropped a frame of type "
                     << static_cast<int>(h.type) << " from sender " << h.sender;
@@ -474,6 +478,14 @@ class ServerImpl final : public Server {
                                KeyHex(h.key) + " partition " + std::to_string(h.partition));
       Answer(h.sender, h, s);
       return s;
+    }
+    if (recover) {
+      auto span = p->BeginRecover(h);
+      if (!span.ok()) {
+        protocol_errors_++;
+        Answer(h.sender, h, span.status());
+      }
+      return span;
     }
     bool run_engine = false;
     auto span = p->BeginPush(h, &run_engine);
@@ -492,8 +504,9 @@ class ServerImpl final : public Server {
   void OnPushPayload(const wire::Header& h, bool ok) {
     PartitionState* p = Find(h.key, h.partition);
     if (p == nullptr) return;
-    const bool runnable = p->EndPush(h.sender, ok);
-    if (ok) bytes_reduced_ += h.payload_bytes;
+    const bool recover = h.type == MsgType::kRecover;
+    const bool runnable = recover ? p->EndRecover(h.sender, ok) : p->EndPush(h.sender, ok);
+    if (ok && !recover) bytes_reduced_ += h.payload_bytes;
     // Each engine wake-up is a context switch; on small partitions those are most of a round.
     if (!runnable) return;
     if (SummedInline(*p)) {

@@ -100,6 +100,12 @@ class Lane {
   virtual void Send(PeerId peer, const wire::Header& h, std::span<const std::byte> payload,
                     SendCallback done) = 0;
 
+  // Gives up on `peer` (it was declared lost, e.g. a server whose partitions moved): its sends
+  // in flight complete with `why`, later ones fail at once, and its endpoint is closed, so a
+  // peer that hangs holds no sender's buffer. The receiver hears of it (OnPeerFailed) unless
+  // the peer had failed already.
+  virtual void FailPeer(PeerId peer, const Status& why) = 0;
+
   // Runs `fn` on the progress thread.
   virtual void Defer(std::function<void()> fn) = 0;
 

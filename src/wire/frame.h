@@ -55,11 +55,19 @@ enum class MsgType : uint8_t {
   // once it has); then scheduler -> workers: the rank that joined last (`count`) and where
   // every key's rounds stand (JoinMsg), so that a rank that sat rounds out resumes in step.
   kJoinRelease = 19,
+  // Failover: scheduler -> workers: server `count` is lost; each key with partitions on it
+  // follows as a kAssign with kFlagReplan, once the servers that take them over have acked.
+  kServerLost = 20,
   // Data plane (transport lanes).
   kPush = 32,          // worker -> server: one partition of one round (+ pull request)
   kPullResponse = 33,  // server -> worker: the round's result for that partition
   kDataError = 34,     // server -> worker: the partition's round failed (status + message)
   kLaneHello = 35,     // first frame on a data endpoint of an authenticated job (lane_auth.h)
+  // worker -> the server that took over a lost server's partition: this worker's standing on
+  // it (PartitionState::BeginRecover): with kFlagHasResult, the result of `round`, the last
+  // round it received; else `round` is the round it pushes next. kFlagInputFollows: its push
+  // of that round follows.
+  kRecover = 36,
 };
 
 // A duration in microseconds in 16 bits: a 12-bit mantissa and a 4-bit exponent (m << e), so
@@ -75,7 +83,14 @@ inline constexpr uint16_t kFlagAverage = 1u << 0;  // kPush: divide the sum by t
 // kPush of a host's partial sum: the workers of that host disagreed on averaging (the server
 // fails the round with kMismatch for every host, so no host keeps a sum the others refuse).
 inline constexpr uint16_t kFlagHostDisagrees = 1u << 1;
-inline constexpr uint16_t kKnownFlags = kFlagAverage | kFlagHostDisagrees;
+// kAssign to a key's members after a server was lost: the key's partitions that lay on it
+// have moved (the offsets and counts are unchanged).
+inline constexpr uint16_t kFlagReplan = 1u << 2;
+// kRecover: the payload is the result of `round` / the worker's push of that round follows.
+inline constexpr uint16_t kFlagHasResult = 1u << 3;
+inline constexpr uint16_t kFlagInputFollows = 1u << 4;
+inline constexpr uint16_t kKnownFlags =
+    kFlagAverage | kFlagHostDisagrees | kFlagReplan | kFlagHasResult | kFlagInputFollows;
 
 struct Header {
   MsgType type{};

@@ -27,10 +27,121 @@ uint32_t ServersSpanned(const std::vector<wire::PartitionPlan>& parts) {
 
 void WorkerImpl::OnDataPeerFailed(transport::PeerId peer, const Status& s) {
   std::lock_guard lock(mu_);
+  for (uint32_t id = 0; id < server_peers_.size(); ++id) {
+    if (server_peers_[id] != peer) continue;
+    if (lost_servers_[id]) return;  // declared lost: its partitions have moved
+    if (!failure_.ok() || verdict_pending_) return;
+    NoteDataPeerFailureLocked(s);
+    pending_peer_ = peer;
+    pending_server_ = id;
+    return;
+  }
   if (!failure_.ok() || verdict_pending_) return;
   NoteDataPeerFailureLocked(s);
   pending_peer_ = peer;
 }
+
+bool WorkerImpl::NoteServerFailureLocked(uint32_t server, const Status& s) {
+  if (server < lost_servers_.size() && lost_servers_[server]) return true;
+  if (!failover_ || !failure_.ok() || server >= server_peers_.size()) return false;
+  if (!verdict_pending_) {
+    NoteDataPeerFailureLocked(PeerLost("worker " + std::to_string(rank_) + ": " +
+                                       server_names_[server] + " failed: " + s.message()));
+    pending_server_ = server;
+  }
+  return true;
+}
+
+void WorkerImpl::OnServerLost(uint32_t server) {
+  std::lock_guard lock(mu_);
+  if (server >= lost_servers_.size() || lost_servers_[server]) {
+    protocol_errors_++;
+    return;
+  }
+  lost_servers_[server] = true;
+  GL_LOG(kInfo) << "worker " << rank_ << ": " << server_names_[server]
+                << " was lost; its partitions move to the other servers";
+  // A server that hangs (SIGSTOP) would hold the pushes in flight to it, and their ops, for
+  // as long as it hangs: they are given up now, and pushed again where the key moves.
+  push_lane_->FailPeer(server_peers_[server],
+                       PeerLost(server_names_[server] + " was declared lost by the scheduler"));
+  if (verdict_pending_ && pending_server_ == server) {
+    verdict_pending_ = false;
+    pending_server_.reset();
+    pending_peer_.reset();
+  }
+}
+
+Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan> parts) {
+  if (!t.planned || !t.plan_status.ok() || parts.size() != t.parts.size() ||
+      t.mode != topology::Mode::kFlat || !t.spec.is_sum()) {
+    return ProtocolError("kAssign replan of key " + std::to_string(t.key) +
+                         ", which is not a planned flat sum of as many partitions");
+  }
+  std::vector<uint32_t> moved;
+  for (uint32_t p = 0; p < parts.size(); ++p) {
+    if (parts[p].offset != t.parts[p].offset || parts[p].count != t.parts[p].count ||
+        parts[p].server >= num_servers_ || lost_servers_[parts[p].server]) {
+      return ProtocolError("kAssign replan of '" + t.name + "' changes partition " +
+                           std::to_string(p) + " other than by its server");
+    }
+    if (parts[p].server != t.parts[p].server) moved.push_back(p);
+  }
+  t.parts = std::move(parts);
+  t.servers_spanned = ServersSpanned(t.parts);
+  if (t.local.has_value()) return Status::Ok();  // summed on this host: no server sees it
+  std::shared_ptr<Op> op;
+  for (auto& [id, o] : ops_) {
+    if (o->tensor.get() == &t && o->started && !o->finished) op = o;
+  }
+  const uint64_t size = DataTypeSize(t.wire);
+  for (uint32_t p : moved) {
+    const wire::PartitionPlan& plan = t.parts[p];
+    Outgoing r;
+    r.peer = server_peers_[plan.server];
+    r.server = plan.server;
+    r.header.type = MsgType::kRecover;
+    r.header.job = job_hash_;
+    r.header.sender = rank_;
+    r.header.key = t.key;
+    r.header.partition = p;
+    r.header.dtype = static_cast<uint8_t>(t.wire);
+    r.header.cookie = op ? op->id : 0;
+    const bool has_result = p < t.result_round.size() && t.result_round[p] != TensorState::kNoResult;
+    const bool repush = op && !op->abandoned &&
+                        (op->parts[p] == Op::Part::kSent || op->parts[p] == Op::Part::kPushed);
+    if (has_result) {
+      r.header.flags = wire::kFlagHasResult;
+      r.header.round = t.result_round[p];
+      r.header.count = plan.count;
+      // A copy: this worker's next reply for the partition lands in t.results[p].
+      auto copy = std::make_shared<const std::vector<std::byte>>(t.results[p]);
+      r.payload = *copy;
+      r.header.payload_bytes = r.payload.size();
+      r.owned = std::move(copy);
+    } else {
+      r.header.round = op ? op->round.load() : t.next_round;  // the round it pushes next
+    }
+    if (repush) r.header.flags |= wire::kFlagInputFollows;
+    to_issue_.push_back(std::move(r));
+    if (repush) {
+      ReleaseCreditLocked(*op, p);  // a send to the lost server may never complete
+      const uint64_t bytes = PartBytes(*op, p);
+      Outgoing o;
+      o.peer = server_peers_[plan.server];
+      o.server = plan.server;
+      o.header = PushHeader(*op, p, bytes);
+      o.payload = op->input.subspan(plan.offset * size, bytes);
+      o.op = op;
+      op->sending++;
+      to_issue_.push_back(std::move(o));
+    }
+  }
+  pumped_ = pumped_ || !moved.empty();
+  return Status::Ok();
+}
+
+
 
 std::string WorkerImpl::ServerOfPeer(transport::PeerId peer) const {
   for (size_t id = 0; id < server_peers_.size(); ++id) {
@@ -48,7 +159,8 @@ void WorkerImpl::NoteDataPeerFailureLocked(const Status& s) {
 
 std::optional<Status> WorkerImpl::ExpiredPeerFailure() {
   std::lock_guard lock(mu_);
-  if (!verdict_pending_ || Clock::now() - pending_since_ < kVerdictGrace) return std::nullopt;
+  const auto grace = failover_ && pending_server_ ? kFailoverGrace : kVerdictGrace;
+  if (!verdict_pending_ || Clock::now() - pending_since_ < grace) return std::nullopt;
   if (pending_peer_) {
     return PeerLost("worker " + std::to_string(rank_) + ": connection to " +
                     ServerOfPeer(*pending_peer_) + " failed: " + pending_peer_failure_.message());
@@ -130,6 +242,9 @@ void WorkerImpl::ControlLoop() {
         break;
       }
       case MsgType::kHeartbeat:
+        break;
+      case MsgType::kServerLost:
+        OnServerLost(static_cast<uint32_t>(f->header.count));
         break;
       case MsgType::kBarrierRelease: {
         std::lock_guard lock(mu_);
@@ -216,6 +331,16 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     mode = static_cast<topology::Mode>(a.mode);
   }
   IssueBatch batch;
+  if (f.header.flags & wire::kFlagReplan) {
+    if (!plan_status.ok()) return ProtocolError("a refusal sent as a replan");
+    {
+      std::lock_guard lock(mu_);
+      GL_RETURN_IF_ERROR(ReplanLocked(*t, std::move(parts)));
+      TakeIssueLocked(&batch);
+    }
+    Issue(std::move(batch));
+    return Status::Ok();
+  }
   {
     std::lock_guard lock(mu_);
     if (t->planned) return ProtocolError("key assigned twice");

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 namespace gradlink {
 
@@ -18,6 +19,11 @@ Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
     return ProtocolError("unexpected frame on the pull lane");
   }
   std::lock_guard lock(mu_);
+  // A server declared lost that comes back (it was stopped, not killed) is fenced: its
+  // partitions are summed elsewhere now.
+  if (h.sender < lost_servers_.size() && lost_servers_[h.sender]) {
+    return Aborted("reply from server " + std::to_string(h.sender) + ", which was declared lost");
+  }
   auto it = ops_.find(h.cookie);
   if (it == ops_.end()) return Aborted("late reply for a finished push_pull");
   Op& op = *it->second;
@@ -50,7 +56,23 @@ Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
   // A hierarchical op's sum lands where its partial was pushed from: the host's segment.
   if (op.host) return op.partial[h.partition];
   if (!role.pull) return std::span<std::byte>();
+  if (KeepsResults(t, op)) {
+    TensorState& kept = *op.tensor;
+    if (kept.results.size() != t.parts.size()) {
+      kept.results.resize(t.parts.size());
+      kept.result_round.assign(t.parts.size(), TensorState::kNoResult);
+    }
+    std::vector<std::byte>& buf = kept.results[h.partition];
+    buf.resize(plan.count * size);
+    // Overwritten now: a receive that fails part way leaves no result (OnPayload).
+    kept.result_round[h.partition] = TensorState::kNoResult;
+    return std::span<std::byte>(buf);
+  }
   return op.data.subspan(role.out_offset * size, plan.count * size);
+}
+
+bool WorkerImpl::KeepsResults(const TensorState& t, const Op& op) const {
+  return failover_ && !op.host && t.spec.is_sum() && !t.local.has_value();
 }
 
 void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
@@ -84,6 +106,10 @@ void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
         NoteDataPeerFailureLocked(refused);
         op->abandoned = true;
       }
+    } else if (!ok && h.sender < lost_servers_.size() &&
+               (lost_servers_[h.sender] || NoteServerFailureLocked(h.sender, why))) {
+      // From a server lost (or maybe lost): the partition stays pushed, to be pushed again
+      // where the scheduler moves it (ReplanLocked).
     } else if (!ok) {
       // The transport's error names no peer: say whose reply was lost.
       const std::string& server = server_names_[op->tensor->parts[h.partition].server];
@@ -101,6 +127,14 @@ void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
         op->abandoned = true;
       }
     } else {
+      TensorState& t = *op->tensor;
+      if (KeepsResults(t, *op) && RoleIn(t, h.partition).pull) {
+        const layout::Role role = RoleIn(t, h.partition);
+        const std::vector<std::byte>& kept = t.results[h.partition];
+        std::memcpy(op->data.data() + role.out_offset * DataTypeSize(t.wire), kept.data(),
+                    kept.size());
+        t.result_round[h.partition] = h.round;
+      }
       AnsweredLocked(op, h.partition);
       publish = Code::kOk;
     }

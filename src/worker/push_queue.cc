@@ -196,18 +196,8 @@ void WorkerImpl::PumpLocked() {
     op.sending++;
     Outgoing o;
     o.peer = server_peers_[plan.server];
-    o.header.type = MsgType::kPush;
-    o.header.flags = op.host ? op.push_flags[top.part]
-                             : (op.options.average ? wire::kFlagAverage : 0);
-    o.header.job = job_hash_;
-    o.header.sender = rank_;
-    o.header.key = t.key;
-    o.header.partition = top.part;
-    o.header.dtype = static_cast<uint8_t>(t.wire);
-    o.header.round = op.round;
-    o.header.count = role.push ? plan.count : 0;  // 0: a request for the result
-    o.header.payload_bytes = bytes;
-    o.header.cookie = op.id;
+    o.server = plan.server;
+    o.header = PushHeader(op, top.part, bytes);
     // A host's partial sum lies in its segment; a flat push is the caller's input itself.
     o.payload = op.host      ? op.partial[top.part]
                 : role.push ? op.input.subspan(role.in_offset * size, bytes)
@@ -217,6 +207,23 @@ void WorkerImpl::PumpLocked() {
     pumped_ = true;
     pending_.pop();
   }
+}
+
+wire::Header WorkerImpl::PushHeader(const Op& op, uint32_t part, uint64_t bytes) const {
+  const TensorState& t = *op.tensor;
+  wire::Header h;
+  h.type = MsgType::kPush;
+  h.flags = op.host ? op.push_flags[part] : (op.options.average ? wire::kFlagAverage : 0);
+  h.job = job_hash_;
+  h.sender = rank_;
+  h.key = t.key;
+  h.partition = part;
+  h.dtype = static_cast<uint8_t>(t.wire);
+  h.round = op.round;
+  h.count = RoleIn(t, part).push ? t.parts[part].count : 0;  // 0: a request for the result
+  h.payload_bytes = bytes;
+  h.cookie = op.id;
+  return h;
 }
 
 // The issuer protocol. Every critical section that pumped something counts one request in
@@ -239,9 +246,14 @@ void WorkerImpl::Issue(IssueBatch batch) {
   if (batch.requests == 0) return;  // not the issuer (TakeIssueLocked)
   for (;;) {
     for (Outgoing& o : batch.items) {
+      if (!o.op) {  // a kRecover: nothing waits on it but its payload's owner
+        push_lane_->Send(o.peer, o.header, o.payload, [owned = std::move(o.owned)](const Status&) {});
+        continue;
+      }
       push_lane_->Send(o.peer, o.header, o.payload,
-                       [this, op = o.op, part = o.header.partition](const Status& s) {
-                         PushDone(op, part, s);
+                       [this, op = o.op, part = o.header.partition, server = o.server](
+                           const Status& s) {
+                         PushDone(op, part, server, s);
                        });
     }
     batch.items.clear();
@@ -257,14 +269,15 @@ void WorkerImpl::Issue(IssueBatch batch) {
   }
 }
 
-void WorkerImpl::PushDone(const std::shared_ptr<Op>& op, uint32_t part, const Status& s) {
+void WorkerImpl::PushDone(const std::shared_ptr<Op>& op, uint32_t part, uint32_t server,
+                          const Status& s) {
   IssueBatch batch;
   {
     std::lock_guard lock(mu_);
     if (!op->finished) op->t_pushed = Clock::now();
     ReleaseCreditLocked(*op, part);
     op->sending--;
-    if (!s.ok()) AbandonLocked(*op, s);
+    if (!s.ok() && !NoteServerFailureLocked(server, s)) AbandonLocked(*op, s);
     TryFinishLocked(*op);
     PumpLocked();
     TakeIssueLocked(&batch);

@@ -67,6 +67,12 @@ struct TensorState {
   std::vector<uint32_t> pusher;
   uint32_t pushed_here = 0;  // partitions this worker pushes for its host
   uint64_t next_round = 0;
+  // Failover (WorkerImpl::KeepsResults): each partition's last result as received, and its
+  // round (kNoResult: none, or a receive that failed part way). A server that takes over a
+  // lost one's partition gets it from every worker: those that missed it are answered with it.
+  static constexpr uint64_t kNoResult = UINT64_MAX;
+  std::vector<std::vector<std::byte>> results;
+  std::vector<uint64_t> result_round;
   bool busy = false;                       // an op of this tensor is in flight
   std::deque<std::shared_ptr<Op>> queue;   // ops waiting for the plan or for the busy one
   // Fusion. For a member: the fused tensors that contain it, whose ops fail when its plan does

@@ -92,6 +92,11 @@ Status WorkerImpl::Init() {
   num_servers_ = joined.welcome.num_servers;
   server_peers_.assign(num_servers_, 0);
   server_names_.assign(num_servers_, "");
+  {
+    std::lock_guard lock(mu_);
+    lost_servers_.assign(num_servers_, false);
+    failover_ = num_servers_ > 1;  // a lost server's partitions can move to another
+  }
   for (const wire::Member& m : joined.welcome.members) {
     if (m.role != wire::Role::kServer) continue;
     std::string name = "server " + std::to_string(m.id) + " (" + m.host + ")";

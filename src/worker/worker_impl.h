@@ -58,6 +58,10 @@ Result<std::unique_ptr<Worker>> ConnectWorkerOn(const WorkerOptions& options,
 // left) waits for the job's verdict before it is reported itself (kAbort arrives within a few
 // ms of the scheduler learning of a loss; the control thread polls every 100 ms).
 inline constexpr auto kVerdictGrace = std::chrono::milliseconds(500);
+// With more than one server, a server's loss is survivable (failover): a server seen failing
+// waits this long for the scheduler's word (kServerLost, or kAbort), which comes once the
+// scheduler's own liveness limit has passed for a server that stopped answering.
+inline constexpr auto kFailoverGrace = transport::kSilenceLimit + std::chrono::seconds(2);
 
 // WorkerOptions::max_bytes_ahead times the servers an op spans, saturating (push_queue.cc).
 uint64_t LeadLimit(uint64_t per_server, uint32_t servers);
@@ -106,7 +110,9 @@ class WorkerImpl final : public Worker {
     transport::PeerId peer;
     wire::Header header;
     std::span<const std::byte> payload;
-    std::shared_ptr<Op> op;
+    std::shared_ptr<Op> op;  // null for a kRecover, whose payload `owned` holds
+    std::shared_ptr<const std::vector<std::byte>> owned;
+    uint32_t server = 0;     // whose peer is `peer`
   };
 
   // How one group layout (its members, in order) is cut into operations: fused tensors, each
@@ -202,7 +208,9 @@ class WorkerImpl final : public Worker {
   // its pulls must never hold the credit that the other workers' rounds need. Which partitions
   // a worker pushes first depends on its own timing, so credit held until the pull can make two
   // workers each wait on partitions only the other can still send.
-  void PushDone(const std::shared_ptr<Op>& op, uint32_t part, const Status& s);
+  void PushDone(const std::shared_ptr<Op>& op, uint32_t part, uint32_t server, const Status& s);
+  // The kPush of `part` of `op` (its bytes: PartBytes).
+  wire::Header PushHeader(const Op& op, uint32_t part, uint64_t bytes) const;
 
   void AnsweredLocked(const std::shared_ptr<Op>& op, uint32_t part);
 
@@ -250,6 +258,22 @@ class WorkerImpl final : public Worker {
   std::string ServerOfPeer(transport::PeerId peer) const;
 
   void NoteDataPeerFailureLocked(const Status& s);
+
+  // ---- Failover (docs/operations.md, "Server failover") --------------------------------------
+
+  // A push to, or a reply from, `server` failed. With failover the op is not given up: the
+  // partition stays pushed, to be pushed again where the scheduler moves it, and the failure
+  // waits kFailoverGrace for the scheduler's word. A server already declared lost: nothing.
+  // False when the op must fail (no failover, or the job failed).
+  bool NoteServerFailureLocked(uint32_t server, const Status& s);
+  // kServerLost: its replies are refused from now on; its keys' replans follow.
+  void OnServerLost(uint32_t server);
+  // kAssign with kFlagReplan: t's partitions that lay on a lost server moved to `parts`. For
+  // each: this worker's standing (kRecover) to its new server, then the push again of the
+  // partition of t's op in flight, if it was pushed and not answered.
+  Status ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan> parts);
+  // Whether pull replies of t's partitions land in t.results first (a copy for failover).
+  bool KeepsResults(const TensorState& t, const Op& op) const;
 
   // On the control thread: the endpoint failure whose grace has run out, if any.
   std::optional<Status> ExpiredPeerFailure();
@@ -361,6 +385,11 @@ class WorkerImpl final : public Worker {
   std::condition_variable_any cv_;
   Status failure_;  // sticky
   bool verdict_pending_ = false;  // a data endpoint failed; see OnDataPeerFailed
+  // Failover: possible (the job has more than one server), the servers declared lost, and the
+  // server behind the pending failure when one is known.
+  bool failover_ = false;
+  std::vector<bool> lost_servers_;
+  std::optional<uint32_t> pending_server_;
   Status pending_peer_failure_;
   // The endpoint behind pending_peer_failure_ when a lane reported it (named when it expires).
   std::optional<transport::PeerId> pending_peer_;

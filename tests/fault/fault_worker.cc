@@ -19,6 +19,7 @@
 //   CONNECTING T                   Connect() is called now
 //   JOINED rank size servers T     Connect() returned
 //   ROUND k T                      round k is issued now
+//   ROUNDOK k T                    round k's sums are all in and checked
 //   STRAGGLE k T                   this worker starts its straggle sleep of round k
 //   BARRIER k T                    this worker enters the barrier of round k
 //   FAILED T <status>              the first failed gradlink call (Connect included)
@@ -261,6 +262,7 @@ class Runner {
       s = PushPullAll(round);
       if (!s.ok()) return Fail(s);
       if (!Check(round)) return kExitWrong;
+      Line("ROUNDOK " + std::to_string(round) + " " + Now());
       if (a_.phase == "barrier") {
         if (a_.straggle_ms > 0 && round > 0) Straggle(round);
         Line("BARRIER " + std::to_string(round) + " " + Now());

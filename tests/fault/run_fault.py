@@ -191,7 +191,7 @@ class Harness:
                                                       " ".join(p.argv)))
             for label, text in (("stdout", p.out()), ("stderr", p.err())):
                 # Progress lines (one per round) only as far as the last one.
-                progress = ("ROUND ", "STRAGGLE ", "BARRIER ")
+                progress = ("ROUND ", "ROUNDOK ", "STRAGGLE ", "BARRIER ")
                 all_lines = text.splitlines()
                 last = max([i for i, l in enumerate(all_lines) if l.startswith(progress)],
                            default=-1)
@@ -301,10 +301,13 @@ def victim_pattern(t, procs_by_role):
 def run_trial(h, t, results):
     t0 = time.monotonic()
     job = "fault-%d" % t.index
+    # A lost server's partitions move to the others by default (run_failover.py tries that);
+    # here its loss must fail the job, naming it, as it does with failover off.
     sched = h.spawn("t%02d-scheduler" % t.index, "scheduler", 0,
                     [os.path.join(h.bin_dir, "gradlink-scheduler"), "--port", "0",
                      "-w", str(WORKERS), "-s", str(SERVERS), "--job", job,
-                     "--join-timeout-ms", "30000"])
+                     "--join-timeout-ms", "30000"] +
+                    (["--no-failover"] if t.role == "server" else []))
     trial_procs = [sched]
     try:
         m = h.wait_for("the scheduler's port",

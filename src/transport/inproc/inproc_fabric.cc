@@ -119,7 +119,7 @@ class InprocLane final : public Lane {
     {
       std::lock_guard<std::mutex> lock(mu_);
       send_id = next_send_id_++;
-      pending_sends_[send_id] = std::move(done);
+      pending_sends_[send_id] = {peer, std::move(done)};
     }
     // The receiver copies the payload on its own thread, then completes the send on ours.
     const bool delivered = fabric_->WithLane(target, [&](InprocLane* dst) {
@@ -143,12 +143,32 @@ class InprocLane final : public Lane {
   SendCallback TakePending(uint64_t id) {
     std::lock_guard<std::mutex> lock(mu_);
     auto node = pending_sends_.extract(id);
-    return node.empty() ? SendCallback() : std::move(node.mapped());
+    return node.empty() ? SendCallback() : std::move(node.mapped().second);
   }
 
   void CompleteSend(uint64_t id, const Status& s) {
     SendCallback cb = TakePending(id);
     if (cb) cb(s);
+  }
+
+  // Sends already delivered to the peer's queue may still be read by it after their `done`:
+  // the inproc fabric joins threads of one test, whose buffers outlive the job.
+  void FailPeer(PeerId peer, const Status& why) override {
+    std::vector<SendCallback> cancelled;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (peer >= peers_.size()) return;
+      for (auto it = pending_sends_.begin(); it != pending_sends_.end();) {
+        if (it->second.first == peer) {
+          cancelled.push_back(std::move(it->second.second));
+          it = pending_sends_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (SendCallback& cb : cancelled) FailPeer(peer, why, std::move(cb));
+    FailPeer(peer, why, [](const Status&) {});
   }
 
   void Defer(std::function<void()> fn) override {
@@ -264,7 +284,7 @@ class InprocLane final : public Lane {
     auto left = std::move(pending_sends_);
     pending_sends_.clear();
     lock.unlock();
-    for (auto& [id, cb] : left) cb(Aborted("inproc lane '" + name_ + "' stopped"));
+    for (auto& [id, sent] : left) sent.second(Aborted("inproc lane '" + name_ + "' stopped"));
   }
 
   std::shared_ptr<InprocFabric> fabric_;
@@ -276,7 +296,7 @@ class InprocLane final : public Lane {
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   std::vector<Peer> peers_;
-  std::map<uint64_t, SendCallback> pending_sends_;
+  std::map<uint64_t, std::pair<PeerId, SendCallback>> pending_sends_;  // by send id
   std::shared_ptr<const security::LaneAuthenticator> auth_;  // set before Start()
   std::set<uint64_t> authenticated_;  // sending lanes whose hello verified (lane thread only)
   uint64_t next_send_id_ = 0;

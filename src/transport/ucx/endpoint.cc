@@ -76,6 +76,14 @@ void UcxLane::FailPeer(Peer* peer, Status status) {
   });
 }
 
+void UcxLane::FailPeer(PeerId id, const Status& why) {
+  // On the progress thread: the endpoint's force close purges its requests there, so nothing
+  // reads a payload whose send has completed.
+  Enqueue([this, id, why] {
+    if (id < peers_.size()) FailPeer(peers_[id].get(), why);
+  });
+}
+
 void UcxLane::CloseEp(ucp_ep_h ep) {
   // Never twice: a reply endpoint can be one of our own (UCX matched the connections), and a
   // failed peer's endpoint is closed once already.

@@ -91,6 +91,7 @@ class UcxLane final : public Lane {
                          std::string peer_name) override;
   void Send(PeerId peer, const wire::Header& h, std::span<const std::byte> payload,
             SendCallback done) override;
+  void FailPeer(PeerId peer, const Status& why) override;
   void Defer(std::function<void()> fn) override;
   void Stop() override;
   LaneStats stats() const override;

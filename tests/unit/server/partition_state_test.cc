@@ -942,5 +942,118 @@ TEST(PartitionStateTest, WithAPoolBuffersGoBackBetweenRounds) {
   EXPECT_EQ(pool.allocations(), 4u);
 }
 
+// ---- failover: a partition taken over from a lost server (Adopt) ------------------------
+
+// One kRecover from `sender`: the result of `round` (when `result` is given) or, without, the
+// round it pushes next; `input_follows`: its push of a round it was not answered follows.
+Status RecoverTo(PartitionState& st, uint32_t sender, uint64_t round,
+                 const std::vector<float>* result, bool input_follows, bool* ready) {
+  wire::Header h;
+  h.type = wire::MsgType::kRecover;
+  h.key = st.key();
+  h.partition = st.partition();
+  h.sender = sender;
+  h.round = round;
+  h.dtype = static_cast<uint8_t>(DataType::kFloat32);
+  h.flags = (result ? wire::kFlagHasResult : 0) | (input_follows ? wire::kFlagInputFollows : 0);
+  h.count = result ? result->size() : 0;
+  h.payload_bytes = h.count * 4;
+  Result<std::span<std::byte>> span = st.BeginRecover(h);
+  if (!span.ok()) return span.status();
+  if (result) std::memcpy(span->data(), result->data(), span->size());
+  *ready = st.EndRecover(sender, true);
+  return Status::Ok();
+}
+
+// The lost server had answered rank 0's round 4 but not rank 1's or rank 2's. Rank 0 reports
+// the result; ranks 1 and 2 report that they hold round 3's and push round 4 again. Nothing is
+// summed before the last report; then ranks 1 and 2 get rank 0's round-4 result (not a new sum
+// of the pushes: rank 0 pushes round 5 now), and round 5 is summed as usual.
+TEST(PartitionStateFailoverTest, WorkersThatMissedTheLatestResultGetAnothersCopy) {
+  PartitionState st(kKey, 2, "f", DataType::kFloat32, 3, 3);
+  st.Adopt();
+  const std::vector<float> r3 = {7, 8, 9}, r4 = {1.5f, -2, 1e30f};
+  const std::vector<float> in4 = {100, 100, 100}, in5[3] = {{1, 2, 3}, {10, 20, 30}, {0.5f, 0, 0}};
+  bool ready = false;
+  ASSERT_TRUE(RecoverTo(st, 1, 3, &r3, true, &ready).ok());
+  EXPECT_FALSE(ready);
+  ASSERT_TRUE(PushTo(st, 1, 4, DataType::kFloat32, 3, in4.data()).ok());  // before the others
+  ASSERT_TRUE(RecoverTo(st, 0, 4, &r4, false, &ready).ok());
+  EXPECT_FALSE(ready);
+  EXPECT_FALSE(st.Progress().has_value());
+  ASSERT_TRUE(RecoverTo(st, 2, 3, &r3, true, &ready).ok());
+  EXPECT_FALSE(ready);  // its push is still to come
+  ASSERT_TRUE(PushTo(st, 2, 4, DataType::kFloat32, 3, in4.data()).ok());
+  std::optional<Completion> c = st.Progress();
+  ASSERT_TRUE(c.has_value());
+  ASSERT_TRUE(c->status.ok()) << c->status.ToString();
+  EXPECT_EQ(c->round, 4u);
+  EXPECT_EQ(FromBytes<float>(c->result), r4);
+  EXPECT_EQ(c->absent, (std::vector<bool>{true, false, false}));
+  EXPECT_FALSE(st.adopting());
+  EXPECT_EQ(st.round(), 5u);
+  EXPECT_FALSE(st.SendDone(c->slot));
+  EXPECT_TRUE(st.SendDone(c->slot));
+  for (uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(PushTo(st, r, 5, DataType::kFloat32, 3, in5[r].data()).ok());
+  std::optional<Completion> c5 = st.Progress();
+  ASSERT_TRUE(c5.has_value());
+  EXPECT_EQ(c5->round, 5u);
+  EXPECT_TRUE(c5->absent.empty());
+  EXPECT_EQ(FromBytes<float>(c5->result), (std::vector<float>{11.5f, 22, 33}));
+}
+
+// Nobody had received round 2 (every copy says round 1): round 2 is summed from the pushes
+// again, in rank order, and goes to everyone; a rank whose op had not pushed the partition
+// yet reports the round it pushes next and pushes it as usual once adoption is over.
+TEST(PartitionStateFailoverTest, WithoutANewerResultTheRoundIsSummedAgain) {
+  PartitionState st(kKey, 0, "f", DataType::kFloat32, 2, 2);
+  st.Adopt();
+  const std::vector<float> r1 = {3, 4}, a = {0.1f, 1e8f}, b = {0.2f, -1e8f};
+  bool ready = false;
+  ASSERT_TRUE(RecoverTo(st, 0, 1, &r1, true, &ready).ok());
+  ASSERT_TRUE(PushTo(st, 0, 2, DataType::kFloat32, 2, a.data()).ok());
+  ASSERT_TRUE(RecoverTo(st, 1, 2, nullptr, false, &ready).ok());  // had no result; pushes 2 next
+  EXPECT_TRUE(ready);
+  EXPECT_FALSE(st.Progress().has_value());  // adopted: round 2, rank 1's push to come
+  EXPECT_EQ(st.round(), 2u);
+  ASSERT_TRUE(PushTo(st, 1, 2, DataType::kFloat32, 2, b.data()).ok());
+  std::optional<Completion> c = st.Progress();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->round, 2u);
+  EXPECT_EQ(FromBytes<float>(c->result), (std::vector<float>{0.1f + 0.2f, 1e8f + -1e8f}));
+}
+
+// Copies of one round's result that differ are not summed over: every waiting worker gets an
+// error naming the ranks, and the round after fails too (none waits for a result that will
+// never be right).
+TEST(PartitionStateFailoverTest, DifferentCopiesOfOneResultFailTheRound) {
+  PartitionState st(kKey, 0, "f", DataType::kFloat32, 2, 3);
+  st.Adopt();
+  const std::vector<float> good = {1, 2}, bad = {1, 2.5f}, in = {5, 5};
+  bool ready = false;
+  ASSERT_TRUE(RecoverTo(st, 0, 6, &good, false, &ready).ok());
+  ASSERT_TRUE(RecoverTo(st, 1, 6, &bad, false, &ready).ok());
+  ASSERT_TRUE(RecoverTo(st, 2, 5, nullptr, true, &ready).ok());
+  ASSERT_TRUE(PushTo(st, 2, 6, DataType::kFloat32, 2, in.data()).ok());
+  std::optional<Completion> c = st.Progress();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->status.code(), Code::kInternal);
+  EXPECT_NE(c->status.message().find("ranks 0 and 1 hold different results of round 6"),
+            std::string::npos) << c->status.message();
+  EXPECT_EQ(c->absent, (std::vector<bool>{true, true, false}));
+}
+
+// A kRecover where no failover is going on, or a second one from a rank, is refused.
+TEST(PartitionStateFailoverTest, UnexpectedReportsAreRefused) {
+  PartitionState st(kKey, 0, "f", DataType::kFloat32, 2, 2);
+  bool ready = false;
+  EXPECT_EQ(RecoverTo(st, 0, 0, nullptr, false, &ready).code(), Code::kProtocolError);
+  st.Adopt();
+  ASSERT_TRUE(RecoverTo(st, 0, 0, nullptr, false, &ready).ok());
+  EXPECT_EQ(RecoverTo(st, 0, 0, nullptr, false, &ready).code(), Code::kProtocolError);
+  const std::vector<float> wrong = {1, 2, 3};
+  EXPECT_EQ(RecoverTo(st, 1, 0, &wrong, false, &ready).code(), Code::kProtocolError);
+}
+
 }  // namespace
 }  // namespace gradlink::server

@@ -46,6 +46,7 @@ class SlowConnectLane final : public transport::Lane {
             transport::SendCallback done) override {
     inner_->Send(p, h, payload, std::move(done));
   }
+  void FailPeer(transport::PeerId p, const Status& why) override { inner_->FailPeer(p, why); }
   void Defer(std::function<void()> fn) override { inner_->Defer(std::move(fn)); }
   void Stop() override { inner_->Stop(); }
   transport::LaneStats stats() const override { return inner_->stats(); }

@@ -49,6 +49,7 @@ void Job::Start(const JobConfig& config) {
   so.num_servers = config.servers;
   so.job = config.job;
   so.join_timeout = kConnectTimeout;
+  so.server_failover = config.server_failover;
   Result<std::unique_ptr<Scheduler>> sched = Scheduler::Start(so);
   ASSERT_TRUE(sched.ok()) << sched.status().ToString();
   scheduler_ = std::move(sched).value();

@@ -67,6 +67,7 @@ struct JobConfig {
   std::function<void(uint32_t rank, WorkerOptions&)> per_worker;
   // Likewise for each server's (by start index).
   std::function<void(size_t index, ServerOptions&)> per_server;
+  bool server_failover = true;  // SchedulerOptions::server_failover
 };
 
 class Job {

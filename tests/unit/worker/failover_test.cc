@@ -1,0 +1,170 @@
+// Server failover on whole jobs (in one process, on the inproc fabric): a server that leaves
+// mid-job has its partitions moved to the servers left, and training goes on. Every round's sum
+// is checked on every element against the scalar reference (rank order, so bit-identical to a
+// run without the loss). The fork-and-kill trials (tests/fault) kill real processes.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gradlink/scheduler.h"
+#include "gradlink/server.h"
+#include "gradlink/worker.h"
+#include "unit/support/job_harness.h"
+#include "unit/support/reference.h"
+
+namespace gradlink {
+namespace {
+
+using namespace std::chrono_literals;
+using test::CheckTensor;
+using test::FillTensor;
+using test::In;
+using test::Job;
+using test::JobConfig;
+using test::kOpTimeout;
+using test::OnEveryWorker;
+
+constexpr uint64_t kCount = 100000;  // 400 KB of fp32: 7 partitions of 64 KiB over the servers
+
+JobConfig ThreeServers() {
+  JobConfig config;
+  config.workers = 2;
+  config.servers = 3;
+  return config;
+}
+
+// Round `round` of tensor `name` on every worker, checked; fails the test on an error.
+void Round(Job& job, const std::vector<TensorHandle>& t, uint64_t round, DataType dtype,
+           bool average = false) {
+  OnEveryWorker(2, [&](uint32_t rank) {
+    std::vector<std::byte>& buf = job.Buffer(kCount * DataTypeSize(dtype));
+    FillTensor(dtype, 0, rank, round, buf);
+    const Status s = job.worker(rank).PushPull(t[rank], buf, {.average = average}).Wait(In(kOpTimeout));
+    ASSERT_TRUE(s.ok()) << "rank " << rank << " round " << round << ": " << s.ToString();
+    EXPECT_TRUE(CheckTensor(dtype, 0, 2, round, average, buf)) << "rank " << rank << " round " << round;
+  });
+}
+
+std::vector<TensorHandle> DeclareOnEvery(Job& job, DataType dtype) {
+  std::vector<TensorHandle> t;
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto h = job.worker(r).Declare("grads", dtype, kCount);
+    EXPECT_TRUE(h.ok()) << h.status().ToString();
+    if (h.ok()) t.push_back(*h);
+  }
+  return t;
+}
+
+// The surviving members end cleanly: the lost server is not waited for.
+void FinishWithout(Job& job, std::vector<uint32_t> lost) {
+  for (uint32_t r = 0; r < 2; ++r) EXPECT_TRUE(job.worker(r).Shutdown(In(5s)).ok());
+  for (uint32_t i = 0; i < job.config().servers; ++i) {
+    if (std::find(lost.begin(), lost.end(), i) != lost.end()) continue;
+    const Status s = job.server(i).Wait(In(5s));
+    EXPECT_TRUE(s.ok()) << "server " << i << ": " << s.ToString();
+    EXPECT_EQ(job.server(i).stats().protocol_errors, 0u);
+  }
+  const Status s = job.scheduler().Wait(In(5s));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// Lost between operations: the next rounds go to the servers left, with no round lost.
+TEST(FailoverTest, AServerLostBetweenOperationsCostsNoRound) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(ThreeServers()));
+  const std::vector<TensorHandle> t = DeclareOnEvery(job, DataType::kFloat32);
+  ASSERT_EQ(t.size(), 2u);
+  for (uint64_t round = 0; round < 2; ++round) ASSERT_NO_FATAL_FAILURE(Round(job, t, round, DataType::kFloat32));
+  const uint64_t before = job.server(0).stats().rounds_completed + job.server(2).stats().rounds_completed;
+  job.server(1).Stop();
+  for (uint64_t round = 2; round < 5; ++round) ASSERT_NO_FATAL_FAILURE(Round(job, t, round, DataType::kFloat32));
+  // Every partition of rounds 2-4 was summed on servers 0 and 2: 7 per round.
+  const uint64_t after = job.server(0).stats().rounds_completed + job.server(2).stats().rounds_completed;
+  EXPECT_EQ(after - before, 3u * 7u);
+  FinishWithout(job, {1});
+}
+
+// Lost while rank 0's push waits on it for rank 1's: rank 0 pushes that round again to the
+// new servers, rank 1 pushes it there for the first time, and both get the exact sum. Then two
+// more rounds, and fp16 averages (fp32 accumulation) keep their bits too.
+TEST(FailoverTest, AServerLostMidOperationLosesNoStep) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(ThreeServers()));
+  const std::vector<TensorHandle> t = DeclareOnEvery(job, DataType::kFloat32);
+  ASSERT_EQ(t.size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(Round(job, t, 0, DataType::kFloat32));
+  std::vector<std::byte>& b0 = job.Buffer(kCount * 4);
+  std::vector<std::byte>& b1 = job.Buffer(kCount * 4);
+  FillTensor(DataType::kFloat32, 0, 0, 1, b0);
+  FillTensor(DataType::kFloat32, 0, 1, 1, b1);
+  PushPullHandle op0 = job.worker(0).PushPull(t[0], b0);
+  EXPECT_EQ(op0.Wait(In(200ms)).code(), Code::kTimeout);  // pushed; waits for rank 1
+  job.server(1).Stop();
+  std::this_thread::sleep_for(100ms);
+  PushPullHandle op1 = job.worker(1).PushPull(t[1], b1);
+  const Status s0 = op0.Wait(In(kOpTimeout)), s1 = op1.Wait(In(kOpTimeout));
+  ASSERT_TRUE(s0.ok()) << s0.ToString();
+  ASSERT_TRUE(s1.ok()) << s1.ToString();
+  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 1, false, b0));
+  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 1, false, b1));
+  for (uint64_t round = 2; round < 4; ++round) ASSERT_NO_FATAL_FAILURE(Round(job, t, round, DataType::kFloat32));
+  std::vector<TensorHandle> h;
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto x = job.worker(r).Declare("halves", DataType::kFloat16, kCount);
+    ASSERT_TRUE(x.ok()) << x.status().ToString();
+    h.push_back(*x);
+  }
+  for (uint64_t round = 0; round < 2; ++round) {
+    ASSERT_NO_FATAL_FAILURE(Round(job, h, round, DataType::kFloat16, /*average=*/true));
+  }
+  FinishWithout(job, {1});
+}
+
+// Two servers lost one after the other: the third carries the job alone; losing it too fails
+// every worker with an error that says so, within seconds.
+TEST(FailoverTest, TwoLossesAreSurvivedAndTheLastServerLostFailsClearly) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(ThreeServers()));
+  const std::vector<TensorHandle> t = DeclareOnEvery(job, DataType::kFloat32);
+  ASSERT_EQ(t.size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(Round(job, t, 0, DataType::kFloat32));
+  job.server(0).Stop();
+  ASSERT_NO_FATAL_FAILURE(Round(job, t, 1, DataType::kFloat32));
+  job.server(2).Stop();
+  ASSERT_NO_FATAL_FAILURE(Round(job, t, 2, DataType::kFloat32));
+  ASSERT_NO_FATAL_FAILURE(Round(job, t, 3, DataType::kFloat32));
+  job.server(1).Stop();
+  const auto start = Clock::now();
+  OnEveryWorker(2, [&](uint32_t rank) {
+    std::vector<std::byte>& buf = job.Buffer(kCount * 4);
+    const Status s = job.worker(rank).PushPull(t[rank], buf).Wait(In(10s));
+    EXPECT_EQ(s.code(), Code::kPeerLost) << s.ToString();
+    EXPECT_NE(s.message().find("it was the last server"), std::string::npos) << s.message();
+  });
+  EXPECT_LT(Clock::now() - start, 7s);
+}
+
+// With failover off (SchedulerOptions::server_failover) a lost server fails the job, as before,
+// and the error says why it did not move.
+TEST(FailoverTest, OffALostServerFailsTheJob) {
+  JobConfig config = ThreeServers();
+  config.server_failover = false;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  const std::vector<TensorHandle> t = DeclareOnEvery(job, DataType::kFloat32);
+  ASSERT_EQ(t.size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(Round(job, t, 0, DataType::kFloat32));
+  job.server(1).Stop();
+  OnEveryWorker(2, [&](uint32_t rank) {
+    std::vector<std::byte>& buf = job.Buffer(kCount * 4);
+    const Status s = job.worker(rank).PushPull(t[rank], buf).Wait(In(10s));
+    EXPECT_EQ(s.code(), Code::kPeerLost) << s.ToString();
+    EXPECT_NE(s.message().find("the scheduler runs without it"), std::string::npos) << s.message();
+  });
+}
+
+}  // namespace
+}  // namespace gradlink
