@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all setup build test test-arm demo bench bench-scale compare bench-reduce netcluster train-cluster fuzz test-asan test-tsan clean
+.PHONY: all setup build test test-arm demo bench bench-scale compare bench-reduce netcluster train-cluster fuzz soak test-asan test-tsan clean
 
 all: build
 
@@ -79,6 +79,15 @@ fuzz: setup
 	done; exit $$fail
 
 # The unit tests under sanitizers (UCX's memory hooks must be off under TSan).
+# Failover soak: 120 seeded trials (a server killed or hung at declaration, push, pull or between
+# rounds, over 2-4 servers), each checking every round's sums and every survivor's exit;
+# tests/fault/run_failover.py. About 12 minutes here.
+SOAK_TRIALS ?= 120
+soak: build
+	/usr/bin/python3 tests/fault/run_failover.py --bin-dir $(BUILD)/bin \
+	  --fault-worker $(BUILD)/tests/fault/gl_fault_worker --seed 20261203 \
+	  --trials $(SOAK_TRIALS) --budget 3000 trials
+
 test-asan: setup
 	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DGRADLINK_BUILD_PYTHON=OFF \
 	  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer"

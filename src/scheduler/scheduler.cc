@@ -113,6 +113,7 @@ Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
     decl.assign_payload = Share(wire::Encode(a));
     // The workers hold rounds of a key they have: its new servers learn where they stand.
     decl.assign_header.flags = decl.delivered ? wire::kFlagReplan : 0;
+    decl.assign_header.round++;  // the plan's version, echoed in the acks
     decl.acks.clear();
     decl.replanning = true;
     for (auto& [id, s] : servers_) {
@@ -125,6 +126,10 @@ Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
   wire::Header h = MakeHeader(MsgType::kServerLost);
   h.count = lost;
   SendToWorkers(h, nullptr);
+  // Plans that only waited for the lost server's ack go out now.
+  for (auto& [key, decl] : decls_) {
+    if (decl.planned && decl.status.ok()) DeliverWhenAcked(decl);
+  }
   return Status::Ok();
 }
 
@@ -637,13 +642,18 @@ Status SchedulerImpl::OnAssignAck(Connection& c, const Frame& f) {
     return ProtocolError("kAssignAck for a key that was not assigned");
   }
   Declaration& decl = it->second;
+  // An ack of the plan a failover has replaced says nothing about the new one.
+  if (f.header.round != decl.assign_header.round) return Status::Ok();
   decl.acks.insert(c.id);
-  if (AckedByAll(decl) && (decl.replanning || !decl.delivered)) {
-    decl.replanning = false;
-    decl.delivered = true;
-    SendToDeclarers(decl);
-  }
+  DeliverWhenAcked(decl);
   return Status::Ok();
+}
+
+void SchedulerImpl::DeliverWhenAcked(Declaration& decl) {
+  if (!AckedByAll(decl) || !(decl.replanning || !decl.delivered)) return;
+  decl.replanning = false;
+  decl.delivered = true;
+  SendToDeclarers(decl);
 }
 
 void SchedulerImpl::SendToDeclarers(const Declaration& decl) {

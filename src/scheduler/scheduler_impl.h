@@ -182,6 +182,9 @@ class SchedulerImpl final : public Scheduler {
   Status ServerFailover(Connection& c, const std::string& what);
   // Every server not lost has acked the key's plan.
   bool AckedByAll(const Declaration& decl) const;
+  // Sends the key's plan (a first one, or a failover's) to its workers once every server
+  // left has acked it.
+  void DeliverWhenAcked(Declaration& decl);
   // Ends the job with `result`; on failure every member still connected gets kAbort, workers
   // first (SendServerAbortWhenDue).
   void Finish(Status result);

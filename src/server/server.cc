@@ -341,6 +341,7 @@ class ServerImpl final : public Server {
     ack.job = job_hash_;
     ack.sender = id_;
     ack.key = f.header.key;
+    ack.round = f.header.round;  // which plan of the key (a failover sends another)
     return channel_->Send(ack, {});
   }
 

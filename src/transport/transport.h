@@ -101,9 +101,10 @@ class Lane {
                     SendCallback done) = 0;
 
   // Gives up on `peer` (it was declared lost, e.g. a server whose partitions moved): its sends
-  // in flight complete with `why`, later ones fail at once, and its endpoint is closed, so a
-  // peer that hangs holds no sender's buffer. The receiver hears of it (OnPeerFailed) unless
-  // the peer had failed already.
+  // in flight complete with `why` and later ones fail at once, so a peer that hangs holds no
+  // op. The transport may still read a payload whose send it had begun (the caller's buffers
+  // outlive that: a tensor), until the peer is gone; its endpoint closes once the transport
+  // sees the peer fail itself. The receiver may hear of it (OnPeerFailed), as of any failure.
   virtual void FailPeer(PeerId peer, const Status& why) = 0;
 
   // Runs `fn` on the progress thread.

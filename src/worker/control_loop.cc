@@ -61,8 +61,21 @@ void WorkerImpl::OnServerLost(uint32_t server) {
   lost_servers_[server] = true;
   GL_LOG(kInfo) << "worker " << rank_ << ": " << server_names_[server]
                 << " was lost; its partitions move to the other servers";
-  // A server that hangs (SIGSTOP) would hold the pushes in flight to it, and their ops, for
-  // as long as it hangs: they are given up now, and pushed again where the key moves.
+  // Replies it is still writing (a receive cannot be cancelled) land in buffers given up
+  // now, kept until the worker ends: a server that hangs (SIGSTOP) holds no op.
+  for (auto& [id, op] : ops_) {
+    TensorState& t = *op->tensor;
+    if (!KeepsResults(t, *op)) continue;
+    for (uint32_t p = 0; p < t.receiving_from.size(); ++p) {
+      if (t.receiving_from[p] != server + 1) continue;
+      orphans_.push_back(std::move(t.results[p]));
+      t.results[p] = std::vector<std::byte>();
+      t.result_round[p] = TensorState::kNoResult;
+      t.receiving_from[p] = 0;
+      op->receiving--;
+    }
+  }
+  // Likewise the pushes in flight to it: given up now, and pushed again where the key moves.
   push_lane_->FailPeer(server_peers_[server],
                        PeerLost(server_names_[server] + " was declared lost by the scheduler"));
   if (verdict_pending_ && pending_server_ == server) {

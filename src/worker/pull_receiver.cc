@@ -61,11 +61,13 @@ Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
     if (kept.results.size() != t.parts.size()) {
       kept.results.resize(t.parts.size());
       kept.result_round.assign(t.parts.size(), TensorState::kNoResult);
+      kept.receiving_from.assign(t.parts.size(), 0);
     }
     std::vector<std::byte>& buf = kept.results[h.partition];
     buf.resize(plan.count * size);
     // Overwritten now: a receive that fails part way leaves no result (OnPayload).
     kept.result_round[h.partition] = TensorState::kNoResult;
+    kept.receiving_from[h.partition] = h.sender + 1;
     return std::span<std::byte>(buf);
   }
   return op.data.subspan(role.out_offset * size, plan.count * size);
@@ -79,10 +81,22 @@ void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
   IssueBatch batch;
   {
     std::lock_guard lock(mu_);
+    // A reply from a server declared lost was written into a buffer given up then
+    // (OnServerLost), and its op no longer counts it; a refusal from it counts for nothing.
+    const bool from_lost = h.sender < lost_servers_.size() && lost_servers_[h.sender];
+    if (from_lost && h.type != MsgType::kDataError) return;
     auto it = ops_.find(h.cookie);
     if (it == ops_.end()) return;
     std::shared_ptr<Op> op = it->second;
     op->receiving--;
+    if (from_lost) {
+      error_text_.erase({h.cookie, h.partition});
+      TryFinishLocked(*op);
+      return;
+    }
+    if (KeepsResults(*op->tensor, *op) && h.partition < op->tensor->receiving_from.size()) {
+      op->tensor->receiving_from[h.partition] = 0;
+    }
     // What the host's other workers learn of this partition (hierarchical ops).
     std::optional<Code> publish;
     if (op->parts[h.partition] == Op::Part::kDone) {

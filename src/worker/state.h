@@ -73,6 +73,8 @@ struct TensorState {
   static constexpr uint64_t kNoResult = UINT64_MAX;
   std::vector<std::vector<std::byte>> results;
   std::vector<uint64_t> result_round;
+  // Per partition: the server (id + 1) whose reply is being written into results[p]; 0: none.
+  std::vector<uint32_t> receiving_from;
   bool busy = false;                       // an op of this tensor is in flight
   std::deque<std::shared_ptr<Op>> queue;   // ops waiting for the plan or for the busy one
   // Fusion. For a member: the fused tensors that contain it, whose ops fail when its plan does

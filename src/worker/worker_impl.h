@@ -390,6 +390,8 @@ class WorkerImpl final : public Worker {
   bool failover_ = false;
   std::vector<bool> lost_servers_;
   std::optional<uint32_t> pending_server_;
+  // Result buffers that a lost server's unfinished replies may still write into.
+  std::vector<std::vector<std::byte>> orphans_;
   Status pending_peer_failure_;
   // The endpoint behind pending_peer_failure_ when a lane reported it (named when it expires).
   std::optional<transport::PeerId> pending_peer_;

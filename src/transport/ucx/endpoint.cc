@@ -58,13 +58,17 @@ Status UcxLane::PeerLostStatus(const Peer& peer, ucs_status_t s) const {
 }
 
 void UcxLane::FailPeer(Peer* peer, Status status) {
-  if (peer->failed) return;
-  peer->failed = true;
-  peer->failure = std::move(status);
-  if (!stopping_) {
-    GL_LOG(kInfo) << peer->failure.ToString();
-    if (receiver_ != nullptr) receiver_->OnPeerFailed(peer->id, peer->failure);
+  // Failed once; a peer given up (FailPeer(PeerId)) is closed when UCX reports it too.
+  if (peer->failed && !peer->given_up) return;
+  if (!peer->failed) {
+    peer->failed = true;
+    peer->failure = std::move(status);
+    if (!stopping_) {
+      GL_LOG(kInfo) << peer->failure.ToString();
+      if (receiver_ != nullptr) receiver_->OnPeerFailed(peer->id, peer->failure);
+    }
   }
+  peer->given_up = false;
   const std::vector<SendOp*> ops = peer->in_flight.snapshot();
   for (SendOp* op : ops) CompleteSend(op, peer->failure);
   // UCX wants a failed endpoint closed by its owner; do it outside any ucp callback.
@@ -77,10 +81,20 @@ void UcxLane::FailPeer(Peer* peer, Status status) {
 }
 
 void UcxLane::FailPeer(PeerId id, const Status& why) {
-  // On the progress thread: the endpoint's force close purges its requests there, so nothing
-  // reads a payload whose send has completed.
+  // On the progress thread: the sends' callbacks run now, later sends fail at once. The
+  // endpoint is not closed yet: UCX 1.13 crashed (SIGSEGV in libuct's TCP transport) in 2 of 16
+  // trials when a TCP endpoint with a rendezvous waiting on a hung (SIGSTOPped) peer was
+  // force-closed, and in none of 16 left open. It is closed once UCX reports the peer failed
+  // (the peer exits, or resumes and is refused), like any failed one.
   Enqueue([this, id, why] {
-    if (id < peers_.size()) FailPeer(peers_[id].get(), why);
+    if (id >= peers_.size()) return;
+    Peer* peer = peers_[id].get();
+    if (peer->failed) return;
+    peer->failed = true;
+    peer->given_up = true;
+    peer->failure = why;
+    const std::vector<SendOp*> ops = peer->in_flight.snapshot();
+    for (SendOp* op : ops) CompleteSend(op, peer->failure);
   });
 }
 

@@ -176,6 +176,9 @@ class UcxLane final : public Lane {
     std::string name;
     ucp_ep_h ep = nullptr;      // null once closed
     bool failed = false;        // sticky
+    // Given up by the owner (Lane::FailPeer) while UCX still had it: its endpoint is closed
+    // once UCX reports the peer failed itself.
+    bool given_up = false;
     Status failure;             // why, when failed
     SendList in_flight{&SendOp::peer_link};  // sends UCX still owns
   };

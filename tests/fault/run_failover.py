@@ -1,0 +1,348 @@
+#!/usr/bin/python3
+"""Failover trials of gradlink: kill or hang one server of a running job; the job goes on.
+
+Each trial starts real processes on loopback (run_fault.py's harness): gradlink-scheduler with
+its defaults (failover on), SERVERS gradlink-server processes (2 to 4, drawn) and WORKERS
+gl_fault_worker processes through the servers (--local-arena 0), each running ROUNDS rounds of
+push_pull and checking every element of every round exactly (fp32 sums of small integers, so
+a wrong or repeated round shows). Once the job is in the trial's phase, one server gets SIGKILL
+or SIGSTOP, and the trial requires:
+
+  * every worker completes all ROUNDS rounds, every element right (DONE, exit 0): no round is
+    lost, repeated or wrong;
+  * the surviving servers and the scheduler exit 0 once the workers are done;
+  * a SIGSTOPped server, resumed once the others have gone on without it, is fenced: it exits
+    by itself (it has lost the scheduler) and the sums stay exact; it must not crash;
+  * recovery (signal -> every worker has completed the first round it issued after the
+    signal) within KILL_BOUND s of a SIGKILL, STOP_BOUND s of a SIGSTOP (the scheduler's
+    silence limit is 3 s). A round issued after the signal needs the servers left, so this is
+    the failover plus one whole round (about 0.2 s here).
+
+Phases: declare (the signal lands while the workers declare their tensors and the scheduler
+plans them, right after they joined), push (mid-transfer of 4 MiB and 32 MiB tensors, round
+>= 2), pull (one worker sleeps before issuing each round: the others wait for their pulls),
+barrier (the same sleep before the barrier: the data path is idle, between rounds).
+
+Usage: run_failover.py --bin-dir DIR --fault-worker EXE [--budget S] [--seed N] [--trials N]
+                       [--slice A:B] [--results FILE] trials
+       run_failover.py summary --merge FILE...
+"""
+
+import argparse
+import itertools
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run_fault  # noqa: E402  (the harness: processes, logs, deadlines)
+from run_fault import Failure, Harness  # noqa: E402
+
+WORKERS = 3
+ROUNDS = 7
+KILL_BOUND, STOP_BOUND = 2.0, 5.0   # the issue's targets: 2 s; the silence limit + 2 s
+EXIT_GRACE = 8.0                    # after the last round, for every process to exit
+STRAGGLE_MS = 300
+PHASES = ("declare", "push", "pull", "barrier")
+SIGNALS = ("KILL", "STOP")
+SMALL, LARGE = "1024,4194304", "1024,4194304,33554432"
+
+
+class Trial:
+    def __init__(self, index, phase, sig, servers):
+        self.index, self.phase, self.sig, self.servers = index, phase, sig, servers
+        self.victim = 0
+        self.straggler = None
+        self.offset = 0.0
+
+    def label(self):
+        return "#%02d SIG%-4s %-8s server %d of %d" % (self.index, self.sig, self.phase,
+                                                      self.victim, self.servers)
+
+
+def plan(seed, n):
+    rng = random.Random(seed)
+    combos = list(itertools.product(PHASES, SIGNALS))
+    reps, extra = divmod(n, len(combos))
+    kinds = combos * reps + rng.sample(combos, extra)
+    rng.shuffle(kinds)
+    trials = []
+    for i, (phase, sig) in enumerate(kinds):
+        t = Trial(i, phase, sig, servers=2 + i % 3)
+        t.victim = rng.randrange(t.servers)
+        if phase in ("pull", "barrier"):
+            t.straggler = rng.randrange(WORKERS)
+            t.offset = rng.uniform(0.05, 0.2)
+        elif phase == "push":
+            t.offset = rng.uniform(0.0, 0.15)
+        trials.append(t)
+    return trials
+
+
+def first_round_after(p, t_kill):
+    """(k, completion time) of the first round this worker issued after the signal, once it
+    has completed: one whole round through the servers left (a round in flight at the signal
+    may have needed nothing more of the victim)."""
+    issued = [int(l.split()[0]) for l in p.lines("ROUND") if float(l.split()[1]) > t_kill]
+    if not issued:
+        done = p.lines("DONE")
+        return (ROUNDS, float(done[0].split()[1])) if done else None
+    for line in p.lines("ROUNDOK"):
+        k, ts = line.split()
+        if int(k) == issued[0]:
+            return int(k), float(ts)
+    return None
+
+
+def run_trial(h, t, results):
+    t0 = time.monotonic()
+    job = "failover-%d" % t.index
+    sched = h.spawn("f%02d-scheduler" % t.index, "scheduler", 0,
+                    [os.path.join(h.bin_dir, "gradlink-scheduler"), "--port", "0",
+                     "-w", str(WORKERS), "-s", str(t.servers), "--job", job,
+                     "--join-timeout-ms", "30000"])
+    procs = [sched]
+    problems = []
+    recovery = None
+    try:
+        m = h.wait_for("the scheduler's port",
+                       lambda: re.search(r"listening on (\S+):(\d+)", sched.out()), 15, [sched])
+        addr = "%s:%s" % (m.group(1), m.group(2))
+        servers = [h.spawn("f%02d-server%d" % (t.index, i), "server", i,
+                           [os.path.join(h.bin_dir, "gradlink-server"), "--scheduler", addr,
+                            "--job", job]) for i in range(t.servers)]
+        procs += servers
+        h.wait_for("the servers to connect",
+                   lambda: run_fault.established_to(int(m.group(2))) >= t.servers, 10, procs)
+        workers = []
+        for r in range(WORKERS):
+            argv = [h.worker_exe, "--scheduler", addr, "--job", job, "--rank", str(r),
+                    "--phase", "push" if t.phase == "declare" else t.phase,
+                    "--sizes", LARGE if t.phase in ("push", "declare") else SMALL,
+                    "--rounds", str(ROUNDS), "--local-arena", "0", "--wait-s", "30"]
+            if r == t.straggler:
+                argv += ["--straggle-ms", str(STRAGGLE_MS)]
+            workers.append(h.spawn("f%02d-worker%d" % (t.index, r), "worker", r, argv))
+        procs += workers
+        victim = servers[t.victim]
+        survivors = [p for p in procs if p is not victim]
+        note = wait_for_phase(h, t, workers, procs)
+        t_kill = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL if t.sig == "KILL" else signal.SIGSTOP)
+        bound = KILL_BOUND if t.sig == "KILL" else STOP_BOUND
+        # Recovery: every worker has completed the first round it issued after the signal.
+        try:
+            after = h.wait_for("a round issued after the signal to complete on every worker",
+                               lambda: all(first_round_after(p, t_kill) for p in workers) and
+                               [first_round_after(p, t_kill) for p in workers],
+                               bound + 10, [])
+            recovery = round(max(ts for _, ts in after) - t_kill, 4)
+            if recovery > bound:
+                problems.append("recovery took %.3f s (bound %.1f s)" % (recovery, bound))
+        except Failure as e:
+            problems.append(str(e))
+        if t.sig == "STOP":
+            os.kill(victim.pid, signal.SIGCONT)  # back, replaced: it must be fenced
+        end = time.monotonic() + 30 + EXIT_GRACE
+        while time.monotonic() < end and any(p.poll() is None for p in survivors + [victim]):
+            time.sleep(0.01)
+        for p in workers:
+            rc = p.poll()
+            wrong = p.lines("WRONG")
+            if wrong:
+                problems.append("%s: wrong element: %s" % (p.name, wrong[0]))
+            if rc != 0:
+                failed = p.lines("FAILED")
+                problems.append("%s exited with %s%s" % (p.name, rc, ": " + failed[0][:300]
+                                                         if failed else ""))
+            elif not p.lines("DONE"):
+                problems.append("%s exited 0 without DONE" % p.name)
+        for p in [sched] + [s for s in servers if s is not victim]:
+            rc = p.poll()
+            if rc != 0:
+                problems.append("%s exited with %s (expected 0): %s" % (
+                    p.name, rc, p.err().strip().splitlines()[-1:] or ""))
+        if t.sig == "STOP":
+            rc = victim.poll()
+            if rc is None:
+                problems.append("%s still running after it was resumed" % victim.name)
+            elif rc < 0 and rc != -signal.SIGKILL:
+                problems.append("%s crashed after it was resumed (signal %d)" % (victim.name,
+                                                                                 -rc))
+        moved = re.findall(r"(\d+) partitions of (\d+) key", sched.err())
+        verdict = "ok" if not problems else "FAIL"
+        results.append({"trial": t.index, "phase": t.phase, "signal": t.sig,
+                        "servers": t.servers, "recovery": recovery, "verdict": verdict,
+                        "problems": problems, "note": note,
+                        "moved": moved[0][0] if moved else None})
+        print("%-4s %s  recovery %s  moved %s partitions  [%s]" % (
+            verdict, t.label(), "%.3f s" % recovery if recovery is not None else "-",
+            moved[0][0] if moved else "?", note))
+        for x in problems:
+            print("      problem: %s" % x[:400])
+        sys.stdout.flush()
+        if problems:
+            raise Failure("%d problem(s)" % len(problems))
+    except Failure:
+        h.dump_logs(procs)
+        raise
+    finally:
+        for p in procs:
+            h.kill(p)
+        if results and results[-1]["trial"] == t.index:
+            results[-1]["seconds"] = round(time.monotonic() - t0, 2)
+
+
+def wait_for_phase(h, t, workers, procs):
+    if t.phase == "declare":
+        h.wait_for("every worker to join", lambda: all(p.lines("JOINED") for p in workers), 20,
+                   procs)
+        return "the workers joined; declarations and plans in flight"
+    if t.phase == "push":
+        h.wait_for("round 2", lambda: all(any(l.startswith("2 ") for l in p.lines("ROUND"))
+                                          for p in workers), 20, procs)
+        time.sleep(t.offset)
+        return "round 2 + %.0f ms" % (t.offset * 1000)
+    strag = workers[t.straggler]
+    mark = "ROUND" if t.phase == "pull" else "BARRIER"
+
+    def straggling():
+        for l in strag.lines("STRAGGLE"):
+            k, ts = l.split()
+            if int(k) >= 2 and not any(x.startswith(k + " ") for x in strag.lines(mark)):
+                return int(k), float(ts)
+        return None
+    k, ts = h.wait_for("the straggler's sleep", straggling, 20, procs)
+    time.sleep(max(0.0, ts + t.offset - time.monotonic()))
+    return "round %d, straggler asleep %.0f ms, the others in %s" % (
+        k, (time.monotonic() - ts) * 1000, "Wait()" if t.phase == "pull" else "Barrier()")
+
+
+def percentile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def report(results):
+    print("\nrecovery: signal -> every worker has completed the first round it issued after it (s)")
+    print("%-18s %4s %5s %8s %8s %8s %8s" % ("signal / phase", "n", "ok", "min", "median",
+                                            "p99", "max"))
+    rows = {}
+    for r in results:
+        for key in ((r["signal"], "all"), (r["signal"], r["phase"])):
+            rows.setdefault(key, []).append(r)
+    for key in sorted(rows):
+        rs = rows[key]
+        rec = [r["recovery"] for r in rs if r["recovery"] is not None]
+        ok = sum(1 for r in rs if r["verdict"] == "ok")
+        if rec:
+            print("%-18s %4d %5d %8.3f %8.3f %8.3f %8.3f" % (
+                " / ".join(key), len(rs), ok, min(rec), statistics.median(rec),
+                percentile(rec, 0.99), max(rec)))
+        else:
+            print("%-18s %4d %5d %8s %8s %8s %8s" % (" / ".join(key), len(rs), ok, "-", "-", "-",
+                                                    "-"))
+    bad = [r for r in results if r["verdict"] != "ok"]
+    print("verdicts: ok %d, FAIL %d" % (len(results) - len(bad), len(bad)))
+    for r in bad:
+        print("FAIL trial #%02d SIG%s %s (%d servers):" % (r["trial"], r["signal"], r["phase"],
+                                                          r["servers"]))
+        for x in r["problems"]:
+            print("    " + x[:400])
+
+
+def case_trials(h, args):
+    trials = plan(args.seed, args.trials)
+    a, b = (int(x) for x in args.slice.split(":"))
+    trials = trials[a:b]
+    if args.only:  # debugging: PHASE,SIGNAL[,SERVERS], repeated over the slice
+        kind = args.only.split(",")
+        trials = [t for t in trials if (t.phase, t.sig) == (kind[0], kind[1])]
+        for t in trials:
+            if len(kind) > 2:
+                t.servers = int(kind[2])
+                t.victim %= t.servers
+    print("seed %d, trials %d..%d of %d: %d workers, 2-4 servers, %d rounds; bounds: SIGKILL "
+          "%.1f s, SIGSTOP %.1f s" % (args.seed, a, b - 1, args.trials, WORKERS, ROUNDS,
+                                      KILL_BOUND, STOP_BOUND))
+    results, failures = [], 0
+    for t in trials:
+        try:
+            run_trial(h, t, results)
+        except Failure as e:
+            print("FAIL  %s: %s" % (t.label(), e))
+            failures += 1
+            if not results or results[-1]["trial"] != t.index:
+                results.append({"trial": t.index, "phase": t.phase, "signal": t.sig,
+                                "servers": t.servers, "recovery": None, "verdict": "FAIL",
+                                "problems": [str(e)], "note": ""})
+        if args.results:
+            with open(args.results, "a") as f:
+                f.write(json.dumps(results[-1]) + "\n")
+        if h.left() < 25:
+            print("FAIL: budget nearly spent after trial #%02d" % t.index)
+            failures += 1
+            break
+    report(results)
+    if failures:
+        raise Failure("%d of %d trials failed" % (failures, len(trials)))
+
+
+def case_summary(_h, args):
+    results = []
+    for path in args.merge:
+        if os.path.exists(path):
+            with open(path) as f:
+                results += [json.loads(l) for l in f if l.strip()]
+    if not results:
+        raise Failure("no results in %s" % " ".join(args.merge))
+    report(results)
+    if any(r["verdict"] != "ok" for r in results):
+        raise Failure("failed trials")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin-dir")
+    ap.add_argument("--fault-worker")
+    ap.add_argument("--budget", type=float, default=300)
+    ap.add_argument("--seed", type=int, default=20261202)
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--slice", default="0:1000")
+    ap.add_argument("--results")
+    ap.add_argument("--only", help="PHASE,SIGNAL[,SERVERS]: only trials of this kind")
+    ap.add_argument("--merge", nargs="*", default=[])
+    ap.add_argument("case", choices=("trials", "summary"))
+    args = ap.parse_args()
+    if args.case == "trials" and not (args.bin_dir and args.fault_worker):
+        ap.error("--bin-dir and --fault-worker are required")
+    # The harness's options that this script does not take.
+    args.exit_grace, args.tolerate_known = EXIT_GRACE, False
+    h = Harness(args)
+    signal.signal(signal.SIGTERM, lambda s, f: (h.kill_all(), sys.exit(128 + s)))
+    if args.results and args.case == "trials":
+        open(args.results, "w").close()
+    t0, rc = time.monotonic(), 0
+    try:
+        (case_trials if args.case == "trials" else case_summary)(h, args)
+    except Failure as e:
+        print("FAIL %s: %s" % (args.case, e))
+        rc = 1
+    finally:
+        h.kill_all()
+    print("%s failover %s in %.1f s (logs: %s)" % ("PASS" if rc == 0 else "FAIL", args.case,
+                                                    time.monotonic() - t0, h.tmp))
+    if rc == 0:
+        import shutil
+        shutil.rmtree(h.tmp, ignore_errors=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
