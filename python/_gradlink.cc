@@ -236,6 +236,7 @@ class PyWorker {
     d["bytes_copied_eager"] = s.bytes_copied_eager;
     d["bytes_copied_bounce"] = s.bytes_copied_bounce;
     d["bytes_copied_local"] = s.bytes_copied_local;
+    d["bytes_copied_results"] = s.bytes_copied_results;
     d["local_busy_ns"] = s.local_busy_ns;
     d["protocol_errors"] = s.protocol_errors;
     d["partitions_held"] = s.partitions_held;

@@ -121,6 +121,9 @@ struct WorkerStats {
   // Same-host path: bytes copied into the shared segment (the sums are written straight into
   // the caller's tensor); hierarchical aggregation: into it, and the sums out of it.
   uint64_t bytes_copied_local = 0;
+  // Failover: replies copied from the worker's copy of each partition's last result into the
+  // caller's tensor (docs/operations.md, "Server failover"); 0 with one server.
+  uint64_t bytes_copied_results = 0;
   // Time this worker's threads spent copying and summing in the shared segment (the same-host
   // path, or this host's stage of hierarchical aggregation), in nanoseconds.
   uint64_t local_busy_ns = 0;

@@ -55,6 +55,10 @@ class Receiver {
   // land in those spans directly, without the bounce buffer and its copy. Called on the
   // progress thread; must not change after Start().
   virtual bool KeepsBuffersIfAbandoned() const { return false; }
+  // The same, per frame: asked right after OnHeader() returned a span for `h`, on the same
+  // thread, whether that span is kept so (a worker's copies of results are; its callers'
+  // tensors are not).
+  virtual bool KeepsBuffer(const wire::Header& /*h*/) { return KeepsBuffersIfAbandoned(); }
 };
 
 // Runs on the progress thread when the payload may be reused (or the send failed).

@@ -13,6 +13,7 @@ using transport::PeerId;
 using wire::MsgType;
 
 Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
+  reply_kept_ = false;
   if (h.job != job_hash_ ||
       (h.type != MsgType::kPullResponse && h.type != MsgType::kDataError)) {
     protocol_errors_++;
@@ -68,6 +69,7 @@ Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
     // Overwritten now: a receive that fails part way leaves no result (OnPayload).
     kept.result_round[h.partition] = TensorState::kNoResult;
     kept.receiving_from[h.partition] = h.sender + 1;
+    reply_kept_ = true;
     return std::span<std::byte>(buf);
   }
   return op.data.subspan(role.out_offset * size, plan.count * size);
@@ -148,6 +150,7 @@ void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
         std::memcpy(op->data.data() + role.out_offset * DataTypeSize(t.wire), kept.data(),
                     kept.size());
         t.result_round[h.partition] = h.round;
+        counters_->bytes_copied_results.fetch_add(kept.size(), std::memory_order_relaxed);
       }
       AnsweredLocked(op, h.partition);
       publish = Code::kOk;

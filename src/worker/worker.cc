@@ -278,6 +278,7 @@ WorkerStats WorkerImpl::Stats() const {
   s.fused_ops = counters_->fused_ops.load(std::memory_order_relaxed);
   s.bytes_packed = counters_->bytes_packed.load(std::memory_order_relaxed);
   s.bytes_unpacked = counters_->bytes_unpacked.load(std::memory_order_relaxed);
+  s.bytes_copied_results = counters_->bytes_copied_results.load(std::memory_order_relaxed);
   s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
   s.partitions_held = counters_->partitions_held.load(std::memory_order_relaxed);
   s.peak_bytes_ahead = counters_->peak_bytes_ahead.load(std::memory_order_relaxed);
@@ -401,6 +402,19 @@ Status WorkerImpl::Shutdown(Clock::time_point deadline) {
   // so the pending ops can be finished for good.
   if (pull_lane_) pull_lane_->Stop();
   if (push_lane_) push_lane_->Stop();
+  // Replies land in the copies of results directly (Receiver::KeepsBuffer): if the lane gave
+  // up a receive it could not cancel (a hung server), the fabric may still write into one, so
+  // they are never freed.
+  if (pull_lane_ && pull_lane_->stats().receives_abandoned != 0) {
+    std::lock_guard lock(mu_);
+    auto* leaked = new std::vector<std::vector<std::byte>>(std::move(orphans_));
+    for (auto& [key, t] : tensors_) {
+      for (auto& r : t->results) leaked->push_back(std::move(r));
+    }
+    GL_LOG(kWarn) << "worker " << rank_ << ": " << pull_lane_->stats().receives_abandoned
+                  << " reply receive(s) abandoned; leaking " << leaked->size()
+                  << " result copies they may still write";
+  }
   FailAll(Aborted("worker " + std::to_string(rank_) + " shut down"), /*force=*/true);
   // Ends the same-host ops (the driving thread is the only one touching their buffers).
   if (local_) local_->Stop();

@@ -306,6 +306,9 @@ class WorkerImpl final : public Worker {
     void OnPeerFailed(transport::PeerId peer, const Status& s) override {
       w_->OnDataPeerFailed(peer, s);
     }
+    // A reply into the worker's copy of a result (never freed while a receive may write it:
+    // Shutdown leaks them if the lane gave one up) lands there directly, with no bounce copy.
+    bool KeepsBuffer(const wire::Header&) override { return w_->reply_kept_; }
 
    private:
     WorkerImpl* w_;
@@ -392,6 +395,8 @@ class WorkerImpl final : public Worker {
   std::optional<uint32_t> pending_server_;
   // Result buffers that a lost server's unfinished replies may still write into.
   std::vector<std::vector<std::byte>> orphans_;
+  // Pull lane's progress thread only: the span the last OnHeader() returned is a kept result.
+  bool reply_kept_ = false;
   Status pending_peer_failure_;
   // The endpoint behind pending_peer_failure_ when a lane reported it (named when it expires).
   std::optional<transport::PeerId> pending_peer_;

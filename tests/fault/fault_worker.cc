@@ -135,8 +135,8 @@ class Runner {
     o.scheduler = a_.scheduler;
     o.job = a_.job;
     o.rank = a_.rank;
-    o.partition_bytes = a_.partition_bytes;
-    o.max_bytes_in_flight = a_.max_in_flight;
+    if (a_.partition_bytes != 0) o.partition_bytes = a_.partition_bytes;  // 0: gradlink chooses
+    if (a_.max_in_flight != 0) o.max_bytes_in_flight = a_.max_in_flight;
     o.local_arena_bytes = a_.local_arena;
     o.host_name = a_.host;
     o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(a_.connect_timeout_s * 1000));
@@ -299,8 +299,8 @@ int main(int argc, char** argv) {
   app.add_option("--die-after-join-us", a.die_after_join_us);
   app.add_option("--connect-timeout-s", a.connect_timeout_s);
   app.add_option("--wait-s", a.wait_s, "deadline of every Wait()/Barrier()");
-  app.add_option("--partition-bytes", a.partition_bytes);
-  app.add_option("--max-in-flight", a.max_in_flight);
+  app.add_option("--partition-bytes", a.partition_bytes, "0: gradlink chooses");
+  app.add_option("--max-in-flight", a.max_in_flight, "0: gradlink chooses");
   app.add_option("--local-arena", a.local_arena, "same-host path: bytes of shared memory; 0: off");
   app.add_option("--host", a.host, "the host this worker says it is on (workers that share one "
                                    "sum through shared memory first)");

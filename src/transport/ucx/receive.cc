@@ -100,7 +100,7 @@ ucs_status_t UcxLane::OnActiveMessage(const void* header, size_t header_length, 
     op->dest = *dest;
     op->reply_ep = reply_ep;
     void* target = dest->data();
-    if (!receiver_->KeepsBuffersIfAbandoned()) {
+    if (!receiver_->KeepsBuffer(*h)) {
       op->bounce = TakeBounce(length);
       target = op->bounce.get();
     }
