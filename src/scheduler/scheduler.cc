@@ -91,20 +91,39 @@ Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
     if (decl.replanning) return Unavailable("another server's failover is in progress");
     keys.push_back(key);
   }
+  // The new places, checked against the servers' memory budgets before anything changes.
+  Placer placer = placer_;
+  placer.Retire(lost);
+  std::vector<uint64_t> held = held_;
+  std::map<uint64_t, std::vector<wire::PartitionPlan>> plans;
+  uint64_t moved = 0;
+  for (uint64_t key : keys) {
+    const Declaration& decl = decls_.at(key);
+    const DataType wire_type = topology::WireType(decl.dtype, decl.mode);
+    std::vector<wire::PartitionPlan>& plan = plans[key] = decl.plan;
+    for (wire::PartitionPlan& p : plan) {
+      if (p.server != lost) continue;
+      p.server = placer.Place(p.count * DataTypeSize(wire_type));
+      ++moved;
+      const uint64_t bytes = reduce::ServerBytesHeld(wire_type, p.count, opts_.num_workers);
+      if (bytes > budget_[p.server] || held[p.server] > budget_[p.server] - bytes) {
+        return Unavailable(MemberName(*servers_.at(p.server)) + " would hold more than its " +
+                           std::to_string(budget_[p.server]) + "-byte memory budget with key " +
+                           KeyHex(key) + " '" + decl.name + "' partition " +
+                           std::to_string(&p - plan.data()));
+      }
+      held[p.server] += bytes;
+    }
+  }
   c.left = true;  // gone for good: nothing more is sent to it or expected from it
   c.link.Close();
   lost_servers_.insert(lost);
-  placer_.Retire(lost);
-  uint64_t moved = 0;
+  placer_ = std::move(placer);
+  held_ = std::move(held);
   const auto now = Clock::now();
   for (uint64_t key : keys) {
     Declaration& decl = decls_.at(key);
-    const uint64_t size = DataTypeSize(topology::WireType(decl.dtype, decl.mode));
-    for (wire::PartitionPlan& p : decl.plan) {
-      if (p.server != lost) continue;
-      p.server = placer_.Place(p.count * size);
-      ++moved;
-    }
+    decl.plan = std::move(plans.at(key));
     wire::AssignMsg a;
     a.name = decl.name;
     a.mode = static_cast<uint8_t>(decl.mode);

@@ -531,8 +531,11 @@ class ServerImpl final : public Server {
       std::span<const std::byte> payload = c->result;
       if (c->status.ok()) {
         h.type = MsgType::kPullResponse;
-        h.server_time = wire::EncodeServerTime(static_cast<uint64_t>(
-            std::chrono::duration_cast<std::chrono::microseconds>(c->server_time).count()));
+        // Rounded up, so that a round summed within a microsecond still reports its server
+        // time (0 on the wire means none).
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(c->server_time);
+        h.server_time = wire::EncodeServerTime(
+            std::max<uint64_t>(1, (static_cast<uint64_t>(std::max<int64_t>(0, ns.count())) + 999) / 1000));
         h.dtype = static_cast<uint8_t>(p->dtype());
         h.count = p->count();
       } else {

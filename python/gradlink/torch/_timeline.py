@@ -51,20 +51,28 @@ def record(name, started, timing):
             return
         tid = t["rows"].setdefault(name, len(t["rows"]))
         rank = _core.rank()
+        t["ops"] = op = t.get("ops", 0) + 1  # the spans of one operation share args["op"]
         at = started * 1e6
+        push_start = arrived = None
         for stage in _STAGES:
             d = timing.get(stage, 0.0) * 1e6
+            if stage == "push":
+                push_start = at
             if d > 0:
                 t["events"].append({"name": stage, "cat": "push_pull", "ph": "X", "ts": at,
-                                    "dur": d, "pid": rank, "tid": tid, "args": {"tensor": name}})
-                server = min(timing.get("server", 0.0) * 1e6, d)
-                if stage == "reduce" and server > 0:
-                    # The servers' own time (their clocks), nested at the end of reduce: what
-                    # is left before it is the slowest worker's pushes and the network.
-                    t["events"].append({"name": "server sum", "cat": "server", "ph": "X",
-                                        "ts": at + d - server, "dur": server, "pid": rank,
-                                        "tid": tid, "args": {"tensor": name}})
+                                    "dur": d, "pid": rank, "tid": tid,
+                                    "args": {"tensor": name, "op": op}})
                 at += d
+            if stage == "reduce":
+                arrived = at
+        # The servers' own time (their clocks), nested at the end of reduce: what is left before
+        # it is the slowest worker's pushes and the network. When this worker saw its pushes
+        # complete only after the sum was back (reduce 0: a busy machine), it ends the push.
+        server = min(timing.get("server", 0.0) * 1e6, arrived - push_start)
+        if server > 0:
+            t["events"].append({"name": "server sum", "cat": "server", "ph": "X",
+                                "ts": arrived - server, "dur": server, "pid": rank, "tid": tid,
+                                "args": {"tensor": name, "op": op}})
 
 
 def active():

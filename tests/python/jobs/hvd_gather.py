@@ -91,12 +91,16 @@ assert "allgather.ag.torch.float32.shapes" in rows, sorted(rows)[:5]
 spans = [e for e in trace if e["ph"] == "X"]
 assert spans and {e["name"] for e in spans} <= {"pack", "queue", "push", "reduce", "pull",
                                                   "unpack", "server sum"}, {e["name"] for e in spans}
-# The servers' own time (from their clocks) nests inside a reduce of its row.
+# The servers' own time (from their clocks) nests inside its operation's push and reduce
+# stages, at the end of them (reduce is 0 when the pushes' completions came after the sum).
 server = [e for e in spans if e["name"] == "server sum"]
 assert server, "no server time in the timeline"
 for e in server:
-    assert any(r["name"] == "reduce" and r["tid"] == e["tid"] and r["ts"] <= e["ts"] + 1e-3 and
-               e["ts"] + e["dur"] <= r["ts"] + r["dur"] + 1e-3 for r in spans), e
+    stages = [r for r in spans if r["args"]["op"] == e["args"]["op"] and
+              r["name"] in ("push", "reduce")]
+    assert stages and all(r["tid"] == e["tid"] for r in stages), e
+    begin, end = min(r["ts"] for r in stages), max(r["ts"] + r["dur"] for r in stages)
+    assert begin <= e["ts"] + 1e-3 and abs(e["ts"] + e["dur"] - end) <= 1e-3, (e, stages)
 for tid in set(e["tid"] for e in spans):
     mine = [e for e in spans if e["tid"] == tid]
     assert all(e["dur"] > 0 and e["pid"] == rank for e in mine)

@@ -12,6 +12,7 @@
 #include "gradlink/scheduler.h"
 #include "gradlink/server.h"
 #include "gradlink/worker.h"
+#include "reduce/reduce.h"
 #include "unit/support/job_harness.h"
 #include "unit/support/reference.h"
 
@@ -145,6 +146,28 @@ TEST(FailoverTest, TwoLossesAreSurvivedAndTheLastServerLostFailsClearly) {
     EXPECT_NE(s.message().find("it was the last server"), std::string::npos) << s.message();
   });
   EXPECT_LT(Clock::now() - start, 7s);
+}
+
+// The servers left must have room for what moves to them: when their memory budgets cannot take
+// the lost server's partitions, the job fails, saying so, instead of one running out of memory.
+TEST(FailoverTest, NoRoomOnTheServersLeftFailsClearly) {
+  JobConfig config = ThreeServers();
+  // 7 partitions (6 of 16384 elements and one of 1696) placed 3-2-2: each server's budget holds
+  // its own, and no server can take 2 more full ones.
+  config.server_memory_budget = 2 * reduce::ServerBytesHeld(DataType::kFloat32, 16384, 2) +
+                                reduce::ServerBytesHeld(DataType::kFloat32, 1696, 2);
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  const std::vector<TensorHandle> t = DeclareOnEvery(job, DataType::kFloat32);
+  ASSERT_EQ(t.size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(Round(job, t, 0, DataType::kFloat32));
+  job.server(1).Stop();
+  OnEveryWorker(2, [&](uint32_t rank) {
+    std::vector<std::byte>& buf = job.Buffer(kCount * 4);
+    const Status s = job.worker(rank).PushPull(t[rank], buf).Wait(In(10s));
+    EXPECT_EQ(s.code(), Code::kPeerLost) << s.ToString();
+    EXPECT_NE(s.message().find("memory budget with key"), std::string::npos) << s.message();
+  });
 }
 
 // With failover off (SchedulerOptions::server_failover) a lost server fails the job, as before,
