@@ -88,7 +88,9 @@ Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
                                 "' is not a flat sum (hierarchical keys and other collectives "
                                 "do not move yet)");
     }
-    if (decl.replanning) return Unavailable("another server's failover is in progress");
+    // A key still being moved from an earlier loss moves again: its partitions on this server
+    // (its own and any it was adopting) go to the servers left, under the plan's next version;
+    // the workers report to whichever server has each partition last.
     keys.push_back(key);
   }
   // The new places, checked against the servers' memory budgets before anything changes.
@@ -136,7 +138,8 @@ Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
     decl.acks.clear();
     decl.replanning = true;
     for (auto& [id, s] : servers_) {
-      if (lost_servers_.count(id) == 0) s->link.Send(decl.assign_header, {}, decl.assign_payload, now);
+      if (lost_servers_.count(id) != 0) continue;
+      s->link.Send(decl.assign_header, {}, decl.assign_payload, now);
     }
   }
   GL_LOG(kWarn) << "scheduler: " << what << "; " << moved
@@ -587,7 +590,8 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
   // Servers first: a worker may push as soon as it has the plan.
   const auto now = Clock::now();
   for (auto& [id, s] : servers_) {
-    if (lost_servers_.count(id) == 0) s->link.Send(decl.assign_header, {}, decl.assign_payload, now);
+    if (lost_servers_.count(id) != 0) continue;
+    s->link.Send(decl.assign_header, {}, decl.assign_payload, now);
   }
   return Status::Ok();
 }

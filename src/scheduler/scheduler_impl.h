@@ -178,7 +178,7 @@ class SchedulerImpl final : public Scheduler {
   // Server `c` is lost mid-job: its partitions move to the servers left (by weight, as
   // placement does), those servers adopt them (kAssign with kFlagReplan, acked), then every
   // worker gets kServerLost and each moved key's new plan. An error says why it cannot be (the
-  // last server, a key that is not a flat sum, a rank that joined, a failover in progress).
+  // last server, a key that is not a flat sum, a rank that joined, no room on the others).
   Status ServerFailover(Connection& c, const std::string& what);
   // Every server not lost has acked the key's plan.
   bool AckedByAll(const Declaration& decl) const;

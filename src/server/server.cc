@@ -533,9 +533,10 @@ class ServerImpl final : public Server {
         h.type = MsgType::kPullResponse;
         // Rounded up, so that a round summed within a microsecond still reports its server
         // time (0 on the wire means none).
-        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(c->server_time);
-        h.server_time = wire::EncodeServerTime(
-            std::max<uint64_t>(1, (static_cast<uint64_t>(std::max<int64_t>(0, ns.count())) + 999) / 1000));
+        const int64_t ns =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(c->server_time).count();
+        const uint64_t micros = (static_cast<uint64_t>(std::max<int64_t>(0, ns)) + 999) / 1000;
+        h.server_time = wire::EncodeServerTime(std::max<uint64_t>(1, micros));
         h.dtype = static_cast<uint8_t>(p->dtype());
         h.count = p->count();
       } else {

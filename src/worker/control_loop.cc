@@ -88,8 +88,8 @@ void WorkerImpl::OnServerLost(uint32_t server) {
 Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan> parts) {
   if (!t.planned || !t.plan_status.ok() || parts.size() != t.parts.size() ||
       t.mode != topology::Mode::kFlat || !t.spec.is_sum()) {
-    return ProtocolError("kAssign replan of key " + std::to_string(t.key) +
-                         ", which is not a planned flat sum of as many partitions");
+    return ProtocolError("kAssign replan of '" + t.name +
+                         "', which is not a planned flat sum of as many partitions");
   }
   std::vector<uint32_t> moved;
   for (uint32_t p = 0; p < parts.size(); ++p) {
@@ -120,7 +120,8 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
     r.header.partition = p;
     r.header.dtype = static_cast<uint8_t>(t.wire);
     r.header.cookie = op ? op->id : 0;
-    const bool has_result = p < t.result_round.size() && t.result_round[p] != TensorState::kNoResult;
+    const bool has_result =
+        p < t.result_round.size() && t.result_round[p] != TensorState::kNoResult;
     const bool repush = op && !op->abandoned &&
                         (op->parts[p] == Op::Part::kSent || op->parts[p] == Op::Part::kPushed);
     if (has_result) {
@@ -154,8 +155,6 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
   return Status::Ok();
 }
 
-
-
 std::string WorkerImpl::ServerOfPeer(transport::PeerId peer) const {
   for (size_t id = 0; id < server_peers_.size(); ++id) {
     if (server_peers_[id] == peer) return server_names_[id];
@@ -168,6 +167,8 @@ void WorkerImpl::NoteDataPeerFailureLocked(const Status& s) {
   verdict_pending_ = true;
   pending_peer_failure_ = s;
   pending_since_ = Clock::now();
+  pending_peer_.reset();  // the callers say whose, where they know
+  pending_server_.reset();
 }
 
 std::optional<Status> WorkerImpl::ExpiredPeerFailure() {

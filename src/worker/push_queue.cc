@@ -247,7 +247,8 @@ void WorkerImpl::Issue(IssueBatch batch) {
   for (;;) {
     for (Outgoing& o : batch.items) {
       if (!o.op) {  // a kRecover: nothing waits on it but its payload's owner
-        push_lane_->Send(o.peer, o.header, o.payload, [owned = std::move(o.owned)](const Status&) {});
+        push_lane_->Send(o.peer, o.header, o.payload,
+                         [owned = std::move(o.owned)](const Status&) {});
         continue;
       }
       push_lane_->Send(o.peer, o.header, o.payload,

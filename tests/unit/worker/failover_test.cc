@@ -148,6 +148,39 @@ TEST(FailoverTest, TwoLossesAreSurvivedAndTheLastServerLostFailsClearly) {
   EXPECT_LT(Clock::now() - start, 7s);
 }
 
+// Two servers lost back to back while an operation waits on them, the second before the
+// first's partitions are adopted, or while they are: the key moves again, each worker reports
+// to whichever server has each partition last, and the sums stay exact.
+TEST(FailoverTest, ASecondLossWhileTheFirstIsBeingTakenOverIsSurvived) {
+  JobConfig config = ThreeServers();
+  config.servers = 4;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  const std::vector<TensorHandle> t = DeclareOnEvery(job, DataType::kFloat32);
+  ASSERT_EQ(t.size(), 2u);
+  for (uint64_t round = 0; round < 2; ++round) {
+    ASSERT_NO_FATAL_FAILURE(Round(job, t, round, DataType::kFloat32));
+  }
+  std::vector<std::byte>& b0 = job.Buffer(kCount * 4);
+  FillTensor(DataType::kFloat32, 0, 0, 2, b0);
+  PushPullHandle op0 = job.worker(0).PushPull(t[0], b0);
+  EXPECT_EQ(op0.Wait(In(100ms)).code(), Code::kTimeout);  // pushed; waits for rank 1
+  job.server(0).Stop();
+  job.server(3).Stop();
+  std::vector<std::byte>& b1 = job.Buffer(kCount * 4);
+  FillTensor(DataType::kFloat32, 0, 1, 2, b1);
+  PushPullHandle op1 = job.worker(1).PushPull(t[1], b1);
+  const Status s0 = op0.Wait(In(kOpTimeout)), s1 = op1.Wait(In(kOpTimeout));
+  ASSERT_TRUE(s0.ok()) << s0.ToString();
+  ASSERT_TRUE(s1.ok()) << s1.ToString();
+  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 2, false, b0));
+  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 2, false, b1));
+  for (uint64_t round = 3; round < 5; ++round) {
+    ASSERT_NO_FATAL_FAILURE(Round(job, t, round, DataType::kFloat32));
+  }
+  FinishWithout(job, {0, 3});
+}
+
 // The servers left must have room for what moves to them: when their memory budgets cannot take
 // the lost server's partitions, the job fails, saying so, instead of one running out of memory.
 TEST(FailoverTest, NoRoomOnTheServersLeftFailsClearly) {
