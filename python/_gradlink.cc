@@ -241,6 +241,8 @@ class PyWorker {
     d["protocol_errors"] = s.protocol_errors;
     d["partitions_held"] = s.partitions_held;
     d["peak_bytes_ahead"] = s.peak_bytes_ahead;
+    d["servers_lost"] = s.servers_lost;
+    d["partitions_recovered"] = s.partitions_recovered;
     const gl::WorkerStats::InForce& f = s.in_force;
     py::dict in_force;
     in_force["partition_bytes"] = f.partition_bytes;

@@ -132,6 +132,10 @@ struct WorkerStats {
   // and the most bytes one operation has had pushed (or queued to push) and not answered.
   uint64_t partitions_held = 0;
   uint64_t peak_bytes_ahead = 0;
+  // Failover: servers the scheduler declared lost (their partitions moved), and the partitions
+  // this worker reported to the servers that took them over.
+  uint64_t servers_lost = 0;
+  uint64_t partitions_recovered = 0;
 
   // The settings in force for this worker (also logged at info level once it has joined):
   // WorkerOptions' values as given, defaulted or chosen by gradlink for the job, whether the

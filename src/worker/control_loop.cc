@@ -59,8 +59,9 @@ void WorkerImpl::OnServerLost(uint32_t server) {
     return;
   }
   lost_servers_[server] = true;
-  GL_LOG(kInfo) << "worker " << rank_ << ": " << server_names_[server]
-                << " was lost; its partitions move to the other servers";
+  counters_->servers_lost.fetch_add(1, std::memory_order_relaxed);
+  GL_LOG(kWarn) << "worker " << rank_ << ": " << server_names_[server]
+                << " was lost; its partitions move to the other servers (failover)";
   // Replies it is still writing (a receive cannot be cancelled) land in buffers given up
   // now, kept until the worker ends: a server that hangs (SIGSTOP) holds no op.
   for (auto& [id, op] : ops_) {
@@ -152,6 +153,7 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
     }
   }
   pumped_ = pumped_ || !moved.empty();
+  counters_->partitions_recovered.fetch_add(moved.size(), std::memory_order_relaxed);
   return Status::Ok();
 }
 

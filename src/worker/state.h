@@ -29,7 +29,7 @@ namespace gradlink::internal {
 struct Counters {
   std::atomic<uint64_t> push_pulls{0}, bytes_reduced{0}, groups{0}, fused_ops{0},
       bytes_packed{0}, bytes_unpacked{0}, partitions_held{0}, peak_bytes_ahead{0},
-      bytes_copied_results{0};
+      bytes_copied_results{0}, servers_lost{0}, partitions_recovered{0};
 };
 
 

@@ -282,6 +282,8 @@ WorkerStats WorkerImpl::Stats() const {
   s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
   s.partitions_held = counters_->partitions_held.load(std::memory_order_relaxed);
   s.peak_bytes_ahead = counters_->peak_bytes_ahead.load(std::memory_order_relaxed);
+  s.servers_lost = counters_->servers_lost.load(std::memory_order_relaxed);
+  s.partitions_recovered = counters_->partitions_recovered.load(std::memory_order_relaxed);
   s.in_force = in_force_;
   if (local_) {
     s.bytes_copied_local = local_->bytes_copied();

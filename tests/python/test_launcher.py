@@ -285,8 +285,10 @@ def _train(tmp_path, mode, tag, kill=None):
                               str(out)], stdout=subprocess.PIPE, stderr=err, env=env,
                              cwd=str(tmp_path))
         victim = None
+        lines = []
         try:
             for line in p.stdout:
+                lines.append(line.decode(errors="replace"))
                 if kill and victim is None and b"STEP %d\n" % kill[1] in line:
                     victim = [k for k, argv in _children(p.pid).items()
                               if argv[0].endswith(b"gradlink-server") and b"--id" in argv
@@ -299,7 +301,7 @@ def _train(tmp_path, mode, tag, kill=None):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return p.returncode, err_path.read_text(errors="replace"), victim, out
+    return p.returncode, err_path.read_text(errors="replace"), victim, out, "".join(lines)
 
 
 @pytest.mark.parametrize("mode,sig", [("optimizer", "SIGKILL"), ("ddp", "SIGSTOP")])
@@ -310,11 +312,15 @@ def test_training_through_a_lost_server_ends_with_the_failure_free_bits(built, t
     parameter on both ranks equals, bit for bit, a run without the loss."""
     import signal as signals
     import torch
-    rc, err, _, clean = _train(tmp_path, mode, "clean")
+    rc, err, _, clean, out = _train(tmp_path, mode, "clean")
     assert rc == 0, err
-    rc, err, victim, lost = _train(tmp_path, mode, "lost", (getattr(signals, sig), 5))
+    for r in range(2):
+        assert "TRAINED rank %d servers_lost 0" % r in out, out
+    rc, err, victim, lost, out = _train(tmp_path, mode, "lost", (getattr(signals, sig), 5))
     assert victim is not None, err
     assert rc == 0, err
+    for r in range(2):
+        assert "TRAINED rank %d servers_lost 1" % r in out, out
     assert "gradlink-run: server 1 was lost; its" in err and "the job goes on" in err, err
     for r in range(2):
         a = torch.load(clean / ("rank%d.pt" % r))

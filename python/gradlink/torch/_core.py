@@ -548,10 +548,10 @@ def grouped_push_pull(tensors, average=True, name=None, priority=0, names=None):
 def stats():
     """The C++ worker's counters: push_pulls, bytes_reduced, groups, fused_ops, bytes_packed,
     bytes_unpacked, bytes_copied_eager, bytes_copied_bounce, bytes_copied_local,
-    bytes_copied_results (failover's copy of each last result), local_busy_ns
-    (time this worker's threads spent copying and summing in shared memory), protocol_errors,
-    partitions_held, peak_bytes_ahead; and ``in_force``, the settings in force (partition_bytes,
-    max_bytes_in_flight, max_bytes_ahead, fusion_buffer_bytes, fusion_threshold_bytes,
+    bytes_copied_results (failover's copy of each last result), local_busy_ns (time this
+    worker's threads spent copying and summing in shared memory), protocol_errors,
+    partitions_held, peak_bytes_ahead, servers_lost and partitions_recovered (failover); and
+    ``in_force``, the settings in force (partition_bytes, max_bytes_in_flight, max_bytes_ahead, fusion_buffer_bytes, fusion_threshold_bytes,
     local_arena_bytes, same_host_path, hierarchy (hierarchical aggregation: "host h of H, local
     rank l of L, ..." or "" when off), single_lane, host, ucx: the UCX_* variables in force, and
     chosen: which of the first three gradlink chose for the job, and why)."""

@@ -102,6 +102,7 @@ UcxLane::~UcxLane() {
     std::abort();
   }
   if (wake_fd_ >= 0) close(wake_fd_);
+  for (SendOp* op : free_sends_) delete op;
 }
 
 Status UcxLane::Start(Receiver* receiver) {
@@ -194,15 +195,9 @@ void UcxLane::Shutdown() {
   // (sends complete with kAborted because stopping_ is set), and every later Send() runs its
   // callback on the caller's thread.
   for (;;) {
-    std::deque<std::function<void()>> batch;
-    {
-      std::lock_guard<std::mutex> lock(queue_mu_);
-      batch.swap(queue_);
-      queue_nonempty_.store(false, std::memory_order_relaxed);
-      if (batch.empty()) queue_closed_ = true;
-    }
+    std::vector<std::function<void()>> batch = TakeQueued(/*close_if_empty=*/true);
     if (batch.empty()) break;
-    for (auto& fn : batch) fn();
+    RunBatch(std::move(batch));
   }
 
   // Pending sends complete with kAborted now; UCX gives their requests back during the closes
@@ -251,7 +246,7 @@ void UcxLane::Shutdown() {
   // in ucp_worker_destroy on an endpoint that still has one (ucp_ep.c:437, proto_reqs not empty).
   // Cancel them; if UCX still holds one, leak the worker rather than abort the process. Nothing
   // writes into the receive buffer once we stop progressing the worker.
-  for (RecvOp* op : std::vector<RecvOp*>(recvs_in_flight_.begin(), recvs_in_flight_.end())) {
+  for (RecvOp* op : recvs_in_flight_.snapshot()) {
     if (worker_ != nullptr && op->request != nullptr) ucp_request_cancel(worker_, op->request);
   }
   const auto cancel_deadline = Clock::now() + kCancelDeadline;
@@ -263,7 +258,7 @@ void UcxLane::Shutdown() {
   // connection has failed already and its receives ended above; only live ones are closed.)
   if (worker_ != nullptr && !recvs_in_flight_.empty()) {
     std::unordered_set<ucp_ep_h> eps;
-    for (RecvOp* op : recvs_in_flight_) {
+    for (RecvOp* op : recvs_in_flight_.snapshot()) {
       if (op->reply_ep != nullptr) eps.insert(op->reply_ep);  // CloseEp skips closed ones
     }
     for (ucp_ep_h ep : eps) {
@@ -286,7 +281,7 @@ void UcxLane::Shutdown() {
     // lane, and the context is never cleaned up under the live worker. The receivers' own
     // buffers were never handed to UCX, so they are told the receives failed.
     receives_abandoned_.fetch_add(recvs_in_flight_.size(), std::memory_order_relaxed);
-    for (RecvOp* op : recvs_in_flight_) {
+    for (RecvOp* op : recvs_in_flight_.snapshot()) {
       if (receiver_ != nullptr) receiver_->OnReceiveFailed(op->header, aborted);
       op->lane = nullptr;
     }
@@ -304,11 +299,12 @@ void UcxLane::Shutdown() {
   }
   sends_in_ucx_.clear();
   for (auto& peer : peers_) peer->in_flight.clear();  // their members were just freed
-  for (RecvOp* op : recvs_in_flight_) {
+  for (RecvOp* op : recvs_in_flight_.snapshot()) {
     if (receiver_ != nullptr) receiver_->OnReceiveFailed(op->header, aborted);
     delete op;
   }
   recvs_in_flight_.clear();
+  free_recv_ops_.clear();
   shut_down_ = true;
 }
 

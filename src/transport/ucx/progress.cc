@@ -8,7 +8,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -129,15 +128,26 @@ void UcxLane::ProgressLoop() {
   t_progress_lane = nullptr;
 }
 
-bool UcxLane::RunQueued() {
-  std::deque<std::function<void()>> batch;
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    batch.swap(queue_);
-    queue_nonempty_.store(false, std::memory_order_relaxed);
-  }
+std::vector<std::function<void()>> UcxLane::TakeQueued(bool close_if_empty) {
+  std::vector<std::function<void()>> batch = std::move(running_);
+  batch.clear();
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  batch.swap(queue_);
+  queue_nonempty_.store(false, std::memory_order_relaxed);
+  if (close_if_empty && batch.empty()) queue_closed_ = true;
+  return batch;
+}
+
+void UcxLane::RunBatch(std::vector<std::function<void()>> batch) {
   for (auto& fn : batch) fn();
+  batch.clear();  // the closures' captures go now; the capacity stays for the next round
+  if (batch.capacity() > running_.capacity()) running_ = std::move(batch);
+}
+
+bool UcxLane::RunQueued() {
+  std::vector<std::function<void()>> batch = TakeQueued(false);
   bool ran = !batch.empty();
+  RunBatch(std::move(batch));
   // Queued work (a send hitting a failed peer) may have scheduled closes.
   ran |= RunAfterProgress();
   return ran;

@@ -94,7 +94,7 @@ ucs_status_t UcxLane::OnActiveMessage(const void* header, size_t header_length, 
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
     GL_LOG(kDebug) << "ucx lane '" << name_ << "': rendezvous receive of " << length
                    << " bytes";
-    auto* op = new RecvOp;
+    RecvOp* op = NewRecvOp();
     op->lane = this;
     op->header = *h;
     op->dest = *dest;
@@ -179,7 +179,30 @@ void UcxLane::OnRecvDone(RecvOp* op, ucs_status_t status, size_t length) {
           PeerLost("ucx lane '" + name_ + "': receiving a payload failed: " + UcsError(status)));
     }
   }
-  delete op;
+  FreeRecvOp(op);
+}
+
+UcxLane::RecvOp* UcxLane::NewRecvOp() {
+  if (free_recv_ops_.empty()) return new RecvOp;
+  RecvOp* op = free_recv_ops_.back().release();
+  free_recv_ops_.pop_back();
+  return op;
+}
+
+void UcxLane::FreeRecvOp(RecvOp* op) {
+  // As many as were in flight at once, at most a bound's worth.
+  constexpr size_t kMaxFreeRecvOps = 1024;
+  if (op->bounce) GiveBounce(op->dest.size(), std::move(op->bounce));
+  if (stopping_ || free_recv_ops_.size() >= kMaxFreeRecvOps) {
+    delete op;
+    return;
+  }
+  op->request = nullptr;
+  op->reply_ep = nullptr;
+  op->dest = {};
+  op->link = {};
+  op->lane.store(nullptr, std::memory_order_relaxed);
+  free_recv_ops_.emplace_back(op);
 }
 
 void UcxLane::RecvCallbackThunk(void* request, ucs_status_t status, size_t length,

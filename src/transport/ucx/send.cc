@@ -14,7 +14,7 @@ namespace gradlink::transport::ucx {
 
 void UcxLane::Send(PeerId peer, const wire::Header& h, std::span<const std::byte> payload,
                    SendCallback done) {
-  auto* op = new SendOp;
+  SendOp* op = NewSendOp();
   op->lane = this;
   op->peer = peer;
   op->payload = payload;
@@ -31,7 +31,7 @@ void UcxLane::Send(PeerId peer, const wire::Header& h, std::span<const std::byte
 
 void UcxLane::SendRawForTesting(PeerId peer, std::span<const std::byte> header_bytes,
                                 std::span<const std::byte> payload, SendCallback done) {
-  auto* op = new SendOp;
+  SendOp* op = NewSendOp();
   op->lane = this;
   op->peer = peer;
   op->payload = payload;
@@ -47,7 +47,7 @@ void UcxLane::PostSend(SendOp* op) {
   if (Enqueue([this, op] { StartSend(op); })) return;
   // Stopped for good: no progress thread will ever run `done`, so run it here, once.
   CompleteSend(op, Aborted("ucx lane '" + name_ + "' is stopped"));
-  delete op;
+  FreeSendOp(op);
 }
 
 void UcxLane::StartSend(SendOp* op) {
@@ -66,7 +66,7 @@ void UcxLane::StartSend(SendOp* op) {
   }
   if (!reject.ok()) {
     CompleteSend(op, reject);
-    delete op;
+    FreeSendOp(op);
     return;
   }
 
@@ -122,6 +122,39 @@ void UcxLane::OnSendDone(SendOp* op, ucs_status_t status) {
       CompleteSend(op, peer->failure);
     } else {
       CompleteSend(op, Internal("ucx lane '" + name_ + "': send failed: " + UcsError(status)));
+    }
+  }
+  FreeSendOp(op);
+}
+
+UcxLane::SendOp* UcxLane::NewSendOp() {
+  {
+    std::lock_guard<std::mutex> lock(free_sends_mu_);
+    if (!free_sends_.empty()) {
+      SendOp* op = free_sends_.back();
+      free_sends_.pop_back();
+      return op;
+    }
+  }
+  return new SendOp;
+}
+
+void UcxLane::FreeSendOp(SendOp* op) {
+  // As many as were in flight at once, up to a bound; each goes back as a fresh one would be.
+  constexpr size_t kMaxFreeSendOps = 4096;
+  op->done = nullptr;  // its captures (a payload's owner, an op) go now
+  op->done_called = false;
+  op->early = Status::Ok();
+  op->raw = false;
+  op->raw_header.clear();
+  op->payload = {};
+  op->peer_link = {};
+  op->lane_link = {};
+  {
+    std::lock_guard<std::mutex> lock(free_sends_mu_);
+    if (free_sends_.size() < kMaxFreeSendOps) {
+      free_sends_.push_back(op);
+      return;
     }
   }
   delete op;

@@ -53,7 +53,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -99,7 +98,56 @@ class UcxLane final : public Lane {
                          std::span<const std::byte> payload, SendCallback done) override;
 
  private:
-  struct SendOp;
+  // A place in an OpList: an op is in at most one list per Link it has.
+  template <class T>
+  struct OpLink {
+    T* prev = nullptr;
+    T* next = nullptr;
+    bool linked = false;
+  };
+
+  // Ops UCX still owns, linked through one of their OpLinks: inserting and erasing allocate
+  // nothing (an unordered_set did, a node per op). Progress thread only.
+  template <class T>
+  class OpList {
+   public:
+    explicit OpList(OpLink<T> T::*link) : link_(link) {}
+    void insert(T* op) {
+      OpLink<T>& l = op->*link_;
+      if (l.linked) return;
+      l = {nullptr, head_, true};
+      if (head_ != nullptr) (head_->*link_).prev = op;
+      head_ = op;
+      ++size_;
+    }
+    void erase(T* op) {
+      OpLink<T>& l = op->*link_;
+      if (!l.linked) return;
+      if (l.prev != nullptr) (l.prev->*link_).next = l.next; else head_ = l.next;
+      if (l.next != nullptr) (l.next->*link_).prev = l.prev;
+      l = {};
+      --size_;
+    }
+    // The members now, for loops that complete (and so may erase) them.
+    std::vector<T*> snapshot() const {
+      std::vector<T*> v;
+      v.reserve(size_);
+      for (T* op = head_; op != nullptr; op = (op->*link_).next) v.push_back(op);
+      return v;
+    }
+    // Forgets every member without touching it (they may be freed already).
+    void clear() {
+      head_ = nullptr;
+      size_ = 0;
+    }
+    bool empty() const { return size_ == 0; }
+    size_t size() const { return size_; }
+
+   private:
+    OpLink<T> T::*link_;
+    T* head_ = nullptr;
+    size_t size_ = 0;
+  };
 
   // One Send(). Lives until UCX is done with it (its request completed), which may be after
   // `done` ran: a failed peer's sends complete at once, UCX releases them later.
@@ -119,54 +167,10 @@ class UcxLane final : public Lane {
     bool done_called = false;
     Status early;  // set when the send is rejected before reaching UCX
     // Its places in its peer's list and the lane's of sends UCX still owns (SendList).
-    struct Link {
-      SendOp* prev = nullptr;
-      SendOp* next = nullptr;
-      bool linked = false;
-    } peer_link, lane_link;
+    OpLink<SendOp> peer_link, lane_link;
   };
+  using SendList = OpList<SendOp>;
 
-  // Sends UCX still owns, linked through one of their Links: inserting and erasing allocate
-  // nothing (an unordered_set did, a node per send). Progress thread only.
-  class SendList {
-   public:
-    explicit SendList(SendOp::Link SendOp::*link) : link_(link) {}
-    void insert(SendOp* op) {
-      SendOp::Link& l = op->*link_;
-      if (l.linked) return;
-      l = {nullptr, head_, true};
-      if (head_ != nullptr) (head_->*link_).prev = op;
-      head_ = op;
-      ++size_;
-    }
-    void erase(SendOp* op) {
-      SendOp::Link& l = op->*link_;
-      if (!l.linked) return;
-      if (l.prev != nullptr) (l.prev->*link_).next = l.next; else head_ = l.next;
-      if (l.next != nullptr) (l.next->*link_).prev = l.prev;
-      l = {};
-      --size_;
-    }
-    // The members now, for loops that complete (and so may erase) them.
-    std::vector<SendOp*> snapshot() const {
-      std::vector<SendOp*> v;
-      v.reserve(size_);
-      for (SendOp* op = head_; op != nullptr; op = (op->*link_).next) v.push_back(op);
-      return v;
-    }
-    // Forgets every member without touching it (they may be freed already).
-    void clear() {
-      head_ = nullptr;
-      size_ = 0;
-    }
-    bool empty() const { return size_ == 0; }
-    size_t size() const { return size_; }
-
-   private:
-    SendOp::Link SendOp::*link_;
-    SendOp* head_ = nullptr;
-    size_t size_ = 0;
-  };
 
   // An endpoint created by Connect(). Never freed before the worker, so ucp callbacks may
   // hold a raw pointer to it.
@@ -197,7 +201,18 @@ class UcxLane final : public Lane {
     // lane leaks, not the receiver's (freed) buffer. Copied into `dest` on success. Null when
     // the receiver keeps its buffers if a receive is abandoned: UCX then writes `dest`.
     std::unique_ptr<std::byte[]> bounce;
+    OpLink<RecvOp> link;  // in recvs_in_flight_
   };
+  // RecvOps done with, kept for the next receives (progress thread only): a receive allocates
+  // nothing in the steady state. A given-up op (a stopped lane's) is freed, never kept.
+  RecvOp* NewRecvOp();
+  void FreeRecvOp(RecvOp* op);
+  // SendOps done with, kept for the next sends: Send() runs on any thread, UCX gives them back
+  // on the progress thread; one small lock each way instead of an allocation per message.
+  std::mutex free_sends_mu_;
+  std::vector<SendOp*> free_sends_;
+  SendOp* NewSendOp();
+  void FreeSendOp(SendOp* op);
 
   UcxLane(std::shared_ptr<UcxContext> context, std::string name)
       : context_(std::move(context)), name_(std::move(name)) {}
@@ -252,9 +267,16 @@ class UcxLane final : public Lane {
   std::atomic<bool> stop_requested_{false};
   Receiver* receiver_ = nullptr;
 
-  // Work handed to the progress thread.
+  // Work handed to the progress thread. The progress thread swaps the whole queue out into
+  // `running_` (progress thread only), which it empties and keeps: both keep their capacity, so
+  // handing work over allocates nothing in the steady state (a fresh deque per round did, twice).
   std::mutex queue_mu_;
-  std::deque<std::function<void()>> queue_;
+  std::vector<std::function<void()>> queue_;
+  std::vector<std::function<void()>> running_;
+  // Takes what is queued (running_'s capacity reused); then RunBatch() runs it and gives the
+  // vector back. A nested call (queued work that drains the queue) gets a vector of its own.
+  std::vector<std::function<void()>> TakeQueued(bool close_if_empty);
+  void RunBatch(std::vector<std::function<void()>> batch);
   bool queue_closed_ = false;
   std::atomic<bool> queue_nonempty_{false};
 
@@ -272,7 +294,8 @@ class UcxLane final : public Lane {
   std::unordered_map<size_t, std::vector<std::unique_ptr<std::byte[]>>> bounce_pool_;
   std::unique_ptr<std::byte[]> TakeBounce(size_t bytes);
   void GiveBounce(size_t bytes, std::unique_ptr<std::byte[]> b);
-  std::unordered_set<RecvOp*> recvs_in_flight_;
+  OpList<RecvOp> recvs_in_flight_{&RecvOp::link};
+  std::vector<std::unique_ptr<RecvOp>> free_recv_ops_;
   SendList sends_in_ucx_{&SendOp::lane_link};
   int closes_in_flight_ = 0;
 

@@ -55,5 +55,5 @@ for step in range(a.steps):
     time.sleep(a.step_s)
 state = (model.module if a.mode == "ddp" else model).state_dict()
 torch.save(state, os.path.join(a.out, "rank%d.pt" % rank))
-print("TRAINED rank %d" % rank, flush=True)
+print("TRAINED rank %d servers_lost %d" % (rank, gl.stats()["servers_lost"]), flush=True)
 gl.shutdown()

@@ -79,12 +79,20 @@ TEST(FailoverTest, AServerLostBetweenOperationsCostsNoRound) {
   const std::vector<TensorHandle> t = DeclareOnEvery(job, DataType::kFloat32);
   ASSERT_EQ(t.size(), 2u);
   for (uint64_t round = 0; round < 2; ++round) ASSERT_NO_FATAL_FAILURE(Round(job, t, round, DataType::kFloat32));
-  const uint64_t before = job.server(0).stats().rounds_completed + job.server(2).stats().rounds_completed;
+  const uint64_t before =
+      job.server(0).stats().rounds_completed + job.server(2).stats().rounds_completed;
   job.server(1).Stop();
   for (uint64_t round = 2; round < 5; ++round) ASSERT_NO_FATAL_FAILURE(Round(job, t, round, DataType::kFloat32));
   // Every partition of rounds 2-4 was summed on servers 0 and 2: 7 per round.
-  const uint64_t after = job.server(0).stats().rounds_completed + job.server(2).stats().rounds_completed;
+  const uint64_t after =
+      job.server(0).stats().rounds_completed + job.server(2).stats().rounds_completed;
   EXPECT_EQ(after - before, 3u * 7u);
+  for (uint32_t r = 0; r < 2; ++r) {
+    const WorkerStats st = job.worker(r).Stats();
+    EXPECT_EQ(st.servers_lost, 1u);
+    EXPECT_GE(st.partitions_recovered, 1u);  // the partitions that lay on the lost server
+    EXPECT_EQ(st.bytes_copied_results, 5u * kCount * 4);  // 5 rounds, each result copied once
+  }
   FinishWithout(job, {1});
 }
 
