@@ -60,6 +60,8 @@ inline constexpr auto kFrameGrace = 5s;
 inline constexpr auto kTick = 100ms;
 // A refusal or kAbort is written before the connection closes, for at most this long.
 inline constexpr auto kFlushBeforeClose = 1s;
+// When the scheduler stops, members get this long to read what it sent and close their end.
+inline constexpr auto kLingerBeforeClose = 500ms;
 // More unwritten bytes than this for one member and it does not read: it is failed. Room for a
 // welcome with the largest address book (one kMaxControlPayload frame) and a burst of kAssigns.
 inline constexpr size_t kMaxQueuedBytes = 8u << 20;
@@ -144,6 +146,9 @@ class SchedulerImpl final : public Scheduler {
   // names it in errors).
   void Reap();
   bool AllFlushed() const;
+  // Half-closes every connection, waits (until `deadline`) for each member to close its end,
+  // then closes them: no reset discards what a member had not read yet.
+  void CloseGracefully(Clock::time_point deadline);
 
   // ---- scheduler.cc: the job ----
   Status Handle(Connection& c, const transport::Frame& f);

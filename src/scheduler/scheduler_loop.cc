@@ -1,6 +1,7 @@
 // The scheduler's event loop (scheduler_impl.h): accepting, polling, deadlines, authentication
 // and closing. The job's own logic is in scheduler.cc.
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -138,6 +139,44 @@ void SchedulerImpl::Loop() {
       if ((re & (POLLOUT | POLLERR | POLLHUP)) != 0) c.link.Flush().IgnoreError();
     }
     if (!drain_until.has_value()) CheckSendErrors(now);
+  }
+  CloseGracefully(Clock::now() + kLingerBeforeClose);
+}
+
+void SchedulerImpl::CloseGracefully(Clock::time_point deadline) {
+  // Closing a socket that holds unread input (a member's last heartbeat) sends a reset, and a
+  // reset makes the member's kernel drop what it has not read yet: its kShutdown, so a member of
+  // a job that ended well exited with "lost the scheduler" (CI, under load: 2 runs in 462). So
+  // each connection is half-closed (the member reads to the end of what was sent), then read
+  // and discarded until the member closes its end too, or the deadline.
+  std::vector<pollfd> open;
+  for (auto& c : conns_) {
+    const int fd = c->link.fd();
+    if (c->link.closed() || fd < 0) continue;
+    ::shutdown(fd, SHUT_WR);
+    open.push_back({fd, POLLIN, 0});
+  }
+  std::byte sink[4096];
+  while (!open.empty()) {
+    const auto left = deadline - Clock::now();
+    if (left <= Clock::duration::zero()) break;
+    if (::poll(open.data(), open.size(), static_cast<int>(Ms(left)) + 1) < 0 && errno != EINTR) {
+      break;
+    }
+    for (size_t i = 0; i < open.size();) {
+      if (open[i].revents == 0) {
+        ++i;
+        continue;
+      }
+      const ssize_t got = ::recv(open[i].fd, sink, sizeof(sink), MSG_DONTWAIT);
+      if (got > 0 || (got < 0 && (errno == EAGAIN || errno == EINTR))) {
+        open[i].revents = 0;
+        ++i;
+        continue;
+      }
+      open[i] = open.back();  // the member closed (or the connection failed): done with it
+      open.pop_back();
+    }
   }
   for (auto& c : conns_) c->link.Close();
 }
