@@ -59,109 +59,6 @@ void SchedulerImpl::ConnectionLost(Connection& c, const Status& why) {
   MemberLost(c, MemberName(c) + " lost its connection to the scheduler: " + why.message());
 }
 
-void SchedulerImpl::MemberLost(Connection& c, const std::string& what) {
-  if (!c.registered || c.left || finished()) return;
-  if (c.role == Role::kServer && started_) {
-    Status failover = ServerFailover(c, what);
-    if (failover.ok()) return;
-    Finish(PeerLost(what + " (no failover: " + failover.message() + ")"));
-    return;
-  }
-  Finish(PeerLost(what));
-}
-
-Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
-  const uint32_t lost = c.id;
-  if (!opts_.server_failover) return Unavailable("the scheduler runs without it");
-  if (lost_servers_.size() + 1 >= opts_.num_servers) {
-    return Unavailable("it was the last server");
-  }
-  if (!joined_.empty() || releasing_) return Unavailable("a rank has joined (join())");
-  std::vector<uint64_t> keys;
-  for (auto& [key, decl] : decls_) {
-    if (!decl.planned || !decl.status.ok()) continue;
-    const bool there = std::any_of(decl.plan.begin(), decl.plan.end(),
-                                   [&](const wire::PartitionPlan& p) { return p.server == lost; });
-    if (!there) continue;
-    if (decl.mode != topology::Mode::kFlat || !decl.spec.is_sum()) {
-      return Unavailable("key " + KeyHex(key) + " '" + decl.name +
-                                "' is not a flat sum (hierarchical keys and other collectives "
-                                "do not move yet)");
-    }
-    // A key still being moved from an earlier loss moves again: its partitions on this server
-    // (its own and any it was adopting) go to the servers left, under the plan's next version;
-    // the workers report to whichever server has each partition last.
-    keys.push_back(key);
-  }
-  // The new places, checked against the servers' memory budgets before anything changes.
-  Placer placer = placer_;
-  placer.Retire(lost);
-  std::vector<uint64_t> held = held_;
-  std::map<uint64_t, std::vector<wire::PartitionPlan>> plans;
-  uint64_t moved = 0;
-  for (uint64_t key : keys) {
-    const Declaration& decl = decls_.at(key);
-    const DataType wire_type = topology::WireType(decl.dtype, decl.mode);
-    std::vector<wire::PartitionPlan>& plan = plans[key] = decl.plan;
-    for (wire::PartitionPlan& p : plan) {
-      if (p.server != lost) continue;
-      p.server = placer.Place(p.count * DataTypeSize(wire_type));
-      ++moved;
-      const uint64_t bytes = reduce::ServerBytesHeld(wire_type, p.count, opts_.num_workers);
-      if (bytes > budget_[p.server] || held[p.server] > budget_[p.server] - bytes) {
-        return Unavailable(MemberName(*servers_.at(p.server)) + " would hold more than its " +
-                           std::to_string(budget_[p.server]) + "-byte memory budget with key " +
-                           KeyHex(key) + " '" + decl.name + "' partition " +
-                           std::to_string(&p - plan.data()));
-      }
-      held[p.server] += bytes;
-    }
-  }
-  c.left = true;  // gone for good: nothing more is sent to it or expected from it
-  c.link.Close();
-  lost_servers_.insert(lost);
-  placer_ = std::move(placer);
-  held_ = std::move(held);
-  const auto now = Clock::now();
-  for (uint64_t key : keys) {
-    Declaration& decl = decls_.at(key);
-    decl.plan = std::move(plans.at(key));
-    wire::AssignMsg a;
-    a.name = decl.name;
-    a.mode = static_cast<uint8_t>(decl.mode);
-    a.spec = decl.spec;
-    a.partitions = decl.plan;
-    decl.assign_payload = Share(wire::Encode(a));
-    // The workers hold rounds of a key they have: its new servers learn where they stand.
-    decl.assign_header.flags = decl.delivered ? wire::kFlagReplan : 0;
-    decl.assign_header.round++;  // the plan's version, echoed in the acks
-    decl.acks.clear();
-    decl.replanning = true;
-    for (auto& [id, s] : servers_) {
-      if (lost_servers_.count(id) != 0) continue;
-      s->link.Send(decl.assign_header, {}, decl.assign_payload, now);
-    }
-  }
-  GL_LOG(kWarn) << "scheduler: " << what << "; " << moved
-                << " partitions of " << keys.size() << " key(s) move to the "
-                << opts_.num_servers - lost_servers_.size() << " servers left";
-  wire::Header h = MakeHeader(MsgType::kServerLost);
-  h.count = lost;
-  SendToWorkers(h, nullptr);
-  // Plans that only waited for the lost server's ack go out now.
-  for (auto& [key, decl] : decls_) {
-    if (decl.planned && decl.status.ok()) DeliverWhenAcked(decl);
-  }
-  return Status::Ok();
-}
-
-bool SchedulerImpl::AckedByAll(const Declaration& decl) const {
-  for (const auto& [id, s] : servers_) {
-    if (lost_servers_.count(id) == 0 && decl.acks.count(id) == 0) return false;
-  }
-  return true;
-}
-
 Status SchedulerImpl::Handle(Connection& c, const Frame& f) {
   if (f.header.job != job_hash_) {
     Refuse(c, InvalidArgument("a member of another job (job hash " +
@@ -569,31 +466,36 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
     RefuseKey(key, decl);
     return Status::Ok();
   }
-  wire::AssignMsg a;
-  a.name = decl.name;
   const Placer before = placer_;
-  a.mode = static_cast<uint8_t>(decl.mode);
-  a.spec = decl.spec;
-  a.partitions = PlanSegments(decl, wire_type);
-  if (Status admitted = Admit(keyhex, decl, a.partitions); !admitted.ok()) {
+  std::vector<wire::PartitionPlan> plan = PlanSegments(decl, wire_type);
+  if (Status admitted = Admit(keyhex, decl, plan); !admitted.ok()) {
     placer_ = before;  // the refused key takes no room
     decl.status = std::move(admitted);
     RefuseKey(key, decl);
     return Status::Ok();
   }
+  decl.plan = std::move(plan);
   decl.assign_header = MakeHeader(MsgType::kAssign);
   decl.assign_header.key = key;
   decl.assign_header.dtype = h0.dtype;
   decl.assign_header.count = decl.count;
-  decl.assign_payload = Share(wire::Encode(a));
-  decl.plan = a.partitions;
   // Servers first: a worker may push as soon as it has the plan.
+  SendPlanToServers(decl);
+  return Status::Ok();
+}
+
+void SchedulerImpl::SendPlanToServers(Declaration& decl) {
+  wire::AssignMsg a;
+  a.name = decl.name;
+  a.mode = static_cast<uint8_t>(decl.mode);
+  a.spec = decl.spec;
+  a.partitions = decl.plan;
+  decl.assign_payload = Share(wire::Encode(a));
   const auto now = Clock::now();
   for (auto& [id, s] : servers_) {
     if (lost_servers_.count(id) != 0) continue;
     s->link.Send(decl.assign_header, {}, decl.assign_payload, now);
   }
-  return Status::Ok();
 }
 
 void SchedulerImpl::RefuseKey(uint64_t key, Declaration& decl) {
@@ -670,13 +572,6 @@ Status SchedulerImpl::OnAssignAck(Connection& c, const Frame& f) {
   decl.acks.insert(c.id);
   DeliverWhenAcked(decl);
   return Status::Ok();
-}
-
-void SchedulerImpl::DeliverWhenAcked(Declaration& decl) {
-  if (!AckedByAll(decl) || !(decl.replanning || !decl.delivered)) return;
-  decl.replanning = false;
-  decl.delivered = true;
-  SendToDeclarers(decl);
 }
 
 void SchedulerImpl::SendToDeclarers(const Declaration& decl) {

@@ -10,8 +10,9 @@
 // silent one. Gloo's tcp loop (other threads defer() work onto it) is the model: here the only
 // work from other threads is Stop(), handed over through an atomic and an eventfd.
 //
-// Files: scheduler_loop.cc (the loop, accepting, deadlines, authentication, closing) and
-// scheduler.cc (the job: registration, welcome, plans, barriers, goodbyes, the end).
+// Files: scheduler_loop.cc (the loop, accepting, deadlines, authentication, closing),
+// scheduler.cc (the job: registration, welcome, plans, barriers, goodbyes, the end) and
+// failover.cc (a lost server's partitions moved to the servers left).
 //
 // Threads: everything below runs on the loop thread, except Wait(), Stop(), the counters and
 // port(), which other threads call: they read only `mu_`'s fields, atomics and constants.
@@ -259,6 +260,8 @@ class SchedulerImpl final : public Scheduler {
   // would exceed; OK when every server can hold its share (then held_ counts it).
   Status Admit(const std::string& keyhex, const Declaration& decl,
                const std::vector<wire::PartitionPlan>& plan);
+  // Encodes decl.plan (with decl.assign_header) and sends it to every server not lost.
+  void SendPlanToServers(Declaration& decl);
   // decl.status is the key's failure: every worker gets it in place of the plan.
   void RefuseKey(uint64_t key, Declaration& decl);
   // A failed job's kAbort for the servers, held until the workers' is out (or this deadline).
