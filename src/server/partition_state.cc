@@ -244,6 +244,10 @@ Result<std::span<std::byte>> PartitionState::BeginRecover(const wire::Header& h)
                                     : " for a partition this server was not given by failover"));
   }
   const bool result = (h.flags & wire::kFlagHasResult) != 0;
+  if (h.round == UINT64_MAX) {  // the round after it would wrap
+    return ProtocolError(Describe() + ": kRecover from rank " + std::to_string(h.sender) +
+                         " names round " + std::to_string(h.round));
+  }
   if (h.dtype != static_cast<uint8_t>(dtype_) || h.count != (result ? count_ : 0)) {
     return ProtocolError(Describe() + ": kRecover from rank " + std::to_string(h.sender) +
                          " of " + std::to_string(h.count) + " elements, declared " +

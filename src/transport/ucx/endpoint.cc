@@ -57,9 +57,9 @@ Status UcxLane::PeerLostStatus(const Peer& peer, ucs_status_t s) const {
   return PeerLost("ucx lane '" + name_ + "': peer '" + peer.name + "' failed: " + UcsError(s));
 }
 
-void UcxLane::FailPeer(Peer* peer, Status status) {
-  // Failed once; a peer given up (FailPeer(PeerId)) is closed when UCX reports it too.
-  if (peer->failed && !peer->given_up) return;
+void UcxLane::FailPeer(Peer* peer, Status status, bool close) {
+  // Failed once; a peer given up (close false) is closed when UCX reports it too.
+  if (peer->failed && (!peer->given_up || !close)) return;
   if (!peer->failed) {
     peer->failed = true;
     peer->failure = std::move(status);
@@ -68,9 +68,10 @@ void UcxLane::FailPeer(Peer* peer, Status status) {
       if (receiver_ != nullptr) receiver_->OnPeerFailed(peer->id, peer->failure);
     }
   }
-  peer->given_up = false;
+  peer->given_up = !close;
   const std::vector<SendOp*> ops = peer->in_flight.snapshot();
   for (SendOp* op : ops) CompleteSend(op, peer->failure);
+  if (!close) return;
   // UCX wants a failed endpoint closed by its owner; do it outside any ucp callback.
   after_progress_.push_back([this, peer] {
     if (peer->ep == nullptr) return;
@@ -87,14 +88,7 @@ void UcxLane::FailPeer(PeerId id, const Status& why) {
   // force-closed, and in none of 16 left open. It is closed once UCX reports the peer failed
   // (the peer exits, or resumes and is refused), like any failed one.
   Enqueue([this, id, why] {
-    if (id >= peers_.size()) return;
-    Peer* peer = peers_[id].get();
-    if (peer->failed) return;
-    peer->failed = true;
-    peer->given_up = true;
-    peer->failure = why;
-    const std::vector<SendOp*> ops = peer->in_flight.snapshot();
-    for (SendOp* op : ops) CompleteSend(op, peer->failure);
+    if (id < peers_.size()) FailPeer(peers_[id].get(), why, /*close=*/false);
   });
 }
 

@@ -235,7 +235,9 @@ class UcxLane final : public Lane {
   void StartSend(SendOp* op);
   void CompleteSend(SendOp* op, const Status& status);
   void OnSendDone(SendOp* op, ucs_status_t status);
-  void FailPeer(Peer* peer, Status status);
+  // The peer failed for good (sticky): its sends complete with `status`, and, unless `close`
+  // is false (the owner gave it up: Lane::FailPeer), its endpoint is closed.
+  void FailPeer(Peer* peer, Status status, bool close = true);
   void CloseEp(ucp_ep_h ep);
   ucs_status_t OnActiveMessage(const void* header, size_t header_length, void* data,
                                size_t length, const ucp_am_recv_param_t* param);

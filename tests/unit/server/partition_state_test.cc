@@ -1053,6 +1053,7 @@ TEST(PartitionStateFailoverTest, UnexpectedReportsAreRefused) {
   EXPECT_EQ(RecoverTo(st, 0, 0, nullptr, false, &ready).code(), Code::kProtocolError);
   const std::vector<float> wrong = {1, 2, 3};
   EXPECT_EQ(RecoverTo(st, 1, 0, &wrong, false, &ready).code(), Code::kProtocolError);
+  EXPECT_EQ(RecoverTo(st, 1, UINT64_MAX, nullptr, false, &ready).code(), Code::kProtocolError);
 }
 
 }  // namespace
