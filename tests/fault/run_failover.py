@@ -325,24 +325,10 @@ def main():
     # The harness's options that this script does not take.
     args.exit_grace, args.tolerate_known = EXIT_GRACE, False
     h = Harness(args)
-    signal.signal(signal.SIGTERM, lambda s, f: (h.kill_all(), sys.exit(128 + s)))
     if args.results and args.case == "trials":
         open(args.results, "w").close()
-    t0, rc = time.monotonic(), 0
-    try:
-        (case_trials if args.case == "trials" else case_summary)(h, args)
-    except Failure as e:
-        print("FAIL %s: %s" % (args.case, e))
-        rc = 1
-    finally:
-        h.kill_all()
-    print("%s failover %s in %.1f s (logs: %s)" % ("PASS" if rc == 0 else "FAIL", args.case,
-                                                    time.monotonic() - t0, h.tmp))
-    if rc == 0:
-        import shutil
-        shutil.rmtree(h.tmp, ignore_errors=True)
-    return rc
-
+    case = case_trials if args.case == "trials" else case_summary
+    return run_fault.run_case(h, "failover " + args.case, lambda: case(h, args))
 
 if __name__ == "__main__":
     sys.exit(main())

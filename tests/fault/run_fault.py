@@ -844,21 +844,27 @@ def main():
     if args.case != "summary" and not (args.bin_dir and args.fault_worker):
         ap.error("--bin-dir and --fault-worker are required")
     h = Harness(args)
+    if args.results and args.case != "summary":
+        open(args.results, "w").close()
+    return run_case(h, args.case, lambda: CASES[args.case](h, args))
 
+
+def run_case(h, label, fn):
+    """Runs fn() with every process `h` started stopped at the end, whatever happens (SIGTERM,
+    SIGINT, a Failure, an exception); prints PASS/FAIL with the time and the logs' place (kept
+    on failure). Returns the exit code: 0, 1, or 128 + the signal."""
     def on_signal(signum, _frame):
         h.kill_all()
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    if args.results and args.case != "summary":
-        open(args.results, "w").close()
     t0 = time.monotonic()
     rc = 0
     try:
-        CASES[args.case](h, args)
+        fn()
     except Failure as e:
-        print("FAIL %s: %s" % (args.case, e))
+        print("FAIL %s: %s" % (label, e))
         rc = 1
     except Exception:  # noqa: BLE001 - report and clean up
         import traceback
@@ -866,13 +872,12 @@ def main():
         rc = 1
     finally:
         h.kill_all()
-    print("%s %s in %.1f s (logs: %s)" % ("PASS" if rc == 0 else "FAIL", args.case,
+    print("%s %s in %.1f s (logs: %s)" % ("PASS" if rc == 0 else "FAIL", label,
                                            time.monotonic() - t0, h.tmp))
     if rc == 0:
         import shutil
         shutil.rmtree(h.tmp, ignore_errors=True)
     return rc
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -108,7 +108,7 @@ void ExpectSchedulerStopAbortsPendingOps(const JobConfig& config) {
   EXPECT_EQ(job.scheduler().Wait(In(1s)).code(), Code::kAborted);
 }
 
-void ExpectCleanGoodbyeFailsTheOthersPendingOp(const JobConfig& config) {
+void ExpectCleanGoodbyeFailsTheOthersPendingOp(const JobConfig& config, const std::string& says) {
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(config));
   auto t0 = job.worker(0).Declare("t", DataType::kFloat32, 100);
@@ -123,6 +123,7 @@ void ExpectCleanGoodbyeFailsTheOthersPendingOp(const JobConfig& config) {
   EXPECT_LT(Clock::now() - start, 5500ms);
   EXPECT_TRUE(s.code() == Code::kAborted || s.code() == Code::kPeerLost) << s.ToString();
   EXPECT_NE(s.message().find("worker 1"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(says), std::string::npos) << s.message();
 }
 
 

@@ -27,8 +27,9 @@ void ExpectShutdownFailsOwnPendingOps(const JobConfig& config, uint64_t count);
 void ExpectSchedulerStopAbortsPendingOps(const JobConfig& config);
 
 // A worker that leaves cleanly while another still waits on a round that needs its push: the
-// other's op fails within seconds, naming it.
-void ExpectCleanGoodbyeFailsTheOthersPendingOp(const JobConfig& config);
+// other's op fails within seconds, naming it; its message contains `says` too.
+void ExpectCleanGoodbyeFailsTheOthersPendingOp(const JobConfig& config,
+                                               const std::string& says = "");
 
 // One worker averages, the other sums: each partition's round fails with kMismatch on every
 // rank, and the next call on the tensor works.

@@ -59,6 +59,36 @@ std::vector<TensorHandle> DeclareOnEvery(Job& job, DataType dtype) {
   return t;
 }
 
+// Round `round` with servers lost in the middle of it: rank 0 pushes and waits on rank 1, the
+// servers (by start index) leave, and `settle` later rank 1 pushes; both get the exact sum.
+void RoundAcrossLoss(Job& job, const std::vector<TensorHandle>& t, uint64_t round,
+                     const std::vector<uint32_t>& lost, std::chrono::milliseconds settle) {
+  std::vector<std::byte>& b0 = job.Buffer(kCount * 4);
+  std::vector<std::byte>& b1 = job.Buffer(kCount * 4);
+  FillTensor(DataType::kFloat32, 0, 0, round, b0);
+  FillTensor(DataType::kFloat32, 0, 1, round, b1);
+  PushPullHandle op0 = job.worker(0).PushPull(t[0], b0);
+  EXPECT_EQ(op0.Wait(In(200ms)).code(), Code::kTimeout);  // pushed; waits for rank 1
+  for (uint32_t i : lost) job.server(i).Stop();
+  std::this_thread::sleep_for(settle);
+  PushPullHandle op1 = job.worker(1).PushPull(t[1], b1);
+  const Status s0 = op0.Wait(In(kOpTimeout)), s1 = op1.Wait(In(kOpTimeout));
+  ASSERT_TRUE(s0.ok()) << s0.ToString();
+  ASSERT_TRUE(s1.ok()) << s1.ToString();
+  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, round, false, b0));
+  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, round, false, b1));
+}
+
+// The next operation fails on every worker with kPeerLost, its message containing `why`.
+void ExpectTheJobFailed(Job& job, const std::vector<TensorHandle>& t, const std::string& why) {
+  OnEveryWorker(2, [&](uint32_t rank) {
+    std::vector<std::byte>& buf = job.Buffer(kCount * 4);
+    const Status s = job.worker(rank).PushPull(t[rank], buf).Wait(In(10s));
+    EXPECT_EQ(s.code(), Code::kPeerLost) << s.ToString();
+    EXPECT_NE(s.message().find(why), std::string::npos) << s.message();
+  });
+}
+
 // The surviving members end cleanly: the lost server is not waited for.
 void FinishWithout(Job& job, std::vector<uint32_t> lost) {
   for (uint32_t r = 0; r < 2; ++r) EXPECT_TRUE(job.worker(r).Shutdown(In(5s)).ok());
@@ -105,20 +135,7 @@ TEST(FailoverTest, AServerLostMidOperationLosesNoStep) {
   const std::vector<TensorHandle> t = DeclareOnEvery(job, DataType::kFloat32);
   ASSERT_EQ(t.size(), 2u);
   ASSERT_NO_FATAL_FAILURE(Round(job, t, 0, DataType::kFloat32));
-  std::vector<std::byte>& b0 = job.Buffer(kCount * 4);
-  std::vector<std::byte>& b1 = job.Buffer(kCount * 4);
-  FillTensor(DataType::kFloat32, 0, 0, 1, b0);
-  FillTensor(DataType::kFloat32, 0, 1, 1, b1);
-  PushPullHandle op0 = job.worker(0).PushPull(t[0], b0);
-  EXPECT_EQ(op0.Wait(In(200ms)).code(), Code::kTimeout);  // pushed; waits for rank 1
-  job.server(1).Stop();
-  std::this_thread::sleep_for(100ms);
-  PushPullHandle op1 = job.worker(1).PushPull(t[1], b1);
-  const Status s0 = op0.Wait(In(kOpTimeout)), s1 = op1.Wait(In(kOpTimeout));
-  ASSERT_TRUE(s0.ok()) << s0.ToString();
-  ASSERT_TRUE(s1.ok()) << s1.ToString();
-  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 1, false, b0));
-  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 1, false, b1));
+  ASSERT_NO_FATAL_FAILURE(RoundAcrossLoss(job, t, 1, {1}, 100ms));
   for (uint64_t round = 2; round < 4; ++round) ASSERT_NO_FATAL_FAILURE(Round(job, t, round, DataType::kFloat32));
   std::vector<TensorHandle> h;
   for (uint32_t r = 0; r < 2; ++r) {
@@ -147,12 +164,7 @@ TEST(FailoverTest, TwoLossesAreSurvivedAndTheLastServerLostFailsClearly) {
   ASSERT_NO_FATAL_FAILURE(Round(job, t, 3, DataType::kFloat32));
   job.server(1).Stop();
   const auto start = Clock::now();
-  OnEveryWorker(2, [&](uint32_t rank) {
-    std::vector<std::byte>& buf = job.Buffer(kCount * 4);
-    const Status s = job.worker(rank).PushPull(t[rank], buf).Wait(In(10s));
-    EXPECT_EQ(s.code(), Code::kPeerLost) << s.ToString();
-    EXPECT_NE(s.message().find("it was the last server"), std::string::npos) << s.message();
-  });
+  ExpectTheJobFailed(job, t, "it was the last server");
   EXPECT_LT(Clock::now() - start, 7s);
 }
 
@@ -169,20 +181,7 @@ TEST(FailoverTest, ASecondLossWhileTheFirstIsBeingTakenOverIsSurvived) {
   for (uint64_t round = 0; round < 2; ++round) {
     ASSERT_NO_FATAL_FAILURE(Round(job, t, round, DataType::kFloat32));
   }
-  std::vector<std::byte>& b0 = job.Buffer(kCount * 4);
-  FillTensor(DataType::kFloat32, 0, 0, 2, b0);
-  PushPullHandle op0 = job.worker(0).PushPull(t[0], b0);
-  EXPECT_EQ(op0.Wait(In(100ms)).code(), Code::kTimeout);  // pushed; waits for rank 1
-  job.server(0).Stop();
-  job.server(3).Stop();
-  std::vector<std::byte>& b1 = job.Buffer(kCount * 4);
-  FillTensor(DataType::kFloat32, 0, 1, 2, b1);
-  PushPullHandle op1 = job.worker(1).PushPull(t[1], b1);
-  const Status s0 = op0.Wait(In(kOpTimeout)), s1 = op1.Wait(In(kOpTimeout));
-  ASSERT_TRUE(s0.ok()) << s0.ToString();
-  ASSERT_TRUE(s1.ok()) << s1.ToString();
-  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 2, false, b0));
-  EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 2, false, b1));
+  ASSERT_NO_FATAL_FAILURE(RoundAcrossLoss(job, t, 2, {0, 3}, 0ms));
   for (uint64_t round = 3; round < 5; ++round) {
     ASSERT_NO_FATAL_FAILURE(Round(job, t, round, DataType::kFloat32));
   }
@@ -203,12 +202,7 @@ TEST(FailoverTest, NoRoomOnTheServersLeftFailsClearly) {
   ASSERT_EQ(t.size(), 2u);
   ASSERT_NO_FATAL_FAILURE(Round(job, t, 0, DataType::kFloat32));
   job.server(1).Stop();
-  OnEveryWorker(2, [&](uint32_t rank) {
-    std::vector<std::byte>& buf = job.Buffer(kCount * 4);
-    const Status s = job.worker(rank).PushPull(t[rank], buf).Wait(In(10s));
-    EXPECT_EQ(s.code(), Code::kPeerLost) << s.ToString();
-    EXPECT_NE(s.message().find("memory budget with key"), std::string::npos) << s.message();
-  });
+  ExpectTheJobFailed(job, t, "memory budget with key");
 }
 
 // With failover off (SchedulerOptions::server_failover) a lost server fails the job, as before,
@@ -222,12 +216,7 @@ TEST(FailoverTest, OffALostServerFailsTheJob) {
   ASSERT_EQ(t.size(), 2u);
   ASSERT_NO_FATAL_FAILURE(Round(job, t, 0, DataType::kFloat32));
   job.server(1).Stop();
-  OnEveryWorker(2, [&](uint32_t rank) {
-    std::vector<std::byte>& buf = job.Buffer(kCount * 4);
-    const Status s = job.worker(rank).PushPull(t[rank], buf).Wait(In(10s));
-    EXPECT_EQ(s.code(), Code::kPeerLost) << s.ToString();
-    EXPECT_NE(s.message().find("the scheduler runs without it"), std::string::npos) << s.message();
-  });
+  ExpectTheJobFailed(job, t, "the scheduler runs without it");
 }
 
 }  // namespace

@@ -397,19 +397,8 @@ TEST(LocalPathTest, CleanGoodbyeOfOneWorkerFailsTheOthersPendingOp) {
 // The worker left waiting learns why its peer left from the segment: here a shutdown (in the
 // fault trials, "lost the scheduler"), not only that it did.
 TEST(LocalPathTest, AWorkerLeftWaitingIsToldWhyItsPeerLeft) {
-  Job job;
-  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
-  auto t0 = job.worker(0).Declare("t", DataType::kFloat32, 100);
-  auto t1 = job.worker(1).Declare("t", DataType::kFloat32, 100);
-  ASSERT_TRUE(t0.ok() && t1.ok());
-  std::vector<std::byte>& buf = job.Buffer(400);
-  PushPullHandle op = job.worker(0).PushPull(*t0, buf);
-  EXPECT_EQ(op.Wait(In(100ms)).code(), Code::kTimeout);
-  EXPECT_TRUE(job.worker(1).Shutdown(In(5s)).ok());
-  const Status s = op.Wait(In(5s));
-  EXPECT_EQ(s.code(), Code::kAborted) << s.ToString();
-  EXPECT_NE(s.message().find("worker 1 left the job (kAborted: worker 1 shut down)"),
-            std::string::npos) << s.message();
+  ExpectCleanGoodbyeFailsTheOthersPendingOp(
+      LocalConfig(2, 1024), "worker 1 left the job (kAborted: worker 1 shut down)");
 }
 
 // The scheduler's verdict fails the waiting op.
