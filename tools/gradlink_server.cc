@@ -30,6 +30,10 @@ int main(int argc, char** argv) {
                  "most bytes of partition state this server holds, e.g. 8G; keys that would "
                  "exceed it are refused (default: $GRADLINK_SERVER_MEMORY, else 3/4 of the "
                  "available memory shared by this host's servers)");
+  app.add_flag("--standby", o.standby,
+               "join as a standby: take no partitions until a server is lost, then take over "
+               "its partitions (a server that joins a running job is one anyway); claim an id of "
+               "the scheduler's server count or more, or none");
   app.add_flag("--single-lane", o.single_lane, "answer pulls on the push lane (comparison mode)");
   CLI11_PARSE(app, argc, argv);
   if (!budget.empty()) {

@@ -45,6 +45,11 @@ struct ServerOptions {
   // machine's available memory when the server starts, split evenly between the job's servers
   // on this host. What a server holds per byte: docs/operations.md, "Server memory".
   uint64_t memory_budget_bytes = 0;
+  // A standby: joins the job (before it starts, or a running one) without taking partitions,
+  // and takes over the next lost server's (failover, docs/operations.md). It is not one of the
+  // scheduler's `num_servers`; its id, if it claims one, is `num_servers` or more. A server
+  // that joins a running job is a standby whether or not it says so.
+  bool standby = false;
   std::chrono::milliseconds connect_timeout{30000};  // to join the job
   // The host this process is on: workers whose host names agree share a machine (the same-host
   // path). Also how it is named in errors. Default: the hostname, with the network namespace

@@ -2,6 +2,7 @@
 // servers left, which adopt them, and the workers get the new plans once those have acked.
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "common/log.h"
 #include "common/naming.h"
@@ -15,6 +16,14 @@ using wire::Role;
 
 void SchedulerImpl::MemberLost(Connection& c, const std::string& what) {
   if (!c.registered || c.left || finished()) return;
+  if (c.role == Role::kServer && c.reg.standby && !started_) {
+    // A standby that leaves before the job starts holds nothing: it is forgotten.
+    GL_LOG(kWarn) << "scheduler: " << what << " (a standby; the job goes on without it)";
+    c.registered = false;
+    c.link.Close();
+    --waiting_standbys_;
+    return;
+  }
   if (c.role == Role::kServer && started_) {
     Status failover = ServerFailover(c, what);
     if (failover.ok()) return;
@@ -27,9 +36,20 @@ void SchedulerImpl::MemberLost(Connection& c, const std::string& what) {
 Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
   const uint32_t lost = c.id;
   if (!opts_.server_failover) return Unavailable("the scheduler runs without it");
-  if (lost_servers_.size() + 1 >= opts_.num_servers) {
-    return Unavailable("it was the last server");
+  if (standby_.count(lost) != 0) {
+    // It held nothing: the workers forget it, and the job goes on.
+    c.left = true;
+    c.link.Close();
+    standby_.erase(lost);
+    lost_servers_.insert(lost);
+    GL_LOG(kWarn) << "scheduler: " << what << "; it was a standby (" << standby_.size()
+                  << " standing by)";
+    wire::Header h = MakeHeader(MsgType::kServerLost);
+    h.count = lost;
+    SendToWorkers(h, nullptr);
+    return Status::Ok();
   }
+  if (ActiveServers() <= 1 && standby_.empty()) return Unavailable("it was the last server");
   if (!joined_.empty() || releasing_) return Unavailable("a rank has joined (join())");
   std::vector<uint64_t> keys;
   for (auto& [key, decl] : decls_) {
@@ -48,8 +68,13 @@ Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
     keys.push_back(key);
   }
   // The new places, checked against the servers' memory budgets before anything changes.
+  // A standby takes all of them: it replaces the lost server, and the load stays as planned.
+  // Without one they spread over the servers left.
+  const std::optional<uint32_t> standby =
+      standby_.empty() ? std::nullopt : std::optional<uint32_t>(*standby_.begin());
   Placer placer = placer_;
   placer.Retire(lost);
+  if (standby) placer.Activate(*standby);
   std::vector<uint64_t> held = held_;
   std::map<uint64_t, std::vector<wire::PartitionPlan>> plans;
   uint64_t moved = 0;
@@ -59,7 +84,12 @@ Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
     std::vector<wire::PartitionPlan>& plan = plans[key] = decl.plan;
     for (wire::PartitionPlan& p : plan) {
       if (p.server != lost) continue;
-      p.server = placer.Place(p.count * DataTypeSize(wire_type));
+      if (standby) {
+        p.server = *standby;
+        placer.PlaceOn(p.server, p.count * DataTypeSize(wire_type));
+      } else {
+        p.server = placer.Place(p.count * DataTypeSize(wire_type));
+      }
       ++moved;
       const uint64_t bytes = reduce::ServerBytesHeld(wire_type, p.count, opts_.num_workers);
       if (bytes > budget_[p.server] || held[p.server] > budget_[p.server] - bytes) {
@@ -74,6 +104,7 @@ Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
   c.left = true;  // gone for good: nothing more is sent to it or expected from it
   c.link.Close();
   lost_servers_.insert(lost);
+  if (standby) standby_.erase(*standby);
   placer_ = std::move(placer);
   held_ = std::move(held);
   for (uint64_t key : keys) {
@@ -86,9 +117,13 @@ Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
     decl.replanning = true;
     SendPlanToServers(decl);
   }
-  GL_LOG(kWarn) << "scheduler: " << what << "; " << moved
-                << " partitions of " << keys.size() << " key(s) move to the "
-                << opts_.num_servers - lost_servers_.size() << " servers left";
+  // gradlink-run reads this line (FAILOVER_RE): "...; N partitions of K key(s) move to the S
+  // servers left".
+  GL_LOG(kWarn) << "scheduler: " << what << "; " << moved << " partitions of " << keys.size()
+                << " key(s) move to the " << ActiveServers() << " servers left"
+                << (standby ? ", all to standby " + MemberName(*servers_.at(*standby)) +
+                                  " (" + std::to_string(standby_.size()) + " standing by)"
+                            : std::string());
   wire::Header h = MakeHeader(MsgType::kServerLost);
   h.count = lost;
   SendToWorkers(h, nullptr);
@@ -100,7 +135,7 @@ Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
 }
 
 bool SchedulerImpl::AckedByAll(const Declaration& decl) const {
-  for (const auto& [id, s] : servers_) {
+  for (uint32_t id : decl.sent_to) {
     if (lost_servers_.count(id) == 0 && decl.acks.count(id) == 0) return false;
   }
   return true;

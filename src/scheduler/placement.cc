@@ -19,12 +19,34 @@ void Placer::Retire(uint32_t id) {
   if (id < retired_.size()) retired_[id] = true;
 }
 
+void Placer::AddStandby(uint32_t id, double weight) {
+  if (retired_.empty()) retired_.assign(weight_.size(), false);
+  if (id >= weight_.size()) {
+    load_.resize(id + 1, 0);
+    cost_.resize(id + 1, 0);
+    parts_.resize(id + 1, 0);
+    weight_.resize(id + 1, 1.0);
+    retired_.resize(id + 1, true);
+  }
+  weight_[id] = weight;
+  retired_[id] = true;
+  uniform_ = uniform_ && weight == weight_.front();
+}
+
+void Placer::Activate(uint32_t id) {
+  if (id < retired_.size()) retired_[id] = false;
+}
+
 uint32_t Placer::Place(uint64_t bytes) {
   const uint32_t s = LeastLoaded();
-  load_[s] += bytes;
-  cost_[s] += bytes + kPartitionCostBytes;
-  ++parts_[s];
+  PlaceOn(s, bytes);
   return s;
+}
+
+void Placer::PlaceOn(uint32_t id, uint64_t bytes) {
+  load_[id] += bytes;
+  cost_[id] += bytes + kPartitionCostBytes;
+  ++parts_[id];
 }
 
 uint32_t Placer::LeastLoaded() const {

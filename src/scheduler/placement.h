@@ -43,8 +43,14 @@ class Placer {
 
   // Failover: server `id` was lost and takes nothing more.
   void Retire(uint32_t id);
+  // A standby server `id` (ids between the last one and it are holes): it takes nothing until
+  // Activate(id), when it takes over a lost server's partitions.
+  void AddStandby(uint32_t id, double weight);
+  void Activate(uint32_t id);
   // One partition of `bytes` to the server with the least load per weight left; counted.
   uint32_t Place(uint64_t bytes);
+  // One partition of `bytes` to server `id`; counted.
+  void PlaceOn(uint32_t id, uint64_t bytes);
 
   const std::vector<uint64_t>& load_bytes() const { return load_; }
   const std::vector<uint64_t>& load_cost() const { return cost_; }  // bytes + charges

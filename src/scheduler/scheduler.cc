@@ -103,6 +103,9 @@ Status SchedulerImpl::OnRegister(Connection& c, const Frame& f) {
                          std::to_string(reg.requested_rank) + " after authenticating as " +
                          RoleName(c.auth_role) + " rank " + std::to_string(c.auth_rank));
   }
+  if (reg.role == Role::kServer && (reg.standby || started_)) {
+    return RegisterStandby(c, std::move(reg));
+  }
   uint32_t& have = reg.role == Role::kWorker ? registered_workers_ : registered_servers_;
   const uint32_t want = reg.role == Role::kWorker ? opts_.num_workers : opts_.num_servers;
   if (started_ || have >= want) {
@@ -124,6 +127,112 @@ Status SchedulerImpl::OnRegister(Connection& c, const Frame& f) {
     return StartJob();
   }
   return Status::Ok();
+}
+
+Status SchedulerImpl::RegisterStandby(Connection& c, wire::RegisterMsg reg) {
+  const std::string who = started_ ? "a server joining the running job" : "a standby server";
+  if (!opts_.server_failover) {
+    Refuse(c, InvalidArgument("job '" + opts_.job + "' runs without server failover, so it takes " +
+                              (started_ ? "no server once it has started" : "no standby server")));
+    return InvalidArgument(who + ": no failover");
+  }
+  if (finished()) {
+    Refuse(c, Aborted("job '" + opts_.job + "' has ended"));
+    return Aborted(who + ": the job has ended");
+  }
+  if (waiting_standbys_ + standby_.size() >= kMaxStandbyServers) {
+    Refuse(c, InvalidArgument("job '" + opts_.job + "' already has " +
+                              std::to_string(kMaxStandbyServers) + " standby servers"));
+    return InvalidArgument(who + " too many");
+  }
+  if (reg.requested_rank >= 0) {
+    // Its own id, not one of the job's first servers' or one used before (a lost server's id
+    // stays fenced). Ids of standbys waiting for the start are checked when it starts.
+    const auto id = static_cast<uint32_t>(reg.requested_rank);
+    if (id < opts_.num_servers || id >= opts_.num_servers + kMaxServersJoined ||
+        servers_.count(id) != 0) {
+      Refuse(c, InvalidArgument(
+                    "server id " + std::to_string(id) + " is not free for a standby: its id is " +
+                    std::to_string(opts_.num_servers) + " or more, below " +
+                    std::to_string(opts_.num_servers + kMaxServersJoined) + ", and unused" +
+                    (servers_.count(id) != 0 ? " (" + MemberName(*servers_.at(id)) +
+                                                   " had it)" : std::string())));
+      return InvalidArgument(who + ": server id not free");
+    }
+  }
+  c.registered = true;
+  c.role = Role::kServer;
+  reg.standby = true;
+  c.reg = std::move(reg);
+  if (started_) {
+    AdmitStandby(c);
+  } else {
+    ++waiting_standbys_;
+  }
+  return Status::Ok();
+}
+
+void SchedulerImpl::AdmitStandby(Connection& c) {
+  uint32_t id;
+  if (c.reg.requested_rank >= 0) {
+    id = static_cast<uint32_t>(c.reg.requested_rank);
+  } else {
+    id = std::max(opts_.num_servers, servers_.empty() ? 0u : servers_.rbegin()->first + 1);
+    if (id >= opts_.num_servers + kMaxServersJoined) {
+      Refuse(c, InvalidArgument("job '" + opts_.job + "' has taken " +
+                                std::to_string(kMaxServersJoined) + " servers since it started"));
+      c.registered = false;
+      return;
+    }
+  }
+  c.id = id;
+  c.last_heard = Clock::now();
+  for (auto& conn : conns_) {
+    if (conn.get() == &c) servers_[id] = conn;
+  }
+  standby_.insert(id);
+  placer_.AddStandby(id, c.reg.weight);
+  if (budget_.size() <= id) {
+    budget_.resize(id + 1, 0);  // holes take nothing
+    held_.resize(id + 1, 0);
+  }
+  budget_[id] = UINT64_MAX;
+  if (c.reg.memory_budget != 0) {
+    budget_[id] = c.reg.memory_budget;
+  } else if (c.reg.available_memory != 0) {
+    // Its share of its host, as if it had been there from the start.
+    uint32_t on_host = 0;
+    for (const auto& [sid, s] : servers_) {
+      on_host += lost_servers_.count(sid) == 0 && MachineOf(s->reg.host) == MachineOf(c.reg.host);
+    }
+    budget_[id] = c.reg.available_memory / 4 * 3 / std::max(on_host, 1u);
+  }
+  std::array<std::byte, 4> your_id;
+  for (size_t i = 0; i < your_id.size(); ++i) your_id[i] = std::byte((id >> (8 * i)) & 0xFF);
+  c.link.Send(MakeHeader(MsgType::kWelcome), your_id, server_book_, Clock::now());
+  c.welcome_queued = true;
+  // Rounds that need a worker which left early can never complete, on this server too.
+  for (const auto& [rank, w] : workers_) {
+    if (!w->left) continue;
+    wire::Header left = MakeHeader(MsgType::kMemberLeft);
+    left.count = rank;
+    Send(c, left);
+  }
+  wire::Header joined = MakeHeader(MsgType::kServerJoined);
+  joined.count = id;
+  SendToWorkers(joined, Share(wire::EncodeMember(
+                            {Role::kServer, id, c.reg.host, c.reg.push_address, {}})));
+  // A membership change, as a loss is: at the level that is on by default (gradlink-run reads
+  // it: STANDBY_JOINED_RE).
+  GL_LOG(kWarn) << "scheduler: " << MemberName(c) << " joined as a standby (" << standby_.size()
+                << " standing by; memory budget "
+                << (budget_[id] == UINT64_MAX ? std::string("unlimited")
+                                              : std::to_string(budget_[id] >> 20) + " MiB")
+                << ")";
+}
+
+uint32_t SchedulerImpl::ActiveServers() const {
+  return static_cast<uint32_t>(servers_.size() - lost_servers_.size() - standby_.size());
 }
 
 void SchedulerImpl::NoteRefusal(const Connection& c, const std::string& why) {
@@ -153,8 +262,13 @@ void SchedulerImpl::Refuse(Connection& c, const Status& why) {
 Status SchedulerImpl::StartJob() {
   std::vector<Connection*> workers(opts_.num_workers, nullptr), servers(opts_.num_servers, nullptr);
   std::vector<Connection*> unranked, unnumbered;
+  std::vector<Connection*> standbys;
   for (auto& c : conns_) {
     if (!c->registered || c->left) continue;
+    if (c->role == Role::kServer && c->reg.standby) {
+      standbys.push_back(c.get());
+      continue;
+    }
     std::vector<Connection*>& by_id = c->role == Role::kServer ? servers : workers;
     if (c->reg.requested_rank >= 0) {
       const auto r = static_cast<uint32_t>(c->reg.requested_rank);
@@ -236,7 +350,7 @@ Status SchedulerImpl::StartJob() {
   hosts_ = topology::Of(w);
   GL_LOG(kInfo) << "tuning: " << tuning_.why << " (partitions of up to " << tuning_.partition_bytes
                 << " bytes where the workers do not set them)";
-  const Payload server_book = share_book(w);
+  server_book_ = share_book(w);
   // Workers connect to servers only, so their book leaves out the other workers' lane
   // addresses (hundreds of bytes each over UCX): it keeps every worker's host name (the
   // same-host path groups by it) and worker 0's push address (it names the run's shared
@@ -248,13 +362,26 @@ Status SchedulerImpl::StartJob() {
   }
   const Payload worker_book = share_book(w);
   for (auto& c : conns_) {
-    if (!c->registered) continue;
+    if (!c->registered || (c->role == Role::kServer && c->reg.standby)) continue;
     (c->role == Role::kWorker ? workers_ : servers_)[c->id] = c;
     std::array<std::byte, 4> id;
     for (size_t i = 0; i < id.size(); ++i) id[i] = std::byte((c->id >> (8 * i)) & 0xFF);
     c->link.Send(MakeHeader(MsgType::kWelcome), id,
-                 c->role == Role::kWorker ? worker_book : server_book, now);
+                 c->role == Role::kWorker ? worker_book : server_book_, now);
     c->welcome_queued = true;
+  }
+  // Standbys after every worker's welcome, so that each learns of them (kServerJoined) once it
+  // is in the job. Two that asked for one id: the second is refused.
+  waiting_standbys_ = 0;
+  for (Connection* c : standbys) {
+    if (c->reg.requested_rank >= 0 &&
+        servers_.count(static_cast<uint32_t>(c->reg.requested_rank)) != 0) {
+      Refuse(*c, InvalidArgument("two standby servers asked for server id " +
+                                 std::to_string(c->reg.requested_rank)));
+      c->registered = false;
+      continue;
+    }
+    AdmitStandby(*c);
   }
   std::string weight_list;
   if (std::any_of(weights.begin(), weights.end(), [](double x) { return x != 1.0; })) {
@@ -313,7 +440,7 @@ Status SchedulerImpl::OnDeclare(Connection& c, const Frame& f) {
     }
     decl.by_rank[c.id] = {h, std::move(d)};
     // A refusal, or a plan every server has: at once; else with the others' at the last ack.
-    if (!decl.status.ok() || decl.acks.size() == opts_.num_servers) {
+    if (!decl.status.ok() || AckedByAll(decl)) {
       c.link.Send(decl.assign_header, {}, decl.assign_payload, Clock::now());
     }
     return Status::Ok();
@@ -492,9 +619,11 @@ void SchedulerImpl::SendPlanToServers(Declaration& decl) {
   a.partitions = decl.plan;
   decl.assign_payload = Share(wire::Encode(a));
   const auto now = Clock::now();
+  decl.sent_to.clear();
   for (auto& [id, s] : servers_) {
-    if (lost_servers_.count(id) != 0) continue;
+    if (lost_servers_.count(id) != 0 || standby_.count(id) != 0) continue;
     s->link.Send(decl.assign_header, {}, decl.assign_payload, now);
+    decl.sent_to.insert(id);
   }
 }
 
@@ -684,7 +813,11 @@ Status SchedulerImpl::OnGoodbye(Connection& c) {
   if (!started_) {
     // Gone before the job started: its place is free again (StartJob numbers only the members
     // present, and would find a hole where it registered).
-    --(c.role == Role::kWorker ? registered_workers_ : registered_servers_);
+    if (c.role == Role::kServer && c.reg.standby) {
+      --waiting_standbys_;
+    } else {
+      --(c.role == Role::kWorker ? registered_workers_ : registered_servers_);
+    }
     c.registered = false;
     c.link.Close();
     return Status::Ok();

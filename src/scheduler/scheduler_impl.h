@@ -66,6 +66,9 @@ inline constexpr auto kLingerBeforeClose = 500ms;
 // More unwritten bytes than this for one member and it does not read: it is failed. Room for a
 // welcome with the largest address book (one kMaxControlPayload frame) and a burst of kAssigns.
 inline constexpr size_t kMaxQueuedBytes = 8u << 20;
+// Standby servers (ServerOptions::standby) waiting at once, at most; more are refused.
+inline constexpr uint32_t kMaxStandbyServers = 64;
+using wire::kMaxServersJoined;
 
 using Payload = std::shared_ptr<const std::vector<std::byte>>;
 
@@ -103,6 +106,7 @@ struct Declaration {
   wire::Header assign_header;
   Payload assign_payload;  // the same bytes for every member
   std::set<uint32_t> acks;  // servers that have the plan
+  std::set<uint32_t> sent_to;  // servers the plan went to (not the standbys)
   std::vector<wire::PartitionPlan> plan;  // once planned (its partitions' servers)
   bool delivered = false;   // the workers have the plan
   bool replanning = false;  // failover: moved partitions wait for their new servers' acks
@@ -155,6 +159,13 @@ class SchedulerImpl final : public Scheduler {
   Status Handle(Connection& c, const transport::Frame& f);
   Status OnRegister(Connection& c, const transport::Frame& f);
   Status StartJob();
+  // A standby server's registration (ServerOptions::standby, or any server once the job has
+  // started): checked, then admitted (AdmitStandby) now or when the job starts.
+  Status RegisterStandby(Connection& c, wire::RegisterMsg reg);
+  // Gives standby `c` its id, budget and welcome, and tells every worker (kServerJoined).
+  void AdmitStandby(Connection& c);
+  // Servers that hold partitions or may be given new ones: not lost, not standing by.
+  uint32_t ActiveServers() const;
   Status OnDeclare(Connection& c, const transport::Frame& f);
   // Every worker declared the key: compare the declarations, plan, tell the servers.
   Status Plan(uint64_t key, Declaration& decl);
@@ -186,7 +197,7 @@ class SchedulerImpl final : public Scheduler {
   // worker gets kServerLost and each moved key's new plan. An error says why it cannot be (the
   // last server, a key that is not a flat sum, a rank that joined, no room on the others).
   Status ServerFailover(Connection& c, const std::string& what);
-  // Every server not lost has acked the key's plan.
+  // Every server the key's plan went to and not lost since has acked it.
   bool AckedByAll(const Declaration& decl) const;
   // Sends the key's plan (a first one, or a failover's) to its workers once every server
   // left has acked it.
@@ -223,6 +234,12 @@ class SchedulerImpl final : public Scheduler {
   std::vector<std::weak_ptr<Connection>> unregistered_;
   std::map<uint32_t, std::shared_ptr<Connection>> workers_, servers_;
   std::set<uint32_t> lost_servers_;  // failover: servers whose partitions moved
+  // Standby servers admitted (by id; the lowest takes over first), and those registered before
+  // the job started that wait for it (they are admitted when it starts).
+  std::set<uint32_t> standby_;
+  uint32_t waiting_standbys_ = 0;
+  // The servers' address book (everything after your_id): a standby admitted later gets it.
+  Payload server_book_;
   uint32_t registered_workers_ = 0, registered_servers_ = 0, workers_left_ = 0;
   bool started_ = false;
   Clock::time_point started_at_, last_heartbeat_, accept_paused_until_;
@@ -260,7 +277,7 @@ class SchedulerImpl final : public Scheduler {
   // would exceed; OK when every server can hold its share (then held_ counts it).
   Status Admit(const std::string& keyhex, const Declaration& decl,
                const std::vector<wire::PartitionPlan>& plan);
-  // Encodes decl.plan (with decl.assign_header) and sends it to every server not lost.
+  // Encodes decl.plan (with decl.assign_header) and sends it to every active server.
   void SendPlanToServers(Declaration& decl);
   // decl.status is the key's failure: every worker gets it in place of the plan.
   void RefuseKey(uint64_t key, Declaration& decl);

@@ -87,6 +87,7 @@ class ServerImpl final : public Server {
     reg.weight = opts_.weight;
     reg.memory_budget = opts_.memory_budget_bytes;
     reg.available_memory = AvailableMemory();
+    reg.standby = opts_.standby;
     GL_ASSIGN_OR_RETURN(Joined joined, JoinJob(opts_.scheduler, job_hash_, reg, deadline, opts_.secret));
     channel_ = std::move(joined.channel);
     id_.store(joined.welcome.your_id, std::memory_order_relaxed);

@@ -58,6 +58,10 @@ enum class MsgType : uint8_t {
   // Failover: scheduler -> workers: server `count` is lost; each key with partitions on it
   // follows as a kAssign with kFlagReplan, once the servers that take them over have acked.
   kServerLost = 20,
+  // scheduler -> workers: a server joined as a standby (before the job started, or later, to a
+  // running job): `count` is its id, the payload its address-book entry (wire::EncodeMember). It has no
+  // partitions until it takes over a lost server's (kServerLost, then kAssign with kFlagReplan).
+  kServerJoined = 21,
   // Data plane (transport lanes).
   kPush = 32,          // worker -> server: one partition of one round (+ pull request)
   kPullResponse = 33,  // server -> worker: the round's result for that partition

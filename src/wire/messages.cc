@@ -79,6 +79,7 @@ std::vector<std::byte> Encode(const RegisterMsg& m) {
   w.U64(std::bit_cast<uint64_t>(m.weight));
   w.U64(m.memory_budget);
   w.U64(m.available_memory);
+  w.U8(m.standby ? 1 : 0);
   return w.Take();
 }
 
@@ -86,13 +87,19 @@ Result<RegisterMsg> DecodeRegister(std::span<const std::byte> b) {
   Reader r(b);
   RegisterMsg m;
   uint64_t weight_bits;
+  uint8_t standby;
   if (!GetRole(r, &m.role) || !r.I32(&m.requested_rank) || !r.Str(&m.host, kMaxNameLength) ||
       !r.Bytes(&m.push_address, kMaxAddressLength) ||
       !r.Bytes(&m.pull_address, kMaxAddressLength) || !r.U64(&weight_bits) || !r.U64(&m.memory_budget) ||
-      !r.U64(&m.available_memory) || !r.Done()) {
+      !r.U64(&m.available_memory) || !r.U8(&standby) || !r.Done()) {
     return Bad("register message");
   }
   if (m.requested_rank < -1) return Bad("register message (negative rank)");
+  if (standby > 1 || (standby == 1 && m.role != Role::kServer)) {
+    return Bad("register message (standby flag " + std::to_string(standby) + " for a " +
+               (m.role == Role::kServer ? "server" : "worker") + ")");
+  }
+  m.standby = standby == 1;
   m.weight = std::bit_cast<double>(weight_bits);
   if (!IsValidServerWeight(m.weight)) {
     return Bad("register message (" + ServerWeightError(m.weight) + ")");
@@ -136,6 +143,23 @@ Result<WelcomeMsg> DecodeWelcome(std::span<const std::byte> b) {
   if (!r.U64(&m.instance)) return Bad("welcome message (no instance)");
   if (!r.Done()) return Bad("welcome message (trailing bytes)");
   return m;
+}
+
+std::vector<std::byte> EncodeMember(const Member& m) {
+  Writer w;
+  PutMember(w, m.role, m.id, m.host, m.push_address, m.pull_address);
+  return w.Take();
+}
+
+Result<Member> DecodeMember(std::span<const std::byte> b) {
+  Reader r(b);
+  Member x;
+  if (!GetRole(r, &x.role) || !r.U32(&x.id) || !r.Str(&x.host, kMaxNameLength) ||
+      !r.Bytes(&x.push_address, kMaxAddressLength) ||
+      !r.Bytes(&x.pull_address, kMaxAddressLength) || !r.Done()) {
+    return Bad("member entry");
+  }
+  return x;
 }
 
 std::vector<std::byte> Encode(const DeclareMsg& m) {

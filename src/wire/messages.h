@@ -39,6 +39,11 @@ std::string ServerWeightError(double w);
 
 enum class Role : uint8_t { kWorker = 1, kServer = 2 };
 
+// Server ids run below num_servers + this: a standby's id (ServerOptions::standby, or a server
+// that joined a running job) is num_servers or more, one each, never reused, so a job takes at
+// most this many of them in its life.
+inline constexpr uint32_t kMaxServersJoined = 1024;
+
 // kRegister payload.
 struct RegisterMsg {
   Role role = Role::kWorker;
@@ -56,6 +61,9 @@ struct RegisterMsg {
   // Servers: what the kernel said could be allocated (MemAvailable) when the server started;
   // 0: unknown. Workers send 0.
   uint64_t available_memory = 0;
+  // Servers: a standby (ServerOptions::standby), which takes no partitions until it takes over
+  // a lost server's. Workers send false; decoding refuses a worker that says true.
+  bool standby = false;
 };
 
 struct Member {
@@ -125,6 +133,9 @@ std::vector<std::byte> Encode(const DeclareMsg& m);
 std::vector<std::byte> Encode(const AssignMsg& m);
 std::vector<std::byte> EncodeText(std::string_view text);
 
+// kServerJoined's payload: one member's entry of the address book, as in a WelcomeMsg.
+std::vector<std::byte> EncodeMember(const Member& m);
+Result<Member> DecodeMember(std::span<const std::byte> b);
 Result<RegisterMsg> DecodeRegister(std::span<const std::byte> b);
 Result<WelcomeMsg> DecodeWelcome(std::span<const std::byte> b);
 Result<DeclareMsg> DecodeDeclare(std::span<const std::byte> b);

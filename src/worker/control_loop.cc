@@ -61,7 +61,7 @@ void WorkerImpl::OnServerLost(uint32_t server) {
   lost_servers_[server] = true;
   counters_->servers_lost.fetch_add(1, std::memory_order_relaxed);
   GL_LOG(kWarn) << "worker " << rank_ << ": " << server_names_[server]
-                << " was lost; its partitions move to the other servers (failover)";
+                << " was lost; what it held moves to the other servers (failover)";
   // Replies it is still writing (a receive cannot be cancelled) land in buffers given up
   // now, kept until the worker ends: a server that hangs (SIGSTOP) holds no op.
   for (auto& [id, op] : ops_) {
@@ -86,6 +86,42 @@ void WorkerImpl::OnServerLost(uint32_t server) {
   }
 }
 
+Status WorkerImpl::OnServerJoined(const transport::Frame& f) {
+  GL_ASSIGN_OR_RETURN(const wire::Member m, wire::DecodeMember(f.payload));
+  const uint64_t id = f.header.count;
+  if (m.role != wire::Role::kServer || m.id != id || id < num_servers_ ||
+      id >= num_servers_ + wire::kMaxServersJoined) {
+    return ProtocolError("kServerJoined naming server " + std::to_string(id) +
+                         ", not a new server's entry");
+  }
+  std::string name = "server " + std::to_string(id) + " (" + m.host + ")";
+  // Through the lane's progress thread: not under mu_.
+  Result<PeerId> peer = push_lane_->Connect(m.push_address, name);
+  std::lock_guard lock(mu_);
+  if (id < server_peers_.size() && !lost_servers_[id]) {
+    return ProtocolError("kServerJoined for " + name + ", which this worker knows already");
+  }
+  if (id >= server_peers_.size()) {
+    // Ids between the ones known and this one are servers that never joined: never planned.
+    server_peers_.resize(id + 1, 0);
+    server_names_.resize(id + 1);
+    lost_servers_.resize(id + 1, true);
+  }
+  server_names_[id] = name;
+  if (!peer.ok()) {
+    // It stays unreachable (lost) here: a plan that moves partitions to it fails this worker
+    // (ReplanLocked), naming it, instead of pushing into nothing.
+    GL_LOG(kWarn) << "worker " << rank_ << ": cannot reach standby " << name << ": "
+                  << peer.status().ToString();
+    return Status::Ok();
+  }
+  server_peers_[id] = *peer;
+  lost_servers_[id] = false;
+  failover_ = true;  // a lost server's partitions have somewhere to go, even with one server
+  GL_LOG(kInfo) << "worker " << rank_ << ": " << name << " joined as a standby";
+  return Status::Ok();
+}
+
 Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan> parts) {
   if (!t.planned || !t.plan_status.ok() || parts.size() != t.parts.size() ||
       t.mode != topology::Mode::kFlat || !t.spec.is_sum()) {
@@ -95,9 +131,16 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
   std::vector<uint32_t> moved;
   for (uint32_t p = 0; p < parts.size(); ++p) {
     if (parts[p].offset != t.parts[p].offset || parts[p].count != t.parts[p].count ||
-        parts[p].server >= num_servers_ || lost_servers_[parts[p].server]) {
+        parts[p].server >= server_peers_.size()) {
       return ProtocolError("kAssign replan of '" + t.name + "' changes partition " +
                            std::to_string(p) + " other than by its server");
+    }
+    if (lost_servers_[parts[p].server]) {
+      return PeerLost("kAssign replan of '" + t.name + "' moves partition " + std::to_string(p) +
+                      " to " + (server_names_[parts[p].server].empty()
+                                    ? "server " + std::to_string(parts[p].server)
+                                    : server_names_[parts[p].server]) +
+                      ", which is lost or which this worker cannot reach");
     }
     if (parts[p].server != t.parts[p].server) moved.push_back(p);
   }
@@ -262,6 +305,12 @@ void WorkerImpl::ControlLoop() {
       case MsgType::kServerLost:
         OnServerLost(static_cast<uint32_t>(f->header.count));
         break;
+      case MsgType::kServerJoined:
+        if (Status s = OnServerJoined(*f); !s.ok()) {
+          FailAll(s);
+          return;
+        }
+        break;
       case MsgType::kBarrierRelease: {
         std::lock_guard lock(mu_);
         barrier_released_ = std::max(barrier_released_, f->header.round);
@@ -333,7 +382,12 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     if (f.header.dtype != static_cast<uint8_t>(t->dtype) || f.header.count != t->count) {
       return ProtocolError("kAssign shape differs from the declaration");
     }
-    GL_ASSIGN_OR_RETURN(wire::AssignMsg a, wire::DecodeAssign(f.payload, t->count, num_servers_));
+    uint32_t server_ids;  // the job's servers and the standbys that joined it
+    {
+      std::lock_guard lock(mu_);
+      server_ids = static_cast<uint32_t>(server_peers_.size());
+    }
+    GL_ASSIGN_OR_RETURN(wire::AssignMsg a, wire::DecodeAssign(f.payload, t->count, server_ids));
     if (a.spec != t->spec) return ProtocolError("kAssign of another collective than declared");
     GL_RETURN_IF_ERROR(layout::CheckPlan(a.spec, size_, t->count, a.partitions));
     if (!a.spec.is_sum()) {
@@ -360,6 +414,14 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
   {
     std::lock_guard lock(mu_);
     if (t->planned) return ProtocolError("key assigned twice");
+    for (const wire::PartitionPlan& p : parts) {
+      if (lost_servers_[p.server]) {
+        return PeerLost("kAssign of '" + t->name + "' places a partition on " +
+                        (server_names_[p.server].empty() ? "server " + std::to_string(p.server)
+                                                         : server_names_[p.server]) +
+                        ", which is lost or which this worker cannot reach");
+      }
+    }
     t->planned = true;
     t->plan_status = plan_status;
     t->parts = std::move(parts);

@@ -268,6 +268,9 @@ class WorkerImpl final : public Worker {
   bool NoteServerFailureLocked(uint32_t server, const Status& s);
   // kServerLost: its replies are refused from now on; its keys' replans follow.
   void OnServerLost(uint32_t server);
+  // A standby server joined (kServerJoined): connects to it; its id may name partitions from
+  // now on.
+  Status OnServerJoined(const transport::Frame& f);
   // kAssign with kFlagReplan: t's partitions that lay on a lost server moved to `parts`. For
   // each: this worker's standing (kRecover) to its new server, then the push again of the
   // partition of t's op in flight, if it was pushed and not answered.
@@ -376,7 +379,8 @@ class WorkerImpl final : public Worker {
   WorkerStats::InForce in_force_;  // set at the end of Init(), then read-only
   Receiver receiver_{this};
   // By server id; written in Init() before the control thread starts and before any op exists
-  // (lane callbacks that may run during Init read neither), then read-only.
+  // (lane callbacks that may run during Init read neither), then under mu_ (a standby that
+  // joins adds its id: OnServerJoined).
   std::vector<transport::PeerId> server_peers_;
   std::vector<std::string> server_names_;
   std::unique_ptr<transport::ControlChannel> channel_;

@@ -18,6 +18,10 @@ or SIGSTOP, and the trial requires:
     silence limit is 3 s). A round issued after the signal needs the servers left, so this is
     the failover plus one whole round (about 0.2 s here).
 
+Every fourth trial (#1, #5, ...) also starts a standby server (gradlink-server --standby): it
+must take over all of the victim's partitions (the scheduler says "all to standby"), and exit 0
+with the others.
+
 Phases: declare (the signal lands while the workers declare their tensors and the scheduler
 plans them, right after they joined), push (mid-transfer of 4 MiB and 32 MiB tensors, round
 >= 2), pull (one worker sleeps before issuing each round: the others wait for their pulls),
@@ -59,10 +63,12 @@ class Trial:
         self.victim = 0
         self.straggler = None
         self.offset = 0.0
+        self.standby = index % 4 == 1
 
     def label(self):
-        return "#%02d SIG%-4s %-8s server %d of %d" % (self.index, self.sig, self.phase,
-                                                      self.victim, self.servers)
+        return "#%02d SIG%-4s %-8s server %d of %d%s" % (
+            self.index, self.sig, self.phase, self.victim, self.servers,
+            " +standby" if self.standby else "")
 
 
 def plan(seed, n):
@@ -116,9 +122,13 @@ def run_trial(h, t, results):
         servers = [h.spawn("f%02d-server%d" % (t.index, i), "server", i,
                            [os.path.join(h.bin_dir, "gradlink-server"), "--scheduler", addr,
                             "--job", job]) for i in range(t.servers)]
+        standbys = [h.spawn("f%02d-standby" % t.index, "server", t.servers,
+                            [os.path.join(h.bin_dir, "gradlink-server"), "--scheduler", addr,
+                             "--job", job, "--standby"])] if t.standby else []
+        servers += standbys
         procs += servers
         h.wait_for("the servers to connect",
-                   lambda: run_fault.established_to(int(m.group(2))) >= t.servers, 10, procs)
+                   lambda: run_fault.established_to(int(m.group(2))) >= len(servers), 10, procs)
         workers = []
         for r in range(WORKERS):
             argv = [h.worker_exe, "--scheduler", addr, "--job", job, "--rank", str(r),
@@ -175,6 +185,8 @@ def run_trial(h, t, results):
                 problems.append("%s crashed after it was resumed (signal %d)" % (victim.name,
                                                                                  -rc))
         moved = re.findall(r"(\d+) partitions of (\d+) key", sched.err())
+        if t.standby and moved and "all to standby server %d" % t.servers not in sched.err():
+            problems.append("the standby did not take over the victim's partitions")
         verdict = "ok" if not problems else "FAIL"
         results.append({"trial": t.index, "phase": t.phase, "signal": t.sig,
                         "servers": t.servers, "recovery": recovery, "verdict": verdict,

@@ -266,41 +266,49 @@ def test_a_lost_member_is_named_and_the_job_ends_within_two_seconds(built, tmp_p
         assert state == "Z", "process %d (%s) outlived gradlink-run" % (k, kids[k][0])
 
 
-def _train(tmp_path, mode, tag, kill=None):
-    """failover_train.py under gradlink-run, 2 workers and 3 servers, through the servers (no
-    same-host path); with `kill` = (signal, step), server 1 gets that signal once a worker has
-    done that step. Returns (gradlink-run's exit code, its stderr, the victim's pid)."""
+def _train(tmp_path, mode, tag, kill=None, servers=3, launcher_args=(), steps=30):
+    """failover_train.py under gradlink-run, 2 workers and `servers` servers, through the
+    servers (no same-host path); with `kill` = (signal, step), server 1 gets that signal once a
+    worker has done that step; or `kill` is a list of (signal, step, server id, text): that
+    server gets it once a worker has done that step and gradlink-run's stderr holds the text.
+    Returns (gradlink-run's exit code, its stderr, the victims' pids (one: the pid), the output
+    folder, the workers' output)."""
     import os
     import subprocess
     import sys
     from conftest import BIN, JOBS, LAUNCHER
+    kills = [] if kill is None else [kill + (1, "")] if isinstance(kill, tuple) else list(kill)
     out = tmp_path / tag
     out.mkdir()
     env = dict(os.environ, GRADLINK_LOCAL_ARENA_BYTES="0")
     err_path = tmp_path / (tag + ".err")
     with open(err_path, "wb") as err:
-        p = subprocess.Popen([sys.executable, LAUNCHER, "--bin-dir", BIN, "-n", "2", "-s", "3",
-                              "--timeout", "90", "--", sys.executable,
-                              os.path.join(JOBS, "failover_train.py"), "--mode", mode, "--out",
-                              str(out)], stdout=subprocess.PIPE, stderr=err, env=env,
-                             cwd=str(tmp_path))
-        victim = None
+        p = subprocess.Popen([sys.executable, LAUNCHER, "--bin-dir", BIN, "-n", "2", "-s",
+                              str(servers), "--timeout", "90", *launcher_args, "--",
+                              sys.executable, os.path.join(JOBS, "failover_train.py"), "--mode",
+                              mode, "--steps", str(steps), "--out", str(out)],
+                             stdout=subprocess.PIPE, stderr=err, env=env, cwd=str(tmp_path))
+        victims = []
         lines = []
         try:
             for line in p.stdout:
                 lines.append(line.decode(errors="replace"))
-                if kill and victim is None and b"STEP %d\n" % kill[1] in line:
-                    victim = [k for k, argv in _children(p.pid).items()
-                              if argv[0].endswith(b"gradlink-server") and b"--id" in argv
-                              and argv[argv.index(b"--id") + 1] == b"1"]
-                    assert len(victim) == 1
-                    victim = victim[0]
-                    os.kill(victim, kill[0])
+                step = line.startswith(b"STEP ") and int(line.split()[1])
+                if len(victims) < len(kills) and step is not False:
+                    sig, at, sid, text = kills[len(victims)]
+                    if step >= at and text in err_path.read_text(errors="replace"):
+                        victim = [k for k, argv in _children(p.pid).items()
+                                  if argv[0].endswith(b"gradlink-server") and b"--id" in argv
+                                  and argv[argv.index(b"--id") + 1] == str(sid).encode()]
+                        assert len(victim) == 1, victim
+                        victims.append(victim[0])
+                        os.kill(victim[0], sig)
             p.wait(timeout=90)
         finally:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    victim = victims[0] if len(kills) == 1 else victims if kills else None
     return p.returncode, err_path.read_text(errors="replace"), victim, out, "".join(lines)
 
 
@@ -322,6 +330,34 @@ def test_training_through_a_lost_server_ends_with_the_failure_free_bits(built, t
     for r in range(2):
         assert "TRAINED rank %d servers_lost 1" % r in out, out
     assert "gradlink-run: server 1 was lost; its" in err and "the job goes on" in err, err
+    for r in range(2):
+        a = torch.load(clean / ("rank%d.pt" % r))
+        b = torch.load(lost / ("rank%d.pt" % r))
+        assert set(a) == set(b)
+        for name in a:
+            assert torch.equal(a[name], b[name]), (r, name, (a[name] - b[name]).abs().max())
+
+
+def test_restarted_servers_keep_a_two_server_job_alive_through_two_losses(built, tmp_path):
+    """--restart-servers: server 0 of 2 killed at step 5 (its partitions move to server 1, and
+    gradlink-run starts server 2, a standby, in its place), then server 1 killed once server 2
+    has joined: server 2 takes over everything. Without the restart the second loss would be the
+    last server's. The job exits 0 and the parameters equal, bit for bit, a run without losses."""
+    import signal as signals
+    import torch
+    rc, err, _, clean, out = _train(tmp_path, "optimizer", "clean", servers=2, steps=40)
+    assert rc == 0, err
+    kills = [(signals.SIGKILL, 5, 0, ""),
+             (signals.SIGKILL, 10, 1, "gradlink-run: server 2 joined the job as a standby")]
+    rc, err, victims, lost, out = _train(tmp_path, "optimizer", "lost", kills, servers=2,
+                                         launcher_args=("--restart-servers", "1"), steps=40)
+    assert victims is not None and len(victims) == 2, (victims, err, out)
+    assert rc == 0, err
+    for r in range(2):
+        assert "TRAINED rank %d servers_lost 2" % r in out, out
+    assert "gradlink-run: starting server 2, a standby, in place of server 0" in err, err
+    assert "gradlink-run: server 1 was lost; its" in err, err
+    assert "all to standby server 2" in err, err
     for r in range(2):
         a = torch.load(clean / ("rank%d.pt" % r))
         b = torch.load(lost / ("rank%d.pt" % r))

@@ -55,21 +55,17 @@ void Job::Start(const JobConfig& config) {
   scheduler_ = std::move(sched).value();
   const std::string address = "127.0.0.1:" + std::to_string(scheduler_->port());
 
-  servers_.resize(config.servers);
+  const uint32_t all_servers = config.servers + config.standby_servers;
+  servers_.resize(all_servers);
   workers_.resize(config.workers);
   fakes_.resize(config.workers);
-  std::vector<Status> errors(config.servers + config.workers);
+  std::vector<Status> errors(all_servers + config.workers);
   std::vector<std::thread> threads;
+  for (size_t i = config.servers; i < all_servers; ++i) start_order.push_back(i);
   for (size_t i : start_order) {
     threads.emplace_back([&, i] {
-      ServerOptions o;
-      o.scheduler = address;
-      o.job = config.job;
-      o.connect_timeout = kConnectTimeout;
-      o.host_name = "server-host-" + std::to_string(i);
-      if (!config.server_weights.empty()) o.weight = config.server_weights[i];
-      o.memory_budget_bytes = config.server_memory_budget;
-      if (!config.server_ids.empty()) o.id = config.server_ids[i];
+      ServerOptions o = ServerOptionsFor(address, i);
+      o.standby = i >= config.servers;
       if (config.per_server) config.per_server(i, o);
       Result<std::unique_ptr<Server>> s = StartServerOn(o, fabric_);
       if (s.ok()) servers_[i] = std::move(s).value();
@@ -90,7 +86,7 @@ void Job::Start(const JobConfig& config) {
         reg.pull_address.assign(8, std::byte{0xEE});
         Result<Joined> j = JoinJob(address, wire::JobHash(config.job), reg, In(kConnectTimeout));
         if (j.ok()) fakes_[r] = std::move(j->channel);
-        else errors[config.servers + r] = j.status();
+        else errors[all_servers + r] = j.status();
         return;
       }
       WorkerOptions o;
@@ -111,7 +107,7 @@ void Job::Start(const JobConfig& config) {
       if (config.per_worker) config.per_worker(r, o);
       Result<std::unique_ptr<Worker>> w = ConnectWorkerOn(o, fabric_);
       if (w.ok()) workers_[r] = std::move(w).value();
-      else errors[config.servers + r] = w.status();
+      else errors[all_servers + r] = w.status();
     });
   }
   for (auto& t : threads) t.join();
@@ -122,6 +118,27 @@ void Job::Start(const JobConfig& config) {
     EXPECT_EQ(workers_[r]->size(), config.workers);
     EXPECT_EQ(workers_[r]->num_servers(), config.servers);
   }
+}
+
+ServerOptions Job::ServerOptionsFor(const std::string& address, size_t i) const {
+  ServerOptions o;
+  o.scheduler = address;
+  o.job = config_.job;
+  o.connect_timeout = kConnectTimeout;
+  o.host_name = "server-host-" + std::to_string(i);
+  if (i < config_.server_weights.size()) o.weight = config_.server_weights[i];
+  o.memory_budget_bytes = config_.server_memory_budget;
+  if (i < config_.server_ids.size()) o.id = config_.server_ids[i];
+  return o;
+}
+
+Result<size_t> Job::AddServer(const std::function<void(ServerOptions&)>& tweak) {
+  const size_t i = servers_.size();
+  ServerOptions o = ServerOptionsFor("127.0.0.1:" + std::to_string(scheduler_->port()), i);
+  if (tweak) tweak(o);
+  GL_ASSIGN_OR_RETURN(std::unique_ptr<Server> s, StartServerOn(o, fabric_));
+  servers_.push_back(std::move(s));
+  return i;
 }
 
 void Job::FinishCleanly() {

@@ -68,6 +68,9 @@ struct JobConfig {
   // Likewise for each server's (by start index).
   std::function<void(size_t index, ServerOptions&)> per_server;
   bool server_failover = true;  // SchedulerOptions::server_failover
+  // Standby servers (ServerOptions::standby), started with the others but not among the
+  // scheduler's `servers`: start indices servers .. servers + standby_servers - 1.
+  uint32_t standby_servers = 0;
 };
 
 class Job {
@@ -81,6 +84,11 @@ class Job {
   // Starts everything on threads; fails the test (and leaves the job partial) on error. Call
   // with ASSERT_NO_FATAL_FAILURE.
   void Start(const JobConfig& config);
+
+  // Starts one more server now (a running job takes it as a standby); its start index, or why
+  // it could not join.
+  Result<size_t> AddServer(const std::function<void(ServerOptions&)>& tweak = {});
+  size_t servers_started() const { return servers_.size(); }
 
   // Every worker says goodbye; the job must then end cleanly everywhere.
   void FinishCleanly();
@@ -97,6 +105,9 @@ class Job {
   const JobConfig& config() const { return config_; }
 
  private:
+  // Server `i`'s options (by start index) from the config, joining the scheduler at `address`.
+  ServerOptions ServerOptionsFor(const std::string& address, size_t i) const;
+
   JobConfig config_;
   std::mutex buffers_mu_;
   std::list<std::vector<std::byte>> buffers_;  // destroyed after the members below

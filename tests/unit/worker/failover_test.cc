@@ -92,7 +92,7 @@ void ExpectTheJobFailed(Job& job, const std::vector<TensorHandle>& t, const std:
 // The surviving members end cleanly: the lost server is not waited for.
 void FinishWithout(Job& job, std::vector<uint32_t> lost) {
   for (uint32_t r = 0; r < 2; ++r) EXPECT_TRUE(job.worker(r).Shutdown(In(5s)).ok());
-  for (uint32_t i = 0; i < job.config().servers; ++i) {
+  for (uint32_t i = 0; i < job.servers_started(); ++i) {
     if (std::find(lost.begin(), lost.end(), i) != lost.end()) continue;
     const Status s = job.server(i).Wait(In(5s));
     EXPECT_TRUE(s.ok()) << "server " << i << ": " << s.ToString();
@@ -217,6 +217,105 @@ TEST(FailoverTest, OffALostServerFailsTheJob) {
   ASSERT_NO_FATAL_FAILURE(Round(job, t, 0, DataType::kFloat32));
   job.server(1).Stop();
   ExpectTheJobFailed(job, t, "the scheduler runs without it");
+}
+
+// Standbys (ServerOptions::standby): two wait, holding nothing. One is lost while it stands by,
+// which costs nothing; then a server is lost mid-operation and the other standby takes over all
+// of its partitions: the surviving server sums exactly its own partitions before and after, the
+// standby exactly the lost server's, and every sum is exact.
+TEST(FailoverTest, AStandbyTakesOverALostServersPartitions) {
+  JobConfig config = ThreeServers();
+  config.servers = 2;
+  config.standby_servers = 2;
+  config.server_ids = {-1, -1, 2, 3};  // the standbys by start index: 2 and 3
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  EXPECT_EQ(job.server(2).id(), 2u);
+  EXPECT_EQ(job.server(3).id(), 3u);
+  const std::vector<TensorHandle> t = DeclareOnEvery(job, DataType::kFloat32);
+  ASSERT_EQ(t.size(), 2u);
+  for (uint64_t round = 0; round < 2; ++round) ASSERT_NO_FATAL_FAILURE(Round(job, t, round, DataType::kFloat32));
+  const uint64_t own = job.server(0).stats().rounds_completed / 2;  // server 0's partitions
+  EXPECT_EQ(own + job.server(1).stats().rounds_completed / 2, 7u);
+  EXPECT_EQ(job.server(2).stats().rounds_completed, 0u);
+  EXPECT_EQ(job.server(3).stats().rounds_completed, 0u);
+  job.server(2).Stop();  // a standby lost: nothing moves
+  ASSERT_NO_FATAL_FAILURE(Round(job, t, 2, DataType::kFloat32));
+  ASSERT_NO_FATAL_FAILURE(RoundAcrossLoss(job, t, 3, {1}, 100ms));
+  for (uint64_t round = 4; round < 6; ++round) ASSERT_NO_FATAL_FAILURE(Round(job, t, round, DataType::kFloat32));
+  // Rounds 3-5 of server 1's partitions on standby 3 (round 3 could not complete on server 1:
+  // rank 1 had not pushed); server 0 took nothing more.
+  EXPECT_EQ(job.server(0).stats().rounds_completed, 6 * own);
+  EXPECT_EQ(job.server(3).stats().rounds_completed, 3 * (7 - own));
+  for (uint32_t r = 0; r < 2; ++r) {
+    const WorkerStats st = job.worker(r).Stats();
+    EXPECT_EQ(st.servers_lost, 2u);  // the standby and server 1
+    EXPECT_EQ(st.partitions_recovered, 7 - own);
+  }
+  FinishWithout(job, {1, 2});
+}
+
+// A server started while the job runs (not told it is a standby) joins as one. A one-server job
+// then survives losing its server: the new one takes over every partition. Losing that one too
+// fails the job, saying it was the last server.
+TEST(FailoverTest, AServerJoiningTheRunningJobTakesOverTheNextLoss) {
+  JobConfig config = ThreeServers();
+  config.servers = 1;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  const std::vector<TensorHandle> t = DeclareOnEvery(job, DataType::kFloat32);
+  ASSERT_EQ(t.size(), 2u);
+  ASSERT_NO_FATAL_FAILURE(Round(job, t, 0, DataType::kFloat32));
+  Result<size_t> added = job.AddServer();
+  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  EXPECT_EQ(job.server(*added).id(), 1u);  // the first id after the job's servers
+  ASSERT_NO_FATAL_FAILURE(Round(job, t, 1, DataType::kFloat32));
+  EXPECT_EQ(job.server(*added).stats().rounds_completed, 0u);
+  job.server(0).Stop();
+  for (uint64_t round = 2; round < 4; ++round) ASSERT_NO_FATAL_FAILURE(Round(job, t, round, DataType::kFloat32));
+  EXPECT_EQ(job.server(*added).stats().rounds_completed, 2u * 7u);
+  // A new key after the takeover is planned on the server that took over.
+  std::vector<TensorHandle> h;
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto x = job.worker(r).Declare("later", DataType::kFloat32, kCount);
+    ASSERT_TRUE(x.ok()) << x.status().ToString();
+    h.push_back(*x);
+  }
+  ASSERT_NO_FATAL_FAILURE(Round(job, h, 0, DataType::kFloat32));
+  EXPECT_EQ(job.server(*added).stats().rounds_completed, 3u * 7u);
+  job.server(*added).Stop();
+  ExpectTheJobFailed(job, t, "it was the last server");
+}
+
+// A standby must not claim one of the job's first servers' ids (or a lost one's), and a job
+// without failover takes no server once it runs: each is refused, saying why, and the job goes
+// on.
+TEST(FailoverTest, AServerThatCannotStandByIsRefusedClearly) {
+  {
+    Job job;
+    ASSERT_NO_FATAL_FAILURE(job.Start(ThreeServers()));
+    Result<size_t> taken = job.AddServer([](ServerOptions& o) {
+      o.standby = true;
+      o.id = 1;
+    });
+    ASSERT_FALSE(taken.ok());
+    EXPECT_NE(taken.status().message().find("server id 1 is not free for a standby"),
+              std::string::npos)
+        << taken.status().ToString();
+    const std::vector<TensorHandle> t = DeclareOnEvery(job, DataType::kFloat32);
+    ASSERT_EQ(t.size(), 2u);
+    ASSERT_NO_FATAL_FAILURE(Round(job, t, 0, DataType::kFloat32));
+    job.FinishCleanly();
+  }
+  JobConfig config = ThreeServers();
+  config.server_failover = false;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  Result<size_t> late = job.AddServer();
+  ASSERT_FALSE(late.ok());
+  EXPECT_NE(late.status().message().find("runs without server failover"), std::string::npos)
+      << late.status().ToString();
+  job.FinishCleanly();
 }
 
 }  // namespace
