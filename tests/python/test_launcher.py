@@ -2,6 +2,8 @@
 
 import textwrap
 
+import re
+
 import pytest
 
 
@@ -293,8 +295,9 @@ def _train(tmp_path, mode, tag, kill=None, servers=3, launcher_args=(), steps=30
         try:
             for line in p.stdout:
                 lines.append(line.decode(errors="replace"))
-                step = line.startswith(b"STEP ") and int(line.split()[1])
-                if len(victims) < len(kills) and step is not False:
+                m = re.search(rb"\bSTEP (\d+)$", line.rstrip())  # "[worker 0] STEP 5"
+                step = int(m.group(1)) if m else None
+                if len(victims) < len(kills) and step is not None:
                     sig, at, sid, text = kills[len(victims)]
                     if step >= at and text in err_path.read_text(errors="replace"):
                         victim = [k for k, argv in _children(p.pid).items()
