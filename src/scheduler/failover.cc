@@ -57,10 +57,9 @@ Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
     const bool there = std::any_of(decl.plan.begin(), decl.plan.end(),
                                    [&](const wire::PartitionPlan& p) { return p.server == lost; });
     if (!there) continue;
-    if (decl.mode != topology::Mode::kFlat || !decl.spec.is_sum()) {
+    if (decl.mode != topology::Mode::kFlat) {
       return Unavailable("key " + KeyHex(key) + " '" + decl.name +
-                                "' is not a flat sum (hierarchical keys and other collectives "
-                                "do not move yet)");
+                         "' is summed per host first (hierarchical keys do not move yet)");
     }
     // A key still being moved from an earlier loss moves again: its partitions on this server
     // (its own and any it was adopting) go to the servers left, under the plan's next version;

@@ -66,8 +66,11 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
                                                    : " (each host's partial sum comes from one rank)"));
   }
   const uint32_t rank = static_cast<uint32_t>(index);
+  // A requester pushes nothing: its push only asks for the result.
+  const bool requester = rank >= num_workers_;
+  const uint64_t expected = requester ? 0 : count_;
   if (adopting_) {
-    if (h.count == count_ && stage_[rank] == Stage::kFree) push_round_[rank] = h.round;
+    if (h.count == expected && stage_[rank] == Stage::kFree) push_round_[rank] = h.round;
   } else if (h.round != round_) {
     return ProtocolError(Describe() + ": rank " + std::to_string(sender) + " pushed round " +
                          std::to_string(h.round) + " while the server sums round " +
@@ -83,9 +86,6 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
   }
   cookie_[rank] = h.cookie;
   flags_[rank] = h.flags;
-  // A requester pushes nothing: its push only asks for the result.
-  const bool requester = rank >= num_workers_;
-  const uint64_t expected = requester ? 0 : count_;
   if (h.dtype != static_cast<uint8_t>(dtype_) || h.count != expected) {
     const std::string got =
         IsValidDataType(h.dtype) ? std::string(DataTypeName(static_cast<DataType>(h.dtype)))
@@ -324,6 +324,13 @@ std::optional<Completion> PartitionState::FinishAdoptionLocked() {
                  " pushed round " + std::to_string(push_round_[i]) + ", the others are at round " +
                  std::to_string(base);
       failure_code_ = Code::kInternal;
+      if (!SumsWithoutAbsent()) {
+        // Only a sum's workers keep its results: another collective's round that some had
+        // received when its server was lost cannot be answered to the others.
+        failure_ += " (a round of this collective was in flight when its server was lost, and "
+                    "only sums can be replayed)";
+        failure_code_ = Code::kPeerLost;
+      }
     }
   }
   round_ = base;

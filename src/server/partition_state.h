@@ -124,7 +124,9 @@ class PartitionState {
   // says whether its push of a round it has not received follows. Nothing is summed until
   // every worker has reported. Then the partition goes on one round past the latest result
   // (workers all hold the same: sums are deterministic, and the copies are compared), and a
-  // push of that latest round is answered with it. Flat sums only. Before any push.
+  // push of that latest round is answered with it. Flat keys only; only sums' workers keep
+  // results, so another collective's round moves only if no worker had received it (or none
+  // still waits for it), else it fails, saying so. Before any push.
   void Adopt();
   bool adopting() const;
   // A kRecover header: where its result lands (empty: none); an error drops it, answered so.

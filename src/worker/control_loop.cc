@@ -124,9 +124,9 @@ Status WorkerImpl::OnServerJoined(const transport::Frame& f) {
 
 Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan> parts) {
   if (!t.planned || !t.plan_status.ok() || parts.size() != t.parts.size() ||
-      t.mode != topology::Mode::kFlat || !t.spec.is_sum()) {
+      t.mode != topology::Mode::kFlat) {
     return ProtocolError("kAssign replan of '" + t.name +
-                         "', which is not a planned flat sum of as many partitions");
+                         "', which is not a planned flat key of as many partitions");
   }
   std::vector<uint32_t> moved;
   for (uint32_t p = 0; p < parts.size(); ++p) {
@@ -137,9 +137,7 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
     }
     if (lost_servers_[parts[p].server]) {
       return PeerLost("kAssign replan of '" + t.name + "' moves partition " + std::to_string(p) +
-                      " to " + (server_names_[parts[p].server].empty()
-                                    ? "server " + std::to_string(parts[p].server)
-                                    : server_names_[parts[p].server]) +
+                      " to " + ServerNameLocked(parts[p].server) +
                       ", which is lost or which this worker cannot reach");
     }
     if (parts[p].server != t.parts[p].server) moved.push_back(p);
@@ -154,6 +152,9 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
   const uint64_t size = DataTypeSize(t.wire);
   for (uint32_t p : moved) {
     const wire::PartitionPlan& plan = t.parts[p];
+    // A collective's partition that this rank neither pushes nor pulls: no server waits for it
+    // (nor for anyone, when nobody receives it).
+    if (!t.spec.is_sum() && !t.roles[p].participates()) continue;
     Outgoing r;
     r.peer = server_peers_[plan.server];
     r.server = plan.server;
@@ -177,6 +178,10 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
       r.payload = *copy;
       r.header.payload_bytes = r.payload.size();
       r.owned = std::move(copy);
+    } else if (op && op->parts[p] == Op::Part::kDone) {
+      // Received this round's result for it, which only a sum keeps: the round it pushes next
+      // is the one after. A rank that has not received it then fails the round, saying so.
+      r.header.round = op->round.load() + 1;
     } else {
       r.header.round = op ? op->round.load() : t.next_round;  // the round it pushes next
     }
@@ -198,6 +203,11 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
   pumped_ = pumped_ || !moved.empty();
   counters_->partitions_recovered.fetch_add(moved.size(), std::memory_order_relaxed);
   return Status::Ok();
+}
+
+std::string WorkerImpl::ServerNameLocked(uint32_t id) const {
+  if (id < server_names_.size() && !server_names_[id].empty()) return server_names_[id];
+  return "server " + std::to_string(id);
 }
 
 std::string WorkerImpl::ServerOfPeer(transport::PeerId peer) const {
@@ -417,8 +427,7 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     for (const wire::PartitionPlan& p : parts) {
       if (lost_servers_[p.server]) {
         return PeerLost("kAssign of '" + t->name + "' places a partition on " +
-                        (server_names_[p.server].empty() ? "server " + std::to_string(p.server)
-                                                         : server_names_[p.server]) +
+                        ServerNameLocked(p.server) +
                         ", which is lost or which this worker cannot reach");
       }
     }

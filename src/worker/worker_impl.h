@@ -254,6 +254,8 @@ class WorkerImpl final : public Worker {
   // `peer` is a push-lane endpoint (Lane::Connect); it is named (ServerOfPeer) only on the
   // control thread, which starts after every endpoint's server is recorded.
   void OnDataPeerFailed(transport::PeerId peer, const Status& s);
+  // "server 3 (host)", or "server 3" for an id that never joined. Under mu_.
+  std::string ServerNameLocked(uint32_t id) const;
   // The name of the server whose push-lane endpoint is `peer` ("a server" if none is).
   std::string ServerOfPeer(transport::PeerId peer) const;
 

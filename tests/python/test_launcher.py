@@ -315,10 +315,12 @@ def _train(tmp_path, mode, tag, kill=None, servers=3, launcher_args=(), steps=30
     return p.returncode, err_path.read_text(errors="replace"), victim, out, "".join(lines)
 
 
-@pytest.mark.parametrize("mode,sig", [("optimizer", "SIGKILL"), ("ddp", "SIGSTOP")])
+@pytest.mark.parametrize("mode,sig", [("optimizer", "SIGKILL"), ("ddp", "SIGSTOP"),
+                                      ("c10d", "SIGKILL")])
 def test_training_through_a_lost_server_ends_with_the_failure_free_bits(built, tmp_path, mode,
                                                                          sig):
-    """DistributedOptimizer or DDP with gradlink's comm hook, 30 steps; server 1 of 3 killed
+    """DistributedOptimizer, DDP with gradlink's comm hook, or DDP over the gradlink
+    torch.distributed backend, 30 steps; server 1 of 3 killed
     (or hung) at step 5: gradlink-run reports the loss as an event and exits 0, and every
     parameter on both ranks equals, bit for bit, a run without the loss."""
     import signal as signals

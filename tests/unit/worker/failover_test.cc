@@ -4,7 +4,9 @@
 // run without the loss). The fork-and-kill trials (tests/fault) kill real processes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -316,6 +318,60 @@ TEST(FailoverTest, AServerThatCannotStandByIsRefusedClearly) {
   EXPECT_NE(late.status().message().find("runs without server failover"), std::string::npos)
       << late.status().ToString();
   job.FinishCleanly();
+}
+
+// Keys other than sums move too (a broadcast, an allgather and a max, as DDP's and torch's
+// collectives are) when their server is lost between their rounds: every round after the loss
+// gives the scalar reference's result.
+TEST(FailoverTest, OtherCollectivesMoveBetweenRounds) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(ThreeServers()));
+  const std::vector<CollectiveSpec> specs = {
+      {.kind = Collective::kBroadcast, .root = 1},
+      {.kind = Collective::kAllgather, .counts = {kCount / 2, kCount / 2}},
+      {.kind = Collective::kAllreduce, .op = ReduceOp::kMax}};
+  std::vector<std::vector<TensorHandle>> keys(specs.size());
+  for (size_t k = 0; k < specs.size(); ++k) {
+    for (uint32_t r = 0; r < 2; ++r) {
+      auto h = job.worker(r).DeclareCollective("collective" + std::to_string(k),
+                                               DataType::kFloat32, kCount, specs[k]);
+      ASSERT_TRUE(h.ok()) << h.status().ToString();
+      keys[k].push_back(*h);
+    }
+  }
+  // Rank r's input element i in round `round`: distinct per rank, round and element.
+  const auto input = [](uint32_t r, uint64_t round, uint64_t i) {
+    return static_cast<float>(r * 1000 + round * 10 + i % 7);
+  };
+  const auto run_round = [&](uint64_t round) {
+    for (size_t k = 0; k < specs.size(); ++k) {
+      OnEveryWorker(2, [&](uint32_t r) {
+        const uint64_t in_count = specs[k].kind == Collective::kAllgather ? kCount / 2 : kCount;
+        std::vector<float> in(in_count), out(kCount, -1.0f);
+        for (uint64_t i = 0; i < in_count; ++i) in[i] = input(r, round, i);
+        const Status s =
+            job.worker(r)
+                .Run(keys[k][r], std::as_bytes(std::span(in)), std::as_writable_bytes(std::span(out)))
+                .Wait(In(kOpTimeout));
+        ASSERT_TRUE(s.ok()) << DescribeSpec(specs[k]) << " round " << round << ": " << s.ToString();
+        for (uint64_t i = 0; i < kCount; ++i) {
+          float want = 0;
+          switch (specs[k].kind) {
+            case Collective::kBroadcast: want = input(1, round, i); break;
+            case Collective::kAllgather: want = input(i / (kCount / 2), round, i % (kCount / 2)); break;
+            default: want = std::max(input(0, round, i), input(1, round, i)); break;
+          }
+          ASSERT_EQ(out[i], want) << DescribeSpec(specs[k]) << " round " << round << " rank " << r
+                                  << " element " << i;
+        }
+      });
+    }
+  };
+  for (uint64_t round = 0; round < 2; ++round) ASSERT_NO_FATAL_FAILURE(run_round(round));
+  job.server(1).Stop();
+  for (uint64_t round = 2; round < 4; ++round) ASSERT_NO_FATAL_FAILURE(run_round(round));
+  for (uint32_t r = 0; r < 2; ++r) EXPECT_GE(job.worker(r).Stats().partitions_recovered, 3u);
+  FinishWithout(job, {1});
 }
 
 }  // namespace
