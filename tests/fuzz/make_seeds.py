@@ -38,10 +38,10 @@ for name, data in frames.items():
 
 addr = b"\x01\x02\x03\x04"
 # Weight, memory budget, available memory.
-register = bytes([1]) + struct.pack("<i", -1) + s(b"host") + s(addr) + s(addr) + struct.pack("<dQQ", 1.0, 0, 0)
+register = bytes([1]) + struct.pack("<i", -1) + s(b"host") + s(addr) + s(addr) + struct.pack("<dQQB", 1.0, 0, 0, 0)
 # A server with placement weight 0.25, and (refused) weights out of range: 0, -1, NaN, inf, 1e7.
-register_server = bytes([2]) + struct.pack("<i", -1) + s(b"srv") + s(addr) + s(addr) + struct.pack("<dQQ", 0.25, 64 << 20, 8 << 30)
-register_bad_weights = [bytes([2]) + struct.pack("<i", -1) + s(b"srv") + s(addr) + s(addr) + struct.pack("<dQQ", w, 0, 0)
+register_server = bytes([2]) + struct.pack("<i", -1) + s(b"srv") + s(addr) + s(addr) + struct.pack("<dQQB", 0.25, 64 << 20, 8 << 30, 1)
+register_bad_weights = [bytes([2]) + struct.pack("<i", -1) + s(b"srv") + s(addr) + s(addr) + struct.pack("<dQQB", w, 0, 0, 0)
                         for w in (0.0, -1.0, float("nan"), float("inf"), 1e7)]
 welcome = struct.pack("<IIII", 0, 1, 1, 2) + bytes([1]) + struct.pack("<I", 0) + s(b"w") + s(addr) + s(addr) \
     + bytes([2]) + struct.pack("<I", 0) + s(b"s") + s(addr) + s(addr) + struct.pack("<Q", 0x1234)

@@ -26,7 +26,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace w = gradlink::wire;
   switch (which) {
     case 0: CheckRoundTrip(w::DecodeRegister(b), b); break;
-    case 1: CheckRoundTrip(w::DecodeWelcome(b), b); break;
+    case 1: {
+      CheckRoundTrip(w::DecodeWelcome(b), b);
+      // A member entry alone (kServerJoined) is the same encoding as one of the book's.
+      auto m = w::DecodeMember(b);
+      if (m.ok()) {
+        const std::vector<std::byte> out = w::EncodeMember(*m);
+        if (out.size() != b.size() || !std::equal(out.begin(), out.end(), b.begin())) std::abort();
+      }
+      break;
+    }
     case 2: CheckRoundTrip(w::DecodeDeclare(b), b); break;
     case 3: {
       // The expected total and server count come from the header; derive them from byte 0.

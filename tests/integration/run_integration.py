@@ -315,11 +315,12 @@ def header(type_, job="default", payload=0, magic=MAGIC, version=VERSION, flags=
                        cookie)
 
 
-def register_payload(role=1, rank=-1, host="intruder", push=b"", pull=b"", weight=1.0):
+def register_payload(role=1, rank=-1, host="intruder", push=b"", pull=b"", weight=1.0,
+                     standby=0):
     def blob(b):
         return struct.pack("<I", len(b)) + b
     return (struct.pack("<Bi", role, rank) + blob(host.encode()) + blob(push) + blob(pull) +
-            struct.pack("<dQQ", weight, 0, 0))
+            struct.pack("<dQQB", weight, 0, 0, standby))
 
 
 def frame(type_, payload=b"", **kw):
@@ -357,6 +358,10 @@ def scheduler_bad_inputs():
         ("kRegister with a garbage payload", frame(T_REGISTER, b"\x07" * 10), quick),
         ("kRegister with role 3", frame(T_REGISTER, register_payload(role=3)), quick),
         ("kRegister with rank -5", frame(T_REGISTER, register_payload(rank=-5)), quick),
+        ("kRegister of a worker as a standby", frame(T_REGISTER, register_payload(standby=1)),
+         quick),
+        ("kRegister with standby flag 2", frame(T_REGISTER, register_payload(role=2, standby=2)),
+         quick),
         ("kRegister with server weight 0", frame(T_REGISTER, register_payload(role=2, weight=0.0)),
          quick),
         ("kRegister with server weight NaN",
@@ -591,21 +596,32 @@ def case_bad_frames_scheduler(h):
     t.start()
     job = srv + wk + [sched]
     try:
-        # Once the job runs, a late member is refused (kAbort) and the job goes on.
+        # Once the job runs, a late worker is refused (kAbort), and so is a late server that
+        # claims one of the job's server ids; a late server claiming none joins as a standby
+        # (kWelcome, the first id after the job's servers). It then closes without a word: a
+        # standby lost. The job goes on through all of it.
         end = time.monotonic() + 30
         while not any("# gradlink-bench:" in p.out() for p in wk):
             if time.monotonic() > end or any(p.rc() is not None for p in wk):
                 raise Failure("the honest job did not start")
             time.sleep(0.02)
-        for role in (1, 2):
+        for role, rank in ((1, -1), (2, 0)):
+            what = "worker" if role == 1 else "server claiming id 0"
             s = socket.create_connection((host, int(port)), timeout=5)
-            s.sendall(frame(T_REGISTER, register_payload(role=role, host="late")))
+            s.sendall(frame(T_REGISTER, register_payload(role=role, rank=rank, host="late")))
             f = read_frame(s, 5)
             closed = expect_closed(s, 5)
             s.close()
             if f is None or f[0] != T_ABORT or not closed:
                 raise Failure("a late %s was not refused with kAbort and closed (got %r)" %
-                              ("worker" if role == 1 else "server", f))
+                              (what, f))
+        s = socket.create_connection((host, int(port)), timeout=5)
+        s.sendall(frame(T_REGISTER, register_payload(role=2, host="late")))
+        f = read_frame(s, 5)
+        s.close()
+        if f is None or f[0] != T_WELCOME or struct.unpack("<I", f[2][:4])[0] != servers:
+            raise Failure("a late server was not welcomed as standby server %d (got %r)" %
+                          (servers, f and f[:2]))
         for p in wk:
             rc = h.wait(p, 60)
             if rc != 0:
@@ -634,7 +650,7 @@ def case_bad_frames_scheduler(h):
         for p in job:
             h.kill(p)
     print("ok   %-58s" % ("honest job w2 s2 exact with %d bad connections alongside; late "
-                          "members refused" % spam_count[0]))
+                          "members refused or standing by" % spam_count[0]))
 
 
 def case_bad_frames_server(h):

@@ -191,15 +191,49 @@ TEST(MessagesTest, RegisterCarriesTheServerWeight) {
     RegisterMsg m = SampleRegister();
     m.weight = w;
     const std::vector<std::byte> enc = Encode(m);
-    // The 8 bytes before the two memory fields: the weight's IEEE 754 bits, little-endian.
+    // The 8 bytes before the two memory fields and the standby flag: the weight's IEEE 754
+    // bits, little-endian.
     uint64_t bits = 0;
-    for (int i = 0; i < 8; ++i) bits |= uint64_t(enc[enc.size() - 24 + i]) << (8 * i);
+    for (int i = 0; i < 8; ++i) bits |= uint64_t(enc[enc.size() - 25 + i]) << (8 * i);
     EXPECT_EQ(bits, std::bit_cast<uint64_t>(w));
     Result<RegisterMsg> d = DecodeRegister(enc);
     ASSERT_TRUE(d.ok()) << w << ": " << d.status().ToString();
     EXPECT_EQ(d->weight, w);
   }
   EXPECT_EQ(RegisterMsg{}.weight, 1.0);
+}
+
+TEST(MessagesTest, RegisterCarriesTheStandbyFlag) {
+  RegisterMsg m = SampleRegister();
+  m.role = Role::kServer;
+  for (bool standby : {false, true}) {
+    m.standby = standby;
+    const std::vector<std::byte> enc = Encode(m);
+    EXPECT_EQ(std::to_integer<uint8_t>(enc.back()), standby ? 1 : 0);  // the last byte
+    Result<RegisterMsg> d = DecodeRegister(enc);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->standby, standby);
+  }
+  std::vector<std::byte> enc = Encode(m);
+  enc.back() = std::byte{2};
+  ExpectBad(DecodeRegister(enc), "standby flag 2");
+  m.role = Role::kWorker;  // a worker cannot stand by
+  ExpectBad(DecodeRegister(Encode(m)), "a worker's standby flag");
+}
+
+TEST(MessagesTest, MemberEntryRoundTrips) {
+  const Member m{Role::kServer, 7, "standby-host", {std::byte{1}, std::byte{2}}, {}};
+  Result<Member> d = DecodeMember(EncodeMember(m));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->role, m.role);
+  EXPECT_EQ(d->id, 7u);
+  EXPECT_EQ(d->host, m.host);
+  EXPECT_EQ(d->push_address, m.push_address);
+  EXPECT_TRUE(d->pull_address.empty());
+  std::vector<std::byte> longer = EncodeMember(m);
+  longer.push_back(std::byte{0});
+  ExpectBad(DecodeMember(longer), "trailing byte");
+  ExpectBad(DecodeMember(std::span(longer).first(5)), "truncated entry");
 }
 
 TEST(MessagesTest, RegisterCarriesTheServerMemory) {
@@ -214,7 +248,7 @@ TEST(MessagesTest, RegisterCarriesTheServerMemory) {
   }
   // A register message from before the memory fields (weight last) is malformed, not misread.
   std::vector<std::byte> old = Encode(SampleRegister());
-  old.resize(old.size() - 16);
+  old.resize(old.size() - 17);
   ExpectBad(DecodeRegister(old), "register without the memory fields");
 }
 
