@@ -8,10 +8,13 @@ every round. At round KILL_AT one server gets SIGKILL (or SIGSTOP; it is resumed
 From each worker's ROUNDOK times (CLOCK_MONOTONIC): the round time before the loss (median of
 the rounds before it), the hiccup (the longest round from the loss on, minus that median), and
 the round time after (median of the last half), against the bound for one server fewer: when
-the servers' links bound a round, after / before <= SERVERS / (SERVERS - 1).
+the servers' links bound a round, after / before <= SERVERS / (SERVERS - 1). With --standby a
+standby server (gradlink-server --standby) joins too and takes over the lost server's
+partitions: the bound after is then the one before, SERVERS servers.
 
 Usage: bench/failover.py [--build build] [--servers 3] [--workers 3] [--tensor 32M]
                          [--rounds 60] [--kill-at 20] [--signal KILL|STOP] [--repeats 3]
+                         [--standby]
 """
 
 import argparse
@@ -53,6 +56,9 @@ def run_once(a, bin_dir, worker_exe, tmp, sig):
         servers = [spawn("server%d" % i, [os.path.join(bin_dir, "gradlink-server"), "--scheduler",
                                            m.group(1), "--job", job])[0]
                    for i in range(a.servers)]
+        if a.standby:
+            spawn("standby", [os.path.join(bin_dir, "gradlink-server"), "--scheduler",
+                              m.group(1), "--job", job, "--standby"])
         workers = [spawn("worker%d" % r, [
             worker_exe, "--scheduler", m.group(1), "--job", job, "--rank", str(r),
             "--phase", "push", "--sizes", str(a.tensor), "--rounds", str(a.rounds),
@@ -108,14 +114,16 @@ def main():
     ap.add_argument("--kill-at", type=int, default=20)
     ap.add_argument("--signal", choices=("KILL", "STOP"), default="KILL")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--standby", action="store_true", help="a standby server takes over")
     a = ap.parse_args()
     a.tensor = parse_size(a.tensor)
     bin_dir = os.path.join(a.build, "bin")
     worker_exe = os.path.join(a.build, "tests", "fault", "gl_fault_worker")
-    bound = a.servers / (a.servers - 1)
-    print("%d workers, %d servers (one SIG%s at round %d of %d), one %d-byte fp32 tensor, "
-          "defaults; per repeat:" % (a.workers, a.servers, a.signal, a.kill_at, a.rounds,
-                                     a.tensor))
+    left = a.servers if a.standby else a.servers - 1  # servers carrying the job after the loss
+    bound = a.servers / left
+    print("%d workers, %d servers%s (one SIG%s at round %d of %d), one %d-byte fp32 tensor, "
+          "defaults; per repeat:" % (a.workers, a.servers, " + a standby" if a.standby else "",
+                                     a.signal, a.kill_at, a.rounds, a.tensor))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.repeats):
@@ -123,7 +131,7 @@ def main():
             rows.append((before, hiccup, after))
             print("  round before %.1f ms, hiccup +%.0f ms, round after %.1f ms (after/before "
                   "%.2f; bound for %d servers %.2f); %s partitions moved" % (
-                      before * 1e3, hiccup * 1e3, after * 1e3, after / before, a.servers - 1,
+                      before * 1e3, hiccup * 1e3, after * 1e3, after / before, left,
                       bound, moved))
     col = list(zip(*rows))
 

@@ -212,15 +212,26 @@ def main():
                 # A probe job gives the time per round; the measured job runs long enough for
                 # a window in its middle (from 30% to 80% of its rounds), where the servers' CPU
                 # and allocations are read: the steady state, without joining or the ends.
-                probe = Job(a, server_bin, workers, servers, size, a.iters, tmp, None).run()
-                t_op = probe["row"]["time_us"] / 1e6
-                startup = max(0.0, probe["wall"] - (a.iters + 1) * t_op)
-                rounds = max(a.iters, min(20000, int(a.window / t_op) + 1))
-                marks = (startup + 0.3 * rounds * t_op, startup + 0.8 * rounds * t_op)
-                job = Job(a, server_bin, workers, servers, size, rounds, tmp, preload, marks).run()
+                # The measured job runs twice the rounds the window needs, so that a job
+                # faster than its probe (a probe's start is the slower: CI once saw the window
+                # outlive a 64K job) still holds the window; one that ends before it anyway is
+                # run again, sized by its own timing.
+                sizing = Job(a, server_bin, workers, servers, size, a.iters, tmp, None).run()
+                sized_rounds = a.iters
+                for attempt in range(3):
+                    t_op = sizing["row"]["time_us"] / 1e6
+                    startup = max(0.0, sizing["wall"] - (sized_rounds + 1) * t_op)
+                    rounds = max(a.iters, min(20000, int(a.window / t_op) + 1))
+                    marks = (startup + 0.3 * rounds * t_op, startup + 0.8 * rounds * t_op)
+                    job = Job(a, server_bin, workers, servers, size, 2 * rounds, tmp, preload,
+                              marks).run()
+                    if len(job["cpu"]) >= 2 and len(job["allocs"]) >= 2:
+                        break
+                    sizing, sized_rounds = job, 2 * rounds
+                else:
+                    raise RuntimeError("%s: the job ended before its window, 3 times" %
+                                       human(size))
                 row, partition = job["row"], job["partition"]
-                if len(job["cpu"]) < 2 or len(job["allocs"]) < 2:
-                    raise RuntimeError("%s: the job ended before its window" % human(size))
                 window = marks[1] - marks[0]
                 in_window = window / (row["time_us"] / 1e6)  # rounds
                 per_gb = (job["cpu"][1] - job["cpu"][0]) / (workers * size * in_window / 1e9)
