@@ -32,10 +32,6 @@ std::string FormatWeight(double w) {
   return o.str();
 }
 
-Payload Share(std::vector<std::byte> bytes) {
-  return std::make_shared<const std::vector<std::byte>>(std::move(bytes));
-}
-
 }  // namespace
 
 wire::Header SchedulerImpl::MakeHeader(MsgType t) const {
@@ -127,112 +123,6 @@ Status SchedulerImpl::OnRegister(Connection& c, const Frame& f) {
     return StartJob();
   }
   return Status::Ok();
-}
-
-Status SchedulerImpl::RegisterStandby(Connection& c, wire::RegisterMsg reg) {
-  const std::string who = started_ ? "a server joining the running job" : "a standby server";
-  if (!opts_.server_failover) {
-    Refuse(c, InvalidArgument("job '" + opts_.job + "' runs without server failover, so it takes " +
-                              (started_ ? "no server once it has started" : "no standby server")));
-    return InvalidArgument(who + ": no failover");
-  }
-  if (finished()) {
-    Refuse(c, Aborted("job '" + opts_.job + "' has ended"));
-    return Aborted(who + ": the job has ended");
-  }
-  if (waiting_standbys_ + standby_.size() >= kMaxStandbyServers) {
-    Refuse(c, InvalidArgument("job '" + opts_.job + "' already has " +
-                              std::to_string(kMaxStandbyServers) + " standby servers"));
-    return InvalidArgument(who + " too many");
-  }
-  if (reg.requested_rank >= 0) {
-    // Its own id, not one of the job's first servers' or one used before (a lost server's id
-    // stays fenced). Ids of standbys waiting for the start are checked when it starts.
-    const auto id = static_cast<uint32_t>(reg.requested_rank);
-    if (id < opts_.num_servers || id >= opts_.num_servers + kMaxServersJoined ||
-        servers_.count(id) != 0) {
-      Refuse(c, InvalidArgument(
-                    "server id " + std::to_string(id) + " is not free for a standby: its id is " +
-                    std::to_string(opts_.num_servers) + " or more, below " +
-                    std::to_string(opts_.num_servers + kMaxServersJoined) + ", and unused" +
-                    (servers_.count(id) != 0 ? " (" + MemberName(*servers_.at(id)) +
-                                                   " had it)" : std::string())));
-      return InvalidArgument(who + ": server id not free");
-    }
-  }
-  c.registered = true;
-  c.role = Role::kServer;
-  reg.standby = true;
-  c.reg = std::move(reg);
-  if (started_) {
-    AdmitStandby(c);
-  } else {
-    ++waiting_standbys_;
-  }
-  return Status::Ok();
-}
-
-void SchedulerImpl::AdmitStandby(Connection& c) {
-  uint32_t id;
-  if (c.reg.requested_rank >= 0) {
-    id = static_cast<uint32_t>(c.reg.requested_rank);
-  } else {
-    id = std::max(opts_.num_servers, servers_.empty() ? 0u : servers_.rbegin()->first + 1);
-    if (id >= opts_.num_servers + kMaxServersJoined) {
-      Refuse(c, InvalidArgument("job '" + opts_.job + "' has taken " +
-                                std::to_string(kMaxServersJoined) + " servers since it started"));
-      c.registered = false;
-      return;
-    }
-  }
-  c.id = id;
-  c.last_heard = Clock::now();
-  for (auto& conn : conns_) {
-    if (conn.get() == &c) servers_[id] = conn;
-  }
-  standby_.insert(id);
-  placer_.AddStandby(id, c.reg.weight);
-  if (budget_.size() <= id) {
-    budget_.resize(id + 1, 0);  // holes take nothing
-    held_.resize(id + 1, 0);
-  }
-  budget_[id] = UINT64_MAX;
-  if (c.reg.memory_budget != 0) {
-    budget_[id] = c.reg.memory_budget;
-  } else if (c.reg.available_memory != 0) {
-    // Its share of its host, as if it had been there from the start.
-    uint32_t on_host = 0;
-    for (const auto& [sid, s] : servers_) {
-      on_host += lost_servers_.count(sid) == 0 && MachineOf(s->reg.host) == MachineOf(c.reg.host);
-    }
-    budget_[id] = c.reg.available_memory / 4 * 3 / std::max(on_host, 1u);
-  }
-  std::array<std::byte, 4> your_id;
-  for (size_t i = 0; i < your_id.size(); ++i) your_id[i] = std::byte((id >> (8 * i)) & 0xFF);
-  c.link.Send(MakeHeader(MsgType::kWelcome), your_id, server_book_, Clock::now());
-  c.welcome_queued = true;
-  // Rounds that need a worker which left early can never complete, on this server too.
-  for (const auto& [rank, w] : workers_) {
-    if (!w->left) continue;
-    wire::Header left = MakeHeader(MsgType::kMemberLeft);
-    left.count = rank;
-    Send(c, left);
-  }
-  wire::Header joined = MakeHeader(MsgType::kServerJoined);
-  joined.count = id;
-  SendToWorkers(joined, Share(wire::EncodeMember(
-                            {Role::kServer, id, c.reg.host, c.reg.push_address, {}})));
-  // A membership change, as a loss is: at the level that is on by default (gradlink-run reads
-  // it: STANDBY_JOINED_RE).
-  GL_LOG(kWarn) << "scheduler: " << MemberName(c) << " joined as a standby (" << standby_.size()
-                << " standing by; memory budget "
-                << (budget_[id] == UINT64_MAX ? std::string("unlimited")
-                                              : std::to_string(budget_[id] >> 20) + " MiB")
-                << ")";
-}
-
-uint32_t SchedulerImpl::ActiveServers() const {
-  return static_cast<uint32_t>(servers_.size() - lost_servers_.size() - standby_.size());
 }
 
 void SchedulerImpl::NoteRefusal(const Connection& c, const std::string& why) {

@@ -12,7 +12,8 @@
 //
 // Files: scheduler_loop.cc (the loop, accepting, deadlines, authentication, closing),
 // scheduler.cc (the job: registration, welcome, plans, barriers, goodbyes, the end) and
-// failover.cc (a lost server's partitions moved to the servers left).
+// failover.cc (standby servers joining; a lost server's partitions moved to a standby or the
+// servers left).
 //
 // Threads: everything below runs on the loop thread, except Wait(), Stop(), the counters and
 // port(), which other threads call: they read only `mu_`'s fields, atomics and constants.
@@ -71,6 +72,10 @@ inline constexpr uint32_t kMaxStandbyServers = 64;
 using wire::kMaxServersJoined;
 
 using Payload = std::shared_ptr<const std::vector<std::byte>>;
+// One encoding shared by every member's queue that sends it.
+inline Payload Share(std::vector<std::byte> bytes) {
+  return std::make_shared<const std::vector<std::byte>>(std::move(bytes));
+}
 
 // One control connection and, once it registered, the member it is.
 struct Connection {

@@ -315,6 +315,17 @@ def _train(tmp_path, mode, tag, kill=None, servers=3, launcher_args=(), steps=30
     return p.returncode, err_path.read_text(errors="replace"), victim, out, "".join(lines)
 
 
+def _expect_same_parameters(clean, lost):
+    """Both ranks' saved parameters of two failover_train.py runs are equal, bit for bit."""
+    import torch
+    for r in range(2):
+        a = torch.load(clean / ("rank%d.pt" % r))
+        b = torch.load(lost / ("rank%d.pt" % r))
+        assert set(a) == set(b)
+        for name in a:
+            assert torch.equal(a[name], b[name]), (r, name, (a[name] - b[name]).abs().max())
+
+
 @pytest.mark.parametrize("mode,sig", [("optimizer", "SIGKILL"), ("ddp", "SIGSTOP"),
                                       ("c10d", "SIGKILL")])
 def test_training_through_a_lost_server_ends_with_the_failure_free_bits(built, tmp_path, mode,
@@ -324,7 +335,6 @@ def test_training_through_a_lost_server_ends_with_the_failure_free_bits(built, t
     (or hung) at step 5: gradlink-run reports the loss as an event and exits 0, and every
     parameter on both ranks equals, bit for bit, a run without the loss."""
     import signal as signals
-    import torch
     rc, err, _, clean, out = _train(tmp_path, mode, "clean")
     assert rc == 0, err
     for r in range(2):
@@ -335,12 +345,7 @@ def test_training_through_a_lost_server_ends_with_the_failure_free_bits(built, t
     for r in range(2):
         assert "TRAINED rank %d servers_lost 1" % r in out, out
     assert "gradlink-run: server 1 was lost; its" in err and "the job goes on" in err, err
-    for r in range(2):
-        a = torch.load(clean / ("rank%d.pt" % r))
-        b = torch.load(lost / ("rank%d.pt" % r))
-        assert set(a) == set(b)
-        for name in a:
-            assert torch.equal(a[name], b[name]), (r, name, (a[name] - b[name]).abs().max())
+    _expect_same_parameters(clean, lost)
 
 
 def test_restarted_servers_keep_a_two_server_job_alive_through_two_losses(built, tmp_path):
@@ -349,7 +354,6 @@ def test_restarted_servers_keep_a_two_server_job_alive_through_two_losses(built,
     has joined: server 2 takes over everything. Without the restart the second loss would be the
     last server's. The job exits 0 and the parameters equal, bit for bit, a run without losses."""
     import signal as signals
-    import torch
     rc, err, _, clean, out = _train(tmp_path, "optimizer", "clean", servers=2, steps=40)
     assert rc == 0, err
     kills = [(signals.SIGKILL, 5, 0, ""),
@@ -363,9 +367,4 @@ def test_restarted_servers_keep_a_two_server_job_alive_through_two_losses(built,
     assert "gradlink-run: starting server 2, a standby, in place of server 0" in err, err
     assert "gradlink-run: server 1 was lost; its" in err, err
     assert "all to standby server 2" in err, err
-    for r in range(2):
-        a = torch.load(clean / ("rank%d.pt" % r))
-        b = torch.load(lost / ("rank%d.pt" % r))
-        assert set(a) == set(b)
-        for name in a:
-            assert torch.equal(a[name], b[name]), (r, name, (a[name] - b[name]).abs().max())
+    _expect_same_parameters(clean, lost)

@@ -51,10 +51,11 @@ void Round(Job& job, const std::vector<TensorHandle>& t, uint64_t round, DataTyp
   });
 }
 
-std::vector<TensorHandle> DeclareOnEvery(Job& job, DataType dtype) {
+std::vector<TensorHandle> DeclareOnEvery(Job& job, DataType dtype,
+                                         const std::string& name = "grads") {
   std::vector<TensorHandle> t;
   for (uint32_t r = 0; r < 2; ++r) {
-    auto h = job.worker(r).Declare("grads", dtype, kCount);
+    auto h = job.worker(r).Declare(name, dtype, kCount);
     EXPECT_TRUE(h.ok()) << h.status().ToString();
     if (h.ok()) t.push_back(*h);
   }
@@ -139,12 +140,8 @@ TEST(FailoverTest, AServerLostMidOperationLosesNoStep) {
   ASSERT_NO_FATAL_FAILURE(Round(job, t, 0, DataType::kFloat32));
   ASSERT_NO_FATAL_FAILURE(RoundAcrossLoss(job, t, 1, {1}, 100ms));
   for (uint64_t round = 2; round < 4; ++round) ASSERT_NO_FATAL_FAILURE(Round(job, t, round, DataType::kFloat32));
-  std::vector<TensorHandle> h;
-  for (uint32_t r = 0; r < 2; ++r) {
-    auto x = job.worker(r).Declare("halves", DataType::kFloat16, kCount);
-    ASSERT_TRUE(x.ok()) << x.status().ToString();
-    h.push_back(*x);
-  }
+  const std::vector<TensorHandle> h = DeclareOnEvery(job, DataType::kFloat16, "halves");
+  ASSERT_EQ(h.size(), 2u);
   for (uint64_t round = 0; round < 2; ++round) {
     ASSERT_NO_FATAL_FAILURE(Round(job, h, round, DataType::kFloat16, /*average=*/true));
   }
@@ -277,12 +274,8 @@ TEST(FailoverTest, AServerJoiningTheRunningJobTakesOverTheNextLoss) {
   for (uint64_t round = 2; round < 4; ++round) ASSERT_NO_FATAL_FAILURE(Round(job, t, round, DataType::kFloat32));
   EXPECT_EQ(job.server(*added).stats().rounds_completed, 2u * 7u);
   // A new key after the takeover is planned on the server that took over.
-  std::vector<TensorHandle> h;
-  for (uint32_t r = 0; r < 2; ++r) {
-    auto x = job.worker(r).Declare("later", DataType::kFloat32, kCount);
-    ASSERT_TRUE(x.ok()) << x.status().ToString();
-    h.push_back(*x);
-  }
+  const std::vector<TensorHandle> h = DeclareOnEvery(job, DataType::kFloat32, "later");
+  ASSERT_EQ(h.size(), 2u);
   ASSERT_NO_FATAL_FAILURE(Round(job, h, 0, DataType::kFloat32));
   EXPECT_EQ(job.server(*added).stats().rounds_completed, 3u * 7u);
   job.server(*added).Stop();
