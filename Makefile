@@ -80,13 +80,17 @@ fuzz: setup
 
 # The unit tests under sanitizers (UCX's memory hooks must be off under TSan).
 # Failover soak: 120 seeded trials (a server killed or hung at declaration, push, pull or between
-# rounds, over 2-4 servers), each checking every round's sums and every survivor's exit;
-# tests/fault/run_failover.py. About 12 minutes here.
+# rounds, over 2-4 servers), each checking every round's sums and every survivor's exit, then the
+# scheduler killed and restarted once per phase and shape; tests/fault/run_failover.py. About 14
+# minutes here.
 SOAK_TRIALS ?= 120
 soak: build
 	/usr/bin/python3 tests/fault/run_failover.py --bin-dir $(BUILD)/bin \
 	  --fault-worker $(BUILD)/tests/fault/gl_fault_worker --seed 20261203 \
 	  --trials $(SOAK_TRIALS) --budget 3000 trials
+	/usr/bin/python3 tests/fault/run_failover.py --bin-dir $(BUILD)/bin \
+	  --fault-worker $(BUILD)/tests/fault/gl_fault_worker --seed 20261203 \
+	  --trials $(SOAK_TRIALS) --budget 600 restarts
 
 test-asan: setup
 	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DGRADLINK_BUILD_PYTHON=OFF \

@@ -51,6 +51,11 @@ struct ServerOptions {
   // that joins a running job is a standby whether or not it says so.
   bool standby = false;
   std::chrono::milliseconds connect_timeout{30000};  // to join the job
+  // Restart: when the scheduler goes away without ending the job (its process died), keep the
+  // data path running and rejoin a scheduler restarted on the same address for this long;
+  // then the job fails, naming the scheduler. 0: fail at once. GRADLINK_SCHEDULER_RECONNECT
+  // (seconds). docs/operations.md, "Scheduler restart".
+  std::chrono::milliseconds scheduler_reconnect_timeout{30000};
   // The host this process is on: workers whose host names agree share a machine (the same-host
   // path). Also how it is named in errors. Default: the hostname, with the network namespace
   // where it is not the machine's own, and the pid ("vm/1234"); GRADLINK_HOST sets it.
@@ -101,6 +106,11 @@ struct WorkerOptions {
   // dtype (half the bytes, a second rounding). Every worker must agree. GRADLINK_HALF_PARTIALS.
   bool half_partials = false;
   std::chrono::milliseconds connect_timeout{30000};  // to join the job
+  // Restart: when the scheduler goes away without ending the job (its process died), keep the
+  // data path running and rejoin a scheduler restarted on the same address for this long;
+  // then the job fails, naming the scheduler. 0: fail at once. GRADLINK_SCHEDULER_RECONNECT
+  // (seconds). docs/operations.md, "Scheduler restart".
+  std::chrono::milliseconds scheduler_reconnect_timeout{30000};
   // PushPullHandle::Wait() without a deadline waits this long, then returns kTimeout.
   std::chrono::milliseconds operation_timeout{300000};
   // The host this process is on: workers whose host names agree share a machine (the same-host

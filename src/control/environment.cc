@@ -89,6 +89,8 @@ Status ApplyEnvironment(ServerOptions* o) {
     n.id = static_cast<int32_t>(*id);
   }
   GL_RETURN_IF_ERROR(Take("GRADLINK_CONNECT_TIMEOUT", env::Seconds, &n.connect_timeout));
+  GL_RETURN_IF_ERROR(
+      Take("GRADLINK_SCHEDULER_RECONNECT", env::Seconds, &n.scheduler_reconnect_timeout));
   GL_RETURN_IF_ERROR(TakeSecret(&n.secret));
   *o = std::move(n);
   return Status::Ok();
@@ -119,6 +121,8 @@ Status ApplyEnvironment(WorkerOptions* o) {
   GL_RETURN_IF_ERROR(Take("GRADLINK_HIERARCHICAL", env::Flag, &n.hierarchical));
   GL_RETURN_IF_ERROR(Take("GRADLINK_HALF_PARTIALS", env::Flag, &n.half_partials));
   GL_RETURN_IF_ERROR(Take("GRADLINK_CONNECT_TIMEOUT", env::Seconds, &n.connect_timeout));
+  GL_RETURN_IF_ERROR(
+      Take("GRADLINK_SCHEDULER_RECONNECT", env::Seconds, &n.scheduler_reconnect_timeout));
   GL_RETURN_IF_ERROR(Take("GRADLINK_TIMEOUT", env::Seconds, &n.operation_timeout));
   GL_RETURN_IF_ERROR(TakeSecret(&n.secret));
   *o = std::move(n);

@@ -139,8 +139,9 @@ Result<Joined> JoinOnce(const std::string& scheduler, const std::string& host, u
                         uint32_t job_hash, const wire::RegisterMsg& reg,
                         transport::Clock::time_point connect_deadline,
                         transport::Clock::time_point deadline,
-                        const std::optional<std::string>& secret, bool* connected,
-                        bool* heard) {
+                        const std::optional<std::string>& secret,
+                        std::span<const ControlFrame> after_register,
+                        const std::atomic<bool>* cancel, bool* connected, bool* heard) {
   GL_ASSIGN_OR_RETURN(auto channel,
                       transport::ControlChannel::Connect(host, port, connect_deadline,
                                                          transport::kRefusedGrace));
@@ -157,9 +158,14 @@ Result<Joined> JoinOnce(const std::string& scheduler, const std::string& host, u
   h.job = job_hash;
   Status sent = channel->Send(h, wire::Encode(reg), deadline);
   if (!sent.ok()) return lost(sent);
+  for (const ControlFrame& f : after_register) {
+    sent = channel->Send(f.header, f.payload, deadline);
+    if (!sent.ok()) return lost(sent);
+  }
   auto last_heard = transport::Clock::now();
   while (true) {
     auto f = channel->Receive(std::min(deadline, transport::Clock::now() + kJoinPoll));
+    if (cancel != nullptr && cancel->load()) return Aborted("stopped while joining the job");
     if (!f.ok() && f.status().code() == Code::kTimeout && transport::Clock::now() < deadline) {
       if (transport::Clock::now() - last_heard > transport::kSilenceLimit) {
         return PeerLost("the scheduler (" + scheduler + ") sent nothing for " +
@@ -198,7 +204,9 @@ Result<Joined> JoinOnce(const std::string& scheduler, const std::string& host, u
 // connection is made at once; one refused for kReconnectLimit means it is gone: that fails.
 Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
                        const wire::RegisterMsg& reg, transport::Clock::time_point deadline,
-                       const std::optional<std::string>& secret) {
+                       const std::optional<std::string>& secret,
+                       std::span<const ControlFrame> after_register,
+                       const std::atomic<bool>* cancel) {
   constexpr auto kReconnectLimit = std::chrono::seconds(1);
   std::string host;
   uint16_t port = 0;
@@ -209,7 +217,7 @@ Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
     const auto connect_deadline =
         attempt == 0 ? deadline : std::min(deadline, transport::Clock::now() + kReconnectLimit);
     Result<Joined> j = JoinOnce(scheduler, host, port, job_hash, reg, connect_deadline, deadline,
-                                secret, &connected, &heard);
+                                secret, after_register, cancel, &connected, &heard);
     const Code code = j.ok() ? Code::kOk : j.status().code();
     const bool closed_unheard =
         connected && !heard && (code == Code::kPeerLost || code == Code::kUnavailable);
@@ -220,6 +228,22 @@ Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+  }
+}
+
+Result<Joined> RejoinJob(const std::string& scheduler, uint32_t job_hash,
+                         const wire::RegisterMsg& reg, transport::Clock::time_point deadline,
+                         const std::optional<std::string>& secret,
+                         std::span<const ControlFrame> after_register,
+                         const std::atomic<bool>* cancel) {
+  for (;;) {
+    if (cancel->load()) return Aborted("stopped while rejoining the job");
+    Result<Joined> j = JoinJob(scheduler, job_hash, reg, deadline, secret, after_register, cancel);
+    const Code code = j.ok() ? Code::kOk : j.status().code();
+    // Nothing listens yet, or the old scheduler's port is not free yet: a restart in progress.
+    const bool again = code == Code::kUnavailable || code == Code::kPeerLost;
+    if (j.ok() || !again || transport::Clock::now() + kJoinPoll >= deadline) return j;
+    std::this_thread::sleep_for(kJoinPoll);
   }
 }
 

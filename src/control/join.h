@@ -1,12 +1,15 @@
 // What the server and the worker share: joining a job through the scheduler and creating lanes.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "gradlink/status.h"
 #include "control/control_channel.h"
@@ -23,13 +26,35 @@ struct Joined {
   wire::WelcomeMsg welcome;
 };
 
-// Connects to the scheduler at `scheduler` ("host:port"), registers and waits for the welcome.
-// kAborted (with the scheduler's reason) when the scheduler refuses us. With a `secret`, first
-// runs the member's side of the handshake (src/security/handshake.h). kAuthFailed when the
-// scheduler holds another secret, holds one and we do not, or holds none and we do.
+// A frame a member sends the scheduler right after its kRegister (a resuming worker's
+// kResumeKey frames).
+struct ControlFrame {
+  wire::Header header;
+  std::vector<std::byte> payload;
+};
+
+// Connects to the scheduler at `scheduler` ("host:port"), registers, sends `after_register`,
+// and waits for the welcome. kAborted (with the scheduler's reason) when the scheduler refuses
+// us. With a `secret`, first runs the member's side of the handshake (src/security/handshake.h).
+// kAuthFailed when the scheduler holds another secret, holds one and we do not, or holds none
+// and we do.
 Result<Joined> JoinJob(const std::string& scheduler, uint32_t job_hash,
                        const wire::RegisterMsg& reg, transport::Clock::time_point deadline,
-                       const std::optional<std::string>& secret = std::nullopt);
+                       const std::optional<std::string>& secret = std::nullopt,
+                       std::span<const ControlFrame> after_register = {},
+                       const std::atomic<bool>* cancel = nullptr);
+
+// Restart: a member whose scheduler went away without ending the job (no kShutdown, no kAbort)
+// joins it again as `reg` (with its ResumeState) through JoinJob, trying until `deadline`
+// while nothing listens at the address or what listens closes the connection unanswered (the
+// scheduler is still restarting). kAborted when a scheduler refuses us, kUnavailable or
+// kTimeout naming the scheduler when none took us back by the deadline. Setting `*cancel`
+// (the member is stopping) ends it within 100 ms with kAborted.
+Result<Joined> RejoinJob(const std::string& scheduler, uint32_t job_hash,
+                         const wire::RegisterMsg& reg, transport::Clock::time_point deadline,
+                         const std::optional<std::string>& secret,
+                         std::span<const ControlFrame> after_register,
+                         const std::atomic<bool>* cancel);
 
 // A member's half of control-plane liveness. The control loop calls Heard() for every frame
 // from the scheduler and Tick() at least every 100 ms.

@@ -64,7 +64,9 @@ void SchedulerImpl::AdmitStandby(Connection& c) {
   if (c.reg.requested_rank >= 0) {
     id = static_cast<uint32_t>(c.reg.requested_rank);
   } else {
-    id = std::max(opts_.num_servers, servers_.empty() ? 0u : servers_.rbegin()->first + 1);
+    // Never a lost server's id: it stays fenced (after a restart, lost ids have no entry).
+    id = std::max({opts_.num_servers, servers_.empty() ? 0u : servers_.rbegin()->first + 1,
+                   lost_servers_.empty() ? 0u : *lost_servers_.rbegin() + 1});
     if (id >= opts_.num_servers + kMaxServersJoined) {
       Refuse(c, InvalidArgument("job '" + opts_.job + "' has taken " +
                                 std::to_string(kMaxServersJoined) + " servers since it started"));

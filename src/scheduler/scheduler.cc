@@ -79,6 +79,7 @@ Status SchedulerImpl::Handle(Connection& c, const Frame& f) {
   switch (f.header.type) {
     case MsgType::kRegister: return OnRegister(c, f);
     case MsgType::kDeclare: return OnDeclare(c, f);
+    case MsgType::kResumeKey: return OnResumeKey(c, f);
     case MsgType::kAssignAck: return OnAssignAck(c, f);
     case MsgType::kBarrier: return OnBarrier(c, f);
     case MsgType::kJoin: return OnJoin(c, f);
@@ -99,7 +100,13 @@ Status SchedulerImpl::OnRegister(Connection& c, const Frame& f) {
                          std::to_string(reg.requested_rank) + " after authenticating as " +
                          RoleName(c.auth_role) + " rank " + std::to_string(c.auth_rank));
   }
-  if (reg.role == Role::kServer && (reg.standby || started_)) {
+  if (reg.resume.has_value()) return RegisterResume(c, std::move(reg));
+  if (resuming_ && !started_ && reg.role == Role::kWorker) {
+    Refuse(c, InvalidArgument("job '" + opts_.job + "' is resuming after a scheduler restart: "
+                              "only its workers rejoin it"));
+    return InvalidArgument("a new worker while the job resumes");
+  }
+  if (reg.role == Role::kServer && (reg.standby || started_ || resuming_)) {
     return RegisterStandby(c, std::move(reg));
   }
   uint32_t& have = reg.role == Role::kWorker ? registered_workers_ : registered_servers_;

@@ -11,9 +11,9 @@
 // work from other threads is Stop(), handed over through an atomic and an eventfd.
 //
 // Files: scheduler_loop.cc (the loop, accepting, deadlines, authentication, closing),
-// scheduler.cc (the job: registration, welcome, plans, barriers, goodbyes, the end) and
+// scheduler.cc (the job: registration, welcome, plans, barriers, goodbyes, the end),
 // failover.cc (standby servers joining; a lost server's partitions moved to a standby or the
-// servers left).
+// servers left) and restart.cc (a restarted scheduler rebuilding the job from its members).
 //
 // Threads: everything below runs on the loop thread, except Wait(), Stop(), the counters and
 // port(), which other threads call: they read only `mu_`'s fields, atomics and constants.
@@ -69,6 +69,8 @@ inline constexpr auto kLingerBeforeClose = 500ms;
 inline constexpr size_t kMaxQueuedBytes = 8u << 20;
 // Standby servers (ServerOptions::standby) waiting at once, at most; more are refused.
 inline constexpr uint32_t kMaxStandbyServers = 64;
+// Restart: once the first member re-registers, the rest have this long to follow.
+inline constexpr auto kResumeTimeout = 15s;
 using wire::kMaxServersJoined;
 
 using Payload = std::shared_ptr<const std::vector<std::byte>>;
@@ -95,6 +97,7 @@ struct Connection {
   wire::Role role = wire::Role::kWorker;
   uint32_t id = 0;  // valid once the job has started
   wire::RegisterMsg reg;
+  uint32_t resume_keys_left = 0;  // restart: its kResumeKey frames still to come
 };
 
 // One declared key: what each worker declared, and whether it has been answered.
@@ -159,6 +162,22 @@ class SchedulerImpl final : public Scheduler {
   // Half-closes every connection, waits (until `deadline`) for each member to close its end,
   // then closes them: no reset discards what a member had not read yet.
   void CloseGracefully(Clock::time_point deadline);
+
+  // ---- restart.cc: a scheduler restarted on a dead one's address resumes its job ----
+  // A member that was in the job re-registers (RegisterMsg::resume): recorded; the resumed job
+  // starts once everyone is back (MaybeStartResumedJob).
+  Status RegisterResume(Connection& c, wire::RegisterMsg reg);
+  Status OnResumeKey(Connection& c, const transport::Frame& f);
+  // Who the resumed job still waits for ("worker 1, server 0"); empty once it can start.
+  std::string ResumeMissing() const;
+  Status MaybeStartResumedJob();
+  // Rebuilds members, plans, placement, budgets and barriers from what the members told, and
+  // welcomes them back.
+  Status StartResumedJob();
+  bool resuming_ = false;
+  Clock::time_point resume_began_;
+  // Per key, the ranks that said they hold its plan (until the resumed job starts).
+  std::map<uint64_t, std::set<uint32_t>> resume_planned_by_;
 
   // ---- scheduler.cc: the job ----
   Status Handle(Connection& c, const transport::Frame& f);

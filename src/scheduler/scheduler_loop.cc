@@ -346,7 +346,12 @@ void SchedulerImpl::AuthFailure(Connection& c, const std::string& why, bool tell
 }
 
 void SchedulerImpl::OnTimers(Clock::time_point now) {
-  if (!started_ && !finished() && now - started_at_ > opts_.join_timeout) {
+  if (resuming_ && !started_ && !finished() && now - resume_began_ > kResumeTimeout) {
+    Finish(Timeout("resuming job '" + opts_.job + "' after a scheduler restart: " +
+                   ResumeMissing() + " did not re-register within " +
+                   std::to_string(Ms(kResumeTimeout)) + " ms"));
+  }
+  if (!resuming_ && !started_ && !finished() && now - started_at_ > opts_.join_timeout) {
     Finish(Timeout("only " + std::to_string(registered_workers_) + " of " +
                    std::to_string(opts_.num_workers) + " workers and " +
                    std::to_string(registered_servers_) + " of " +

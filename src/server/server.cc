@@ -90,6 +90,7 @@ class ServerImpl final : public Server {
     reg.standby = opts_.standby;
     GL_ASSIGN_OR_RETURN(Joined joined, JoinJob(opts_.scheduler, job_hash_, reg, deadline, opts_.secret));
     channel_ = std::move(joined.channel);
+    reg_ = reg;
     id_.store(joined.welcome.your_id, std::memory_order_relaxed);
     const uint32_t num_workers = joined.welcome.num_workers;
     hosts_ = topology::Of(joined.welcome);
@@ -136,15 +137,15 @@ class ServerImpl final : public Server {
 
   void Stop() override {
     if (stopped_.exchange(true)) return;
-    if (channel_) {
+    if (const std::shared_ptr<transport::ControlChannel> channel = Channel()) {
       wire::Header h;
       h.type = MsgType::kGoodbye;
       h.job = job_hash_;
       h.sender = id_;
       if (!finished()) {
-        channel_->Send(h, {}, transport::Clock::now() + std::chrono::seconds(1)).IgnoreError();
+        channel->Send(h, {}, transport::Clock::now() + std::chrono::seconds(1)).IgnoreError();
       }
-      channel_->Close();
+      channel->Close();
     }
     if (control_.joinable()) control_.join();
     Finish(Aborted("server stopped"));
@@ -209,22 +210,34 @@ class ServerImpl final : public Server {
   // ---- Control plane -------------------------------------------------------------------------
 
   void ControlLoop() {
-    Liveness liveness(channel_.get(), job_hash_, id_);
+    std::shared_ptr<transport::ControlChannel> channel = Channel();
+    std::optional<Liveness> liveness;
+    liveness.emplace(channel.get(), job_hash_, id_);
+    // The scheduler went away without ending the job: rejoin a restarted one, or end.
+    const auto rejoin = [&](const std::string& why) {
+      channel->Close();
+      if (stopped_.load()) return false;  // Stop() closed the channel
+      if (Status back = Rejoin(why); !back.ok()) {
+        Finish(back);
+        return false;
+      }
+      channel = Channel();
+      liveness.emplace(channel.get(), job_hash_, id_);
+      return true;
+    };
     while (!stopped_.load()) {
-      Status alive = liveness.Tick();
+      Status alive = liveness->Tick();
       if (!alive.ok()) {
-        if (stopped_.load()) return;  // Stop() closed the channel
-        Finish(PeerLost("server " + std::to_string(id_) + ": " + alive.message()));
-        channel_->Close();
+        if (rejoin("server " + std::to_string(id_) + ": " + alive.message())) continue;
         return;
       }
-      auto f = channel_->Receive(transport::Clock::now() + kPoll);
-      if (f.ok()) liveness.Heard();
+      auto f = channel->Receive(transport::Clock::now() + kPoll);
+      if (f.ok()) liveness->Heard();
       if (!f.ok()) {
         if (f.status().code() == Code::kTimeout) continue;
-        if (!stopped_.load()) {
-          Finish(PeerLost("server " + std::to_string(id_) + " lost the scheduler: " +
-                          f.status().message()));
+        if (rejoin("server " + std::to_string(id_) + " lost the scheduler: " +
+                 f.status().message())) {
+          continue;
         }
         return;
       }
@@ -234,7 +247,7 @@ class ServerImpl final : public Server {
           if (!s.ok()) {
             protocol_errors_++;
             Finish(s);
-            channel_->Close();
+            channel->Close();
             return;
           }
           break;
@@ -250,14 +263,14 @@ class ServerImpl final : public Server {
         case MsgType::kJoinRelease: {
           if (Status forgot = OnJoinRelease(); !forgot.ok()) {
             Finish(forgot);
-            channel_->Close();
+            channel->Close();
             return;
           }
           wire::Header ack;
           ack.type = MsgType::kJoinRelease;
           ack.job = job_hash_;
           ack.sender = id_;
-          if (Status s = channel_->Send(ack, {}); !s.ok()) {
+          if (Status s = channel->Send(ack, {}); !s.ok()) {
             Finish(PeerLost("server " + std::to_string(id_) + " lost the scheduler: " +
                             s.message()));
             return;
@@ -280,6 +293,45 @@ class ServerImpl final : public Server {
                         << static_cast<int>(f->header.type);
       }
     }
+  }
+
+  // The scheduler is gone (`why`) but did not end the job: rejoin one restarted on its address
+  // (scheduler/restart.cc) within opts_.scheduler_reconnect_timeout, serving pushes meanwhile.
+  // The error names the scheduler when none took us back.
+  Status Rejoin(const std::string& why) {
+    if (opts_.scheduler_reconnect_timeout.count() == 0) return PeerLost(why);
+    GL_LOG(kWarn) << why << "; rejoining the job through a restarted scheduler at "
+                  << opts_.scheduler << " for up to "
+                  << opts_.scheduler_reconnect_timeout.count() / 1000.0 << " s";
+    wire::RegisterMsg reg = reg_;
+    reg.requested_rank = static_cast<int32_t>(id_.load());
+    reg.resume = wire::ResumeState{};
+    const auto deadline = transport::Clock::now() + opts_.scheduler_reconnect_timeout;
+    Result<Joined> joined =
+        RejoinJob(opts_.scheduler, job_hash_, reg, deadline, opts_.secret, {}, &stopped_);
+    if (!joined.ok()) {
+      return Status(joined.status().code() == Code::kAborted ? Code::kAborted : Code::kPeerLost,
+                    why + "; no scheduler took this server back within " +
+                        std::to_string(opts_.scheduler_reconnect_timeout.count()) + " ms: " +
+                        joined.status().message());
+    }
+    if (joined->welcome.your_id != id_ || joined->welcome.num_workers != num_workers_) {
+      return ProtocolError("the restarted scheduler at " + opts_.scheduler + " welcomed server " +
+                           std::to_string(id_) + " back as server " +
+                           std::to_string(joined->welcome.your_id) + " of a job of " +
+                           std::to_string(joined->welcome.num_workers) + " workers");
+    }
+    {
+      std::lock_guard<std::mutex> lock(channel_mu_);
+      channel_ = std::move(joined->channel);
+    }
+    GL_LOG(kWarn) << "server " << id_ << " rejoined the job through the restarted scheduler";
+    return Status::Ok();
+  }
+
+  std::shared_ptr<transport::ControlChannel> Channel() {
+    std::lock_guard<std::mutex> lock(channel_mu_);
+    return channel_;
   }
 
   Status OnAssign(const transport::Frame& f) {
@@ -311,6 +363,16 @@ class ServerImpl final : public Server {
                             workers);
         if (peers.local_only()) continue;  // its worker copies it: no push ever comes
         auto& slot = parts_[{f.header.key, p}];
+        if (slot && (slot->count() != a.partitions[p].count || slot->name() != a.name ||
+                     slot->dtype() != dtype)) {
+          // Restart: a plan no worker received (the scheduler died before it was acked by
+          // every server), planned again differently. No push can have come for it.
+          if (slot->round() != 0 || slot->bytes_held() != 0) {
+            return ProtocolError("kAssign of '" + a.name + "' partition " + std::to_string(p) +
+                                 " unlike the one this server sums");
+          }
+          slot.reset();
+        }
         const bool fresh = !slot;
         if (!slot) {
           if (a.spec.is_sum()) {
@@ -343,7 +405,7 @@ class ServerImpl final : public Server {
     ack.sender = id_;
     ack.key = f.header.key;
     ack.round = f.header.round;  // which plan of the key (a failover sends another)
-    return channel_->Send(ack, {});
+    return Channel()->Send(ack, {});
   }
 
   void OnMemberLeft(uint64_t rank) {
@@ -641,7 +703,11 @@ class ServerImpl final : public Server {
   std::vector<std::optional<PeerId>> worker_peers_;  // nullopt: unreachable
   std::vector<uint32_t> joined_;  // control thread: ranks that joined (Worker::Join)
   topology::Hosts hosts_;  // written once in Init(), before any kAssign
-  std::unique_ptr<transport::ControlChannel> channel_;
+  // Replaced when the server rejoins a restarted scheduler (Rejoin, on the control thread);
+  // Stop() reads it from another thread.
+  std::mutex channel_mu_;
+  std::shared_ptr<transport::ControlChannel> channel_;
+  wire::RegisterMsg reg_;  // as it first registered
   std::thread control_;
   std::vector<std::unique_ptr<WorkQueue>> engines_;
 

@@ -62,6 +62,9 @@ enum class MsgType : uint8_t {
   // running job): `count` is its id, the payload its address-book entry (wire::EncodeMember). It has no
   // partitions until it takes over a lost server's (kServerLost, then kAssign with kFlagReplan).
   kServerJoined = 21,
+  // Restart: worker -> a restarted scheduler, after its kRegister with ResumeState: one tensor
+  // it declared and the plan it has for it (wire::ResumeKeyMsg), before the welcome.
+  kResumeKey = 22,
   // Data plane (transport lanes).
   kPush = 32,          // worker -> server: one partition of one round (+ pull request)
   kPullResponse = 33,  // server -> worker: the round's result for that partition

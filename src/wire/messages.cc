@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "wire/codec.h"
+#include "wire/frame.h"
 
 namespace gradlink::wire {
 namespace {
@@ -80,6 +81,16 @@ std::vector<std::byte> Encode(const RegisterMsg& m) {
   w.U64(m.memory_budget);
   w.U64(m.available_memory);
   w.U8(m.standby ? 1 : 0);
+  if (m.resume.has_value()) {
+    const ResumeState& st = *m.resume;
+    w.U8(1);
+    w.U32(st.keys);
+    w.U64(st.barriers_entered);
+    w.U64(st.barriers_released);
+    w.U32(st.server_ids);
+    w.U32(static_cast<uint32_t>(st.lost_servers.size()));
+    for (uint32_t id : st.lost_servers) w.U32(id);
+  }
   return w.Take();
 }
 
@@ -91,8 +102,32 @@ Result<RegisterMsg> DecodeRegister(std::span<const std::byte> b) {
   if (!GetRole(r, &m.role) || !r.I32(&m.requested_rank) || !r.Str(&m.host, kMaxNameLength) ||
       !r.Bytes(&m.push_address, kMaxAddressLength) ||
       !r.Bytes(&m.pull_address, kMaxAddressLength) || !r.U64(&weight_bits) || !r.U64(&m.memory_budget) ||
-      !r.U64(&m.available_memory) || !r.U8(&standby) || !r.Done()) {
+      !r.U64(&m.available_memory) || !r.U8(&standby)) {
     return Bad("register message");
+  }
+  if (!r.Done()) {
+    // A member resuming with a restarted scheduler.
+    ResumeState st;
+    uint8_t tag;
+    uint32_t lost;
+    if (!r.U8(&tag) || tag != 1 || !r.U32(&st.keys) || !r.U64(&st.barriers_entered) ||
+        !r.U64(&st.barriers_released) || !r.U32(&st.server_ids) ||
+        st.server_ids > kMaxMembers + kMaxServersJoined || !r.U32(&lost) ||
+        lost > st.server_ids || r.remaining() / 4 < lost) {
+      return Bad("register message (resume state)");
+    }
+    st.lost_servers.resize(lost);
+    for (uint32_t i = 0; i < lost; ++i) {
+      if (!r.U32(&st.lost_servers[i]) || st.lost_servers[i] >= st.server_ids ||
+          (i > 0 && st.lost_servers[i] <= st.lost_servers[i - 1])) {
+        return Bad("register message (resume state: lost servers)");
+      }
+    }
+    if (!r.Done() || m.requested_rank < 0 || st.barriers_released > st.barriers_entered ||
+        (m.role == Role::kServer && (st.keys != 0 || st.server_ids != 0))) {
+      return Bad("register message (resume state)");
+    }
+    m.resume = std::move(st);
   }
   if (m.requested_rank < -1) return Bad("register message (negative rank)");
   if (standby > 1 || (standby == 1 && m.role != Role::kServer)) {
@@ -229,6 +264,48 @@ Result<AssignMsg> DecodeAssign(std::span<const std::byte> b, uint64_t total_coun
   if (!r.U8(&m.mode) || m.mode > kMaxAggregationMode) return Bad("assign message (aggregation mode)");
   if (!GetSpec(r, &m.spec)) return Bad("assign message (collective)");
   if (!r.Done()) return Bad("assign message (trailing bytes)");
+  return m;
+}
+
+std::vector<std::byte> Encode(const ResumeKeyMsg& m) {
+  Writer w;
+  w.Bytes(Encode(m.declare));
+  w.U8(static_cast<uint8_t>(m.state));
+  if (m.state == ResumeKeyMsg::Plan::kPlanned) w.Bytes(Encode(m.plan));
+  if (m.state == ResumeKeyMsg::Plan::kRefused) {
+    w.U8(m.refusal);
+    w.Str(std::string_view(m.refusal_text).substr(0, kMaxMessageLength));
+  }
+  return w.Take();
+}
+
+Result<ResumeKeyMsg> DecodeResumeKey(std::span<const std::byte> b, uint64_t total_count,
+                                     uint32_t num_servers) {
+  Reader r(b);
+  ResumeKeyMsg m;
+  std::vector<std::byte> part;
+  uint8_t state;
+  if (!r.Bytes(&part, static_cast<uint32_t>(kMaxControlPayload)) || !r.U8(&state) ||
+      state > static_cast<uint8_t>(ResumeKeyMsg::Plan::kRefused)) {
+    return Bad("resume-key message");
+  }
+  GL_ASSIGN_OR_RETURN(m.declare, DecodeDeclare(part));
+  m.state = static_cast<ResumeKeyMsg::Plan>(state);
+  if (m.state == ResumeKeyMsg::Plan::kPlanned) {
+    if (!r.Bytes(&part, static_cast<uint32_t>(kMaxControlPayload))) {
+      return Bad("resume-key message (plan)");
+    }
+    GL_ASSIGN_OR_RETURN(m.plan, DecodeAssign(part, total_count, num_servers));
+    if (m.plan.name != m.declare.name || m.plan.spec != m.declare.spec) {
+      return Bad("resume-key message (a plan for another tensor than declared)");
+    }
+  } else if (m.state == ResumeKeyMsg::Plan::kRefused) {
+    if (!r.U8(&m.refusal) || m.refusal == 0 || m.refusal > kMaxCode ||
+        !r.Str(&m.refusal_text, kMaxMessageLength)) {
+      return Bad("resume-key message (refusal)");
+    }
+  }
+  if (!r.Done()) return Bad("resume-key message (trailing bytes)");
   return m;
 }
 

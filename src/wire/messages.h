@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -44,6 +45,17 @@ enum class Role : uint8_t { kWorker = 1, kServer = 2 };
 // most this many of them in its life.
 inline constexpr uint32_t kMaxServersJoined = 1024;
 
+// What a member that was in the job tells a restarted scheduler when it re-registers, besides
+// its id (RegisterMsg::requested_rank). Servers send only `resume` being set; the rest is a
+// worker's.
+struct ResumeState {
+  uint32_t keys = 0;  // kResumeKey frames that follow the kRegister, one per declared tensor
+  uint64_t barriers_entered = 0;   // Worker::Barrier calls made
+  uint64_t barriers_released = 0;  // ...and released
+  uint32_t server_ids = 0;         // server ids this worker knows (the job's and standbys')
+  std::vector<uint32_t> lost_servers;  // ...and those of them lost (ascending, below server_ids)
+};
+
 // kRegister payload.
 struct RegisterMsg {
   Role role = Role::kWorker;
@@ -64,6 +76,9 @@ struct RegisterMsg {
   // Servers: a standby (ServerOptions::standby), which takes no partitions until it takes over
   // a lost server's. Workers send false; decoding refuses a worker that says true.
   bool standby = false;
+  // Set when the member was in the job already and re-registers with a restarted scheduler
+  // (scheduler_impl.h, "Restart"): requested_rank is then its id in the job.
+  std::optional<ResumeState> resume;
 };
 
 struct Member {
@@ -123,6 +138,17 @@ struct JoinMsg {
   std::vector<std::pair<uint64_t, uint64_t>> rounds;  // (key, next round)
   uint64_t barriers = 0;
 };
+// kResumeKey payload (key, dtype and count travel in the header): one tensor a worker declared,
+// told to a restarted scheduler, with the plan the worker had for it, if any.
+struct ResumeKeyMsg {
+  enum class Plan : uint8_t { kNone = 0, kPlanned = 1, kRefused = 2 };
+  DeclareMsg declare;  // as this worker declared it
+  Plan state = Plan::kNone;
+  AssignMsg plan;          // kPlanned
+  uint8_t refusal = 0;     // kRefused: the Code it was refused with...
+  std::string refusal_text;  // ...and why
+};
+
 // Keys one kJoin can carry (16 bytes each in one control frame).
 inline constexpr uint32_t kMaxJoinKeys = 60000;
 
@@ -132,6 +158,10 @@ std::vector<std::byte> Encode(const WelcomeMsg& m);
 std::vector<std::byte> Encode(const DeclareMsg& m);
 std::vector<std::byte> Encode(const AssignMsg& m);
 std::vector<std::byte> EncodeText(std::string_view text);
+std::vector<std::byte> Encode(const ResumeKeyMsg& m);
+// Its plan is checked as DecodeAssign checks one.
+Result<ResumeKeyMsg> DecodeResumeKey(std::span<const std::byte> b, uint64_t total_count,
+                                     uint32_t num_servers);
 
 // kServerJoined's payload: one member's entry of the address book, as in a WelcomeMsg.
 std::vector<std::byte> EncodeMember(const Member& m);

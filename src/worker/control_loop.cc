@@ -275,28 +275,39 @@ void WorkerImpl::FailAll(const Status& s, bool force) {
 }
 
 void WorkerImpl::ControlLoop() {
-  Liveness liveness(channel_.get(), job_hash_, rank_);
+  std::shared_ptr<transport::ControlChannel> channel = Channel();
+  std::optional<Liveness> liveness;
+  liveness.emplace(channel.get(), job_hash_, rank_);
+  // The scheduler is gone without ending the job: rejoin a restarted one, or fail the job.
+  const auto rejoin = [&](const std::string& why) {
+    channel->Close();
+    // While shutting down, Shutdown() itself closed the channel: not a failure.
+    if (shut_down_.load()) return false;
+    if (Status back = Rejoin(why); !back.ok()) {
+      FailJob(back);
+      return false;
+    }
+    channel = Channel();
+    liveness.emplace(channel.get(), job_hash_, rank_);
+    return true;
+  };
   while (!shut_down_.load()) {
-    Status alive = liveness.Tick();
+    Status alive = liveness->Tick();
     if (!alive.ok()) {
-      // While shutting down, Shutdown() itself closed the channel: not a failure.
-      if (!shut_down_.load()) {
-        FailJob(PeerLost("worker " + std::to_string(rank_) + ": " + alive.message()));
-      }
-      channel_->Close();
+      if (rejoin("worker " + std::to_string(rank_) + ": " + alive.message())) continue;
       return;
     }
     if (std::optional<Status> lost = ExpiredPeerFailure()) {
       FailJob(*lost);
       return;
     }
-    auto f = channel_->Receive(Clock::now() + kPoll);
-    if (f.ok()) liveness.Heard();
+    auto f = channel->Receive(Clock::now() + kPoll);
+    if (f.ok()) liveness->Heard();
     if (!f.ok()) {
       if (f.status().code() == Code::kTimeout) continue;
-      if (!shut_down_.load()) {
-        FailJob(PeerLost("worker " + std::to_string(rank_) + " lost the scheduler: " +
-                         f.status().message()));
+      if (rejoin("worker " + std::to_string(rank_) + " lost the scheduler: " +
+               f.status().message())) {
+        continue;
       }
       return;
     }
@@ -347,6 +358,151 @@ void WorkerImpl::ControlLoop() {
                       << static_cast<int>(f->header.type);
     }
   }
+}
+
+std::shared_ptr<transport::ControlChannel> WorkerImpl::Channel() {
+  std::lock_guard lock(channel_mu_);
+  return channel_;
+}
+
+Status WorkerImpl::SendControl(uint64_t gen, const wire::Header& h,
+                               std::span<const std::byte> payload, Clock::time_point deadline) {
+  std::shared_ptr<transport::ControlChannel> channel;
+  {
+    std::lock_guard lock(channel_mu_);
+    if (gen != channel_gen_.load()) return Status::Ok();  // told in the ResumeState instead
+    channel = channel_;
+  }
+  return channel->Send(h, payload, deadline);
+}
+
+Status WorkerImpl::Rejoin(const std::string& why) {
+  const auto timeout = opts_.scheduler_reconnect_timeout;
+  if (timeout.count() == 0) return PeerLost(why);
+  wire::RegisterMsg reg;
+  reg.role = wire::Role::kWorker;
+  reg.requested_rank = static_cast<int32_t>(rank_);
+  reg.host = in_force_.host;
+  reg.push_address = push_lane_->address();
+  reg.pull_address = (pull_lane_ ? *pull_lane_ : *push_lane_).address();
+  wire::ResumeState st;
+  std::vector<ControlFrame> frames;
+  {
+    std::lock_guard lock(mu_);
+    if (!failure_.ok()) return failure_;
+    if (joining_) {
+      return PeerLost(why + "; this rank had joined (join()), and a join does not survive a "
+                            "scheduler restart");
+    }
+    reconnecting_ = true;
+    // Everything the restarted scheduler must know, as of now; what this worker declares or
+    // enters from here on is sent once it is back.
+    for (const auto& [key, t] : tensors_) {
+      if (!t->declared) continue;
+      t->declare_pending = false;
+      wire::ResumeKeyMsg m;
+      m.declare = {t->name, opts_.partition_bytes.value_or(0), t->shape, t->declared_mode,
+                   t->spec};
+      if (t->planned && t->plan_status.ok()) {
+        m.state = wire::ResumeKeyMsg::Plan::kPlanned;
+        m.plan = {t->name, t->parts, static_cast<uint8_t>(t->mode), t->spec};
+      } else if (t->planned) {
+        m.state = wire::ResumeKeyMsg::Plan::kRefused;
+        m.refusal = static_cast<uint8_t>(t->plan_status.code());
+        m.refusal_text = t->plan_status.message();
+      }
+      ControlFrame f;
+      f.header.type = MsgType::kResumeKey;
+      f.header.job = job_hash_;
+      f.header.sender = rank_;
+      f.header.key = key;
+      f.header.dtype = static_cast<uint8_t>(t->dtype);
+      f.header.count = t->count;
+      f.payload = wire::Encode(m);
+      frames.push_back(std::move(f));
+    }
+    st.keys = static_cast<uint32_t>(frames.size());
+    st.barriers_entered = barrier_sent_;
+    st.barriers_released = barrier_released_;
+    st.server_ids = static_cast<uint32_t>(lost_servers_.size());
+    for (uint32_t id = 0; id < lost_servers_.size(); ++id) {
+      if (lost_servers_[id]) st.lost_servers.push_back(id);
+    }
+  }
+  reg.resume = std::move(st);
+  const uint64_t entered = reg.resume->barriers_entered;
+  GL_LOG(kWarn) << why << "; rejoining the job through a restarted scheduler at "
+                << opts_.scheduler << " for up to " << timeout.count() / 1000.0 << " s";
+  const auto start = Clock::now();
+  Result<Joined> joined = RejoinJob(opts_.scheduler, job_hash_, reg, start + timeout,
+                                    opts_.secret, frames, &rejoin_cancel_);
+  const auto give_up = [&](const Status& s) {
+    std::lock_guard lock(mu_);
+    reconnecting_ = false;
+    cv_.notify_all();
+    return s;
+  };
+  if (!joined.ok()) {
+    return give_up(Status(joined.status().code() == Code::kAborted ? Code::kAborted
+                                                                   : Code::kPeerLost,
+                          why + "; no scheduler took worker " + std::to_string(rank_) +
+                              " back within " + std::to_string(timeout.count()) + " ms: " +
+                              joined.status().message()));
+  }
+  const wire::WelcomeMsg& w = joined->welcome;
+  if (w.your_id != rank_ || w.num_workers != size_ || w.num_servers != num_servers_) {
+    return give_up(ProtocolError(
+        "the restarted scheduler at " + opts_.scheduler + " welcomed rank " +
+        std::to_string(rank_) + " back as rank " + std::to_string(w.your_id) + " of " +
+        std::to_string(w.num_workers) + " workers and " + std::to_string(w.num_servers) +
+        " servers"));
+  }
+  const std::shared_ptr<transport::ControlChannel> channel = std::move(joined->channel);
+  uint64_t gen;
+  {
+    std::lock_guard lock(channel_mu_);
+    channel_ = channel;
+    gen = ++channel_gen_;
+  }
+  std::vector<std::pair<wire::Header, wire::DeclareMsg>> declares;
+  uint64_t barrier = 0;
+  {
+    std::lock_guard lock(mu_);
+    reconnecting_ = false;
+    for (const auto& [key, t] : tensors_) {
+      if (!t->declare_pending) continue;
+      t->declare_pending = false;
+      wire::Header h;
+      h.type = MsgType::kDeclare;
+      h.job = job_hash_;
+      h.sender = rank_;
+      h.key = key;
+      h.dtype = static_cast<uint8_t>(t->dtype);
+      h.count = t->count;
+      declares.emplace_back(h, wire::DeclareMsg{t->name, opts_.partition_bytes.value_or(0),
+                                                t->shape, t->declared_mode, t->spec});
+    }
+    if (barrier_sent_ > entered) barrier = barrier_sent_;
+    cv_.notify_all();
+  }
+  // A send that fails means this scheduler is gone too: the next rejoin tells the one after it
+  // everything declared (each is `declared`).
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  for (const auto& [h, d] : declares) SendControl(gen, h, wire::Encode(d), deadline).IgnoreError();
+  if (barrier != 0) {
+    wire::Header h;
+    h.type = MsgType::kBarrier;
+    h.job = job_hash_;
+    h.sender = rank_;
+    h.round = barrier;
+    SendControl(gen, h, {}, deadline).IgnoreError();
+  }
+  GL_LOG(kWarn) << "worker " << rank_ << " rejoined the job through the restarted scheduler ("
+                << frames.size() << " tensors told, "
+                << std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start)
+                       .count()
+                << " ms after it was lost)";
+  return Status::Ok();
 }
 
 Status WorkerImpl::OnJoinRelease(const transport::Frame& f) {

@@ -64,6 +64,12 @@ struct TensorState {
   // travels (wire: the dtype, or fp32 partials) and, per partition, the local rank pushing it.
   std::optional<LocalReduce::HostChannel> host;
   topology::Mode mode = topology::Mode::kFlat;
+  // Restart (control_loop.cc Rejoin), under mu_: its kDeclare's mode, once the declaration is
+  // made (declared); declare_pending: made while the worker was rejoining a restarted
+  // scheduler, so sent once it is back.
+  uint8_t declared_mode = 0;
+  bool declared = false;
+  bool declare_pending = false;
   DataType wire{};
   std::vector<uint32_t> pusher;
   uint32_t pushed_here = 0;  // partitions this worker pushes for its host

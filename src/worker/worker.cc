@@ -252,11 +252,23 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
   h.count = count;
   // 0: the scheduler cuts the key as the job's tuning says.
   wire::DeclareMsg d{t->name, opts_.partition_bytes.value_or(0), t->shape, mode, spec};
-  Status s = channel_->Send(h, wire::Encode(d));
-  if (!s.ok()) {
+  uint64_t gen;
+  {
+    std::lock_guard lock(mu_);
+    t->declared_mode = mode;
+    t->declared = true;
+    // Rejoining a restarted scheduler: sent once it is back.
+    t->declare_pending = reconnecting_;
+    if (reconnecting_) return TensorHandle(t);
+    gen = channel_gen_.load();
+  }
+  Status s = SendControl(gen, h, wire::Encode(d), Clock::now() + std::chrono::seconds(10));
+  if (!s.ok() && opts_.scheduler_reconnect_timeout.count() == 0) {
     FailAll(PeerLost("worker " + std::to_string(rank_) + " lost the scheduler: " + s.message()));
     return s;
   }
+  // Else the control thread sees the scheduler gone too, and the declaration reaches the
+  // restarted one in this worker's ResumeState (or the job fails).
   return TensorHandle(t);
 }
 
@@ -303,18 +315,24 @@ Status WorkerImpl::Barrier(Clock::time_point deadline) {
   // Same-host ops nobody waits on go on while this caller blocks here (the others may need
   // their sums to start the next op on a tensor).
   if (local_ && local_->busy()) local_->Nudge();
-  uint64_t seq;
+  uint64_t seq, gen;
+  bool send;
   {
     std::lock_guard lock(mu_);
     if (!failure_.ok()) return failure_;
     seq = ++barrier_sent_;
+    send = !reconnecting_;  // else the rejoin tells the restarted scheduler
+    gen = channel_gen_.load();
   }
   wire::Header h;
   h.type = MsgType::kBarrier;
   h.job = job_hash_;
   h.sender = rank_;
   h.round = seq;
-  GL_RETURN_IF_ERROR(channel_->Send(h, {}, deadline));
+  if (send) {
+    Status sent = SendControl(gen, h, {}, deadline);
+    if (!sent.ok() && opts_.scheduler_reconnect_timeout.count() == 0) return sent;
+  }
   std::unique_lock lock(mu_);
   if (!cv_.wait_until(lock, deadline,
                       [&] { return barrier_released_ >= seq || !failure_.ok(); })) {
@@ -379,7 +397,16 @@ Result<uint32_t> WorkerImpl::Join(Clock::time_point deadline) {
   h.type = MsgType::kJoin;
   h.job = job_hash_;
   h.sender = rank_;
-  GL_RETURN_IF_ERROR(channel_->Send(h, wire::Encode(msg), deadline));
+  uint64_t gen;
+  {
+    std::lock_guard lock(mu_);
+    if (reconnecting_) {
+      return Unavailable("join() on rank " + std::to_string(rank_) +
+                         ": the scheduler is being restarted; a join needs it");
+    }
+    gen = channel_gen_.load();
+  }
+  GL_RETURN_IF_ERROR(SendControl(gen, h, wire::Encode(msg), deadline));
   std::unique_lock lock(mu_);
   if (!cv_.wait_until(lock, deadline, [&] { return join_released_ || !failure_.ok(); })) {
     return Timeout("join() on rank " + std::to_string(rank_) +
@@ -391,13 +418,19 @@ Result<uint32_t> WorkerImpl::Join(Clock::time_point deadline) {
 
 Status WorkerImpl::Shutdown(Clock::time_point deadline) {
   if (shut_down_.exchange(true)) return Status::Ok();
-  if (channel_) {
+  {
+    // A goodbye needs a scheduler: one being restarted gets until the deadline to take this
+    // worker back (else the job would wait for a member that is gone).
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [&] { return !reconnecting_; })) rejoin_cancel_ = true;
+  }
+  if (const std::shared_ptr<transport::ControlChannel> channel = Channel()) {
     wire::Header h;
     h.type = MsgType::kGoodbye;
     h.job = job_hash_;
     h.sender = rank_;
-    channel_->Send(h, {}, deadline).IgnoreError();
-    channel_->Close();
+    channel->Send(h, {}, deadline).IgnoreError();
+    channel->Close();
   }
   if (control_.joinable()) control_.join();
   // Lanes first: once they are stopped nothing reads or writes a caller's buffer any more,

@@ -322,6 +322,16 @@ class WorkerImpl final : public Worker {
   // ---- Control plane -------------------------------------------------------------------------
 
   void ControlLoop();
+  std::shared_ptr<transport::ControlChannel> Channel();
+  // Sends on the scheduler connection of generation `gen` (channel_gen_ when the sender
+  // decided, under mu_); a later generation's connection takes nothing of an earlier one's.
+  Status SendControl(uint64_t gen, const wire::Header& h, std::span<const std::byte> payload,
+                     Clock::time_point deadline);
+  // The scheduler is gone (`why`) without ending the job: rejoins one restarted on its address
+  // (scheduler/restart.cc), telling it every tensor and plan and the barriers, within
+  // opts_.scheduler_reconnect_timeout; the data path runs on meanwhile. The error (the job's
+  // failure) names the scheduler when none took this worker back.
+  Status Rejoin(const std::string& why);
 
   Status OnAssign(const transport::Frame& f);
   // kJoinRelease: every rank has joined; each key's rounds resume where the others left them.
@@ -385,7 +395,14 @@ class WorkerImpl final : public Worker {
   // joins adds its id: OnServerJoined).
   std::vector<transport::PeerId> server_peers_;
   std::vector<std::string> server_names_;
-  std::unique_ptr<transport::ControlChannel> channel_;
+  // The scheduler connection: replaced (and channel_gen_ counted up) when the worker rejoins a
+  // restarted scheduler (control_loop.cc Rejoin). A sender decides under mu_ (not while
+  // `reconnecting_`), noting the generation; SendControl drops a frame of an older one: what
+  // it said reached the new scheduler in the worker's ResumeState.
+  std::mutex channel_mu_;
+  std::shared_ptr<transport::ControlChannel> channel_;
+  std::atomic<uint64_t> channel_gen_{0};
+  std::atomic<bool> rejoin_cancel_{false};  // Shutdown gave up waiting for a rejoin
   std::thread control_;
   std::atomic<bool> shut_down_{false};
   std::atomic<uint64_t> protocol_errors_{0};
@@ -420,6 +437,8 @@ class WorkerImpl final : public Worker {
   // Requests to issue not yet answered; nonzero while a thread is in Issue() (push_queue.cc).
   std::atomic<uint32_t> issue_requests_{0};
   uint64_t barrier_sent_ = 0, barrier_released_ = 0;
+  // Restart: the scheduler is gone and the control thread is rejoining a restarted one.
+  bool reconnecting_ = false;
   // Join(): in progress; released (every rank joined) with the rank that joined last; the next
   // round of keys this worker had not declared when it sat their rounds out (for Declare).
   bool joining_ = false, join_released_ = false;

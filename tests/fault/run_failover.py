@@ -27,8 +27,15 @@ plans them, right after they joined), push (mid-transfer of 4 MiB and 32 MiB ten
 >= 2), pull (one worker sleeps before issuing each round: the others wait for their pulls),
 barrier (the same sleep before the barrier: the data path is idle, between rounds).
 
+Restarts (the `restarts` case): the same job, but the scheduler gets SIGKILL in the trial's
+phase and is started again on its port RESTART_DELAY s later, as gradlink-run
+--restart-scheduler or a supervisor does. The members keep the data path running and rejoin it
+(scheduler/restart.cc); the trial requires every round exact, every process but the killed
+scheduler to exit 0 (the restarted one included), and reports the time from the restart to the
+moment every worker has completed a round issued after it (the issue's target: 5 s).
+
 Usage: run_failover.py --bin-dir DIR --fault-worker EXE [--budget S] [--seed N] [--trials N]
-                       [--slice A:B] [--results FILE] trials
+                       [--slice A:B] [--results FILE] trials|restarts
        run_failover.py summary --merge FILE...
 """
 
@@ -55,6 +62,7 @@ STRAGGLE_MS = 300
 PHASES = ("declare", "push", "pull", "barrier")
 SIGNALS = ("KILL", "STOP")
 SMALL, LARGE = "1024,4194304", "1024,4194304,33554432"
+RESTART_DELAY, RESTART_BOUND = 0.3, 5.0
 
 
 class Trial:
@@ -66,8 +74,9 @@ class Trial:
         self.standby = index % 4 == 1
 
     def label(self):
-        return "#%02d SIG%-4s %-8s server %d of %d%s" % (
-            self.index, self.sig, self.phase, self.victim, self.servers,
+        victim = "the scheduler" if self.victim < 0 else "server %d" % self.victim
+        return "#%02d SIG%-4s %-8s %s, %d servers%s" % (
+            self.index, self.sig, self.phase, victim, self.servers,
             " +standby" if self.standby else "")
 
 
@@ -210,6 +219,107 @@ def run_trial(h, t, results):
             results[-1]["seconds"] = round(time.monotonic() - t0, 2)
 
 
+def scheduler_argv(h, job, servers, port):
+    return [os.path.join(h.bin_dir, "gradlink-scheduler"), "--port", str(port),
+            "-w", str(WORKERS), "-s", str(servers), "--job", job, "--join-timeout-ms", "30000"]
+
+
+def run_restart_trial(h, t, results):
+    """The scheduler is SIGKILLed in t.phase and started again on its port: the job goes on."""
+    t0 = time.monotonic()
+    job = "restart-%d" % t.index
+    sched = h.spawn("r%02d-scheduler" % t.index, "scheduler", 0, scheduler_argv(h, job, t.servers, 0))
+    procs = [sched]
+    problems = []
+    recovery = None
+    try:
+        m = h.wait_for("the scheduler's port",
+                       lambda: re.search(r"listening on (\S+):(\d+)", sched.out()), 15, [sched])
+        addr, port = "%s:%s" % (m.group(1), m.group(2)), int(m.group(2))
+        servers = [h.spawn("r%02d-server%d" % (t.index, i), "server", i,
+                           [os.path.join(h.bin_dir, "gradlink-server"), "--scheduler", addr,
+                            "--job", job]) for i in range(t.servers)]
+        if t.standby:
+            servers.append(h.spawn("r%02d-standby" % t.index, "server", t.servers,
+                                   [os.path.join(h.bin_dir, "gradlink-server"), "--scheduler",
+                                    addr, "--job", job, "--standby"]))
+        procs += servers
+        h.wait_for("the servers to connect",
+                   lambda: run_fault.established_to(port) >= len(servers), 10, procs)
+        workers = []
+        for r in range(WORKERS):
+            argv = [h.worker_exe, "--scheduler", addr, "--job", job, "--rank", str(r),
+                    "--phase", "push" if t.phase == "declare" else t.phase,
+                    "--sizes", LARGE if t.phase in ("push", "declare") else SMALL,
+                    "--rounds", str(ROUNDS), "--local-arena", "0", "--wait-s", "30"]
+            if r == t.straggler:
+                argv += ["--straggle-ms", str(STRAGGLE_MS)]
+            workers.append(h.spawn("r%02d-worker%d" % (t.index, r), "worker", r, argv))
+        procs += workers
+        note = wait_for_phase(h, t, workers, procs)
+        os.kill(sched.pid, signal.SIGKILL)
+        time.sleep(RESTART_DELAY)
+        old = sched
+        t_restart = time.monotonic()
+        sched = h.spawn("r%02d-scheduler-2" % t.index, "scheduler", 1,
+                        scheduler_argv(h, job, t.servers, port))
+        procs.append(sched)
+        try:
+            after = h.wait_for("a round issued after the restart to complete on every worker",
+                               lambda: all(first_round_after(p, t_restart) for p in workers) and
+                               [first_round_after(p, t_restart) for p in workers],
+                               RESTART_BOUND + 10, [])
+            recovery = round(max(ts for _, ts in after) - t_restart, 4)
+            if recovery > RESTART_BOUND:
+                problems.append("recovery took %.3f s (bound %.1f s)" % (recovery, RESTART_BOUND))
+        except Failure as e:
+            problems.append(str(e))
+        survivors = [p for p in procs if p is not old]
+        end = time.monotonic() + 30 + EXIT_GRACE
+        while time.monotonic() < end and any(p.poll() is None for p in survivors):
+            time.sleep(0.01)
+        for p in workers:
+            rc = p.poll()
+            wrong = p.lines("WRONG")
+            if wrong:
+                problems.append("%s: wrong element: %s" % (p.name, wrong[0]))
+            if rc != 0:
+                failed = p.lines("FAILED")
+                problems.append("%s exited with %s%s" % (p.name, rc, ": " + failed[0][:300]
+                                                         if failed else ""))
+            elif not p.lines("DONE"):
+                problems.append("%s exited 0 without DONE" % p.name)
+        for p in [sched] + servers:
+            rc = p.poll()
+            if rc != 0:
+                problems.append("%s exited with %s (expected 0): %s" % (
+                    p.name, rc, p.err().strip().splitlines()[-1:] or ""))
+        resumed = re.search(r"resumed after a restart with .* in (\d+) ms", sched.err())
+        if not resumed:
+            problems.append("the restarted scheduler did not say it resumed the job")
+        verdict = "ok" if not problems else "FAIL"
+        results.append({"trial": t.index, "phase": t.phase, "signal": "KILL-scheduler",
+                        "servers": t.servers, "recovery": recovery, "verdict": verdict,
+                        "problems": problems, "note": note,
+                        "resume_ms": int(resumed.group(1)) if resumed else None})
+        print("%-4s %s  restart -> rounds again %s, resumed in %s ms  [%s]" % (
+            verdict, t.label(), "%.3f s" % recovery if recovery is not None else "-",
+            resumed.group(1) if resumed else "?", note))
+        for x in problems:
+            print("      problem: %s" % x[:400])
+        sys.stdout.flush()
+        if problems:
+            raise Failure("%d problem(s)" % len(problems))
+    except Failure:
+        h.dump_logs(procs)
+        raise
+    finally:
+        for p in procs:
+            h.kill(p)
+        if results and results[-1]["trial"] == t.index:
+            results[-1]["seconds"] = round(time.monotonic() - t0, 2)
+
+
 def wait_for_phase(h, t, workers, procs):
     if t.phase == "declare":
         h.wait_for("every worker to join", lambda: all(p.lines("JOINED") for p in workers), 20,
@@ -268,7 +378,7 @@ def report(results):
             print("    " + x[:400])
 
 
-def case_trials(h, args):
+def case_trials(h, args, restarts=False):
     trials = plan(args.seed, args.trials)
     a, b = (int(x) for x in args.slice.split(":"))
     trials = trials[a:b]
@@ -280,12 +390,18 @@ def case_trials(h, args):
                 t.servers = int(kind[2])
                 t.victim %= t.servers
     print("seed %d, trials %d..%d of %d: %d workers, 2-4 servers, %d rounds; bounds: SIGKILL "
-          "%.1f s, SIGSTOP %.1f s" % (args.seed, a, b - 1, args.trials, WORKERS, ROUNDS,
-                                      KILL_BOUND, STOP_BOUND))
+          "%.1f s, SIGSTOP %.1f s, scheduler restart %.1f s" % (
+              args.seed, a, b - 1, args.trials, WORKERS, ROUNDS, KILL_BOUND, STOP_BOUND,
+              RESTART_BOUND))
     results, failures = [], 0
+    if restarts:  # the scheduler is the victim, always SIGKILL: one trial per phase and shape
+        seen = set()
+        trials = [t for t in trials if not ((t.phase, t.servers) in seen or seen.add((t.phase, t.servers)))]
+        for t in trials:
+            t.sig, t.victim = "KILL", -1
     for t in trials:
         try:
-            run_trial(h, t, results)
+            (run_restart_trial if restarts else run_trial)(h, t, results)
         except Failure as e:
             print("FAIL  %s: %s" % (t.label(), e))
             failures += 1
@@ -330,16 +446,17 @@ def main():
     ap.add_argument("--results")
     ap.add_argument("--only", help="PHASE,SIGNAL[,SERVERS]: only trials of this kind")
     ap.add_argument("--merge", nargs="*", default=[])
-    ap.add_argument("case", choices=("trials", "summary"))
+    ap.add_argument("case", choices=("trials", "restarts", "summary"))
     args = ap.parse_args()
-    if args.case == "trials" and not (args.bin_dir and args.fault_worker):
+    if args.case in ("trials", "restarts") and not (args.bin_dir and args.fault_worker):
         ap.error("--bin-dir and --fault-worker are required")
     # The harness's options that this script does not take.
     args.exit_grace, args.tolerate_known = EXIT_GRACE, False
     h = Harness(args)
-    if args.results and args.case == "trials":
+    if args.results and args.case != "summary":
         open(args.results, "w").close()
-    case = case_trials if args.case == "trials" else case_summary
+    case = {"trials": case_trials, "summary": case_summary,
+            "restarts": lambda h, a: case_trials(h, a, restarts=True)}[args.case]
     return run_fault.run_case(h, "failover " + args.case, lambda: case(h, args))
 
 if __name__ == "__main__":

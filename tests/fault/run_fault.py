@@ -15,6 +15,8 @@ SIGKILL or SIGSTOP to one victim (a worker, a server or the scheduler) and requi
     --shutdown-after-failure and prints "SHUTDOWN <seconds> <status>");
   * every surviving process (workers, servers, scheduler) exits by itself, non-zero, within
     EXIT_GRACE s after the failure bound: nothing is left hanging.
+Members run with GRADLINK_SCHEDULER_RECONNECT=0: a lost scheduler fails them at once too, instead
+of their waiting to rejoin a restarted one (run_failover.py restarts).
 The stopped victim gets SIGCONT and SIGKILL at the end of its trial; everything else that was
 started is SIGKILLed too (each process runs in its own session with PR_SET_PDEATHSIG).
 
@@ -843,6 +845,9 @@ def main():
     args = ap.parse_args()
     if args.case != "summary" and not (args.bin_dir and args.fault_worker):
         ap.error("--bin-dir and --fault-worker are required")
+    # These trials hold members to failing fast: a lost scheduler too, so its members do not
+    # wait to rejoin a restarted one (the default; run_failover.py's restarts test that).
+    os.environ["GRADLINK_SCHEDULER_RECONNECT"] = "0"
     h = Harness(args)
     if args.results and args.case != "summary":
         open(args.results, "w").close()

@@ -50,13 +50,22 @@ assign = s(b"t") + struct.pack("<I", 1) + struct.pack("<QQI", 0, 97, 0)
 text = s(b"kMismatch: key 0x1 't'")
 for i, (name, payload) in enumerate([("register", register), ("welcome", welcome),
                                      ("declare", declare), ("assign", assign), ("text", text)]):
-    # The target's first byte picks the decoder (byte % 5); for assign, byte 3 means a total of
+    # The target's first byte picks the decoder (byte % 7); for assign, byte 3 means a total of
     # 97 elements on one server.
     data = bytes([i]) + payload
     write("messages", name, data)
 write("messages", "register_server_weight", bytes([0]) + register_server)
 for j, payload in enumerate(register_bad_weights):
     write("messages", "register_bad_weight_%d" % j, bytes([0]) + payload)
+# Restart: a worker resuming (7 keys follow, 3 barriers entered and released, 3 server ids of
+# which 1 lost), and one tensor's resume (its declaration and plan; byte 6: 97 elements, 1 server).
+write("messages", "register_resume", bytes([0]) + bytes([1]) + struct.pack("<i", 0) + s(b"host") +
+      s(addr) + s(addr) + struct.pack("<dQQB", 1.0, 0, 0, 0) + bytes([1]) +
+      struct.pack("<IQQIII", 7, 3, 3, 3, 1, 1))
+spec = struct.pack("<BBIII", 0, 0, 0, 0, 0)
+full_declare = s(b"t") + struct.pack("<QIB", 0, 0, 0) + spec
+full_assign = s(b"t") + struct.pack("<I", 1) + struct.pack("<QQI", 0, 97, 0) + bytes([0]) + spec
+write("messages", "resume_key", bytes([6]) + s(full_declare) + bytes([1]) + s(full_assign))
 
 # ---- handshake_fuzz: byte 0 mode, then steps [op][len][payload]. The target's fixed secret,
 # job hash, epoch and nonces (handshake_fuzz.cc) let honest transcripts be computed here.

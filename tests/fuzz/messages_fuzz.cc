@@ -21,7 +21,7 @@ void CheckRoundTrip(const gradlink::Result<Msg>& m, std::span<const std::byte> i
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const uint8_t which = data[0] % 6;
+  const uint8_t which = data[0] % 7;
   std::span<const std::byte> b(reinterpret_cast<const std::byte*>(data + 1), size - 1);
   namespace w = gradlink::wire;
   switch (which) {
@@ -52,6 +52,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case 5: CheckRoundTrip(w::DecodeJoin(b), b); break;
+    case 6: {
+      const uint64_t total = 97u * (1 + data[0] / 7 % 4);
+      CheckRoundTrip(w::DecodeResumeKey(b, total, 1 + data[0] / 28 % 8), b);
+      break;
+    }
   }
   return 0;
 }

@@ -272,7 +272,8 @@ def _train(tmp_path, mode, tag, kill=None, servers=3, launcher_args=(), steps=30
     """failover_train.py under gradlink-run, 2 workers and `servers` servers, through the
     servers (no same-host path); with `kill` = (signal, step), server 1 gets that signal once a
     worker has done that step; or `kill` is a list of (signal, step, server id, text): that
-    server gets it once a worker has done that step and gradlink-run's stderr holds the text.
+    server (or the scheduler, for id "scheduler") gets it once a worker has done that step and
+    gradlink-run's stderr holds the text.
     Returns (gradlink-run's exit code, its stderr, the victims' pids (one: the pid), the output
     folder, the workers' output)."""
     import os
@@ -301,8 +302,9 @@ def _train(tmp_path, mode, tag, kill=None, servers=3, launcher_args=(), steps=30
                     sig, at, sid, text = kills[len(victims)]
                     if step >= at and text in err_path.read_text(errors="replace"):
                         victim = [k for k, argv in _children(p.pid).items()
-                                  if argv[0].endswith(b"gradlink-server") and b"--id" in argv
-                                  and argv[argv.index(b"--id") + 1] == str(sid).encode()]
+                                  if (argv[0].endswith(b"gradlink-scheduler") if sid == "scheduler"
+                                      else argv[0].endswith(b"gradlink-server") and b"--id" in argv
+                                      and argv[argv.index(b"--id") + 1] == str(sid).encode())]
                         assert len(victim) == 1, victim
                         victims.append(victim[0])
                         os.kill(victim[0], sig)
@@ -368,3 +370,26 @@ def test_restarted_servers_keep_a_two_server_job_alive_through_two_losses(built,
     assert "gradlink-run: server 1 was lost; its" in err, err
     assert "all to standby server 2" in err, err
     _expect_same_parameters(clean, lost)
+
+
+@pytest.mark.parametrize("mode", ["optimizer", "c10d"])
+def test_a_restarted_scheduler_keeps_training_with_the_failure_free_bits(built, tmp_path, mode):
+    """--restart-scheduler: the scheduler is SIGKILLed at step 5 of DistributedOptimizer
+    training (or DDP over the gradlink torch.distributed backend); gradlink-run starts it again
+    on its port, the members rejoin it with their keys and plans, and training goes on: the job
+    exits 0 and the parameters equal, bit for bit, a run without the loss."""
+    import signal as signals
+    rc, err, _, clean, out = _train(tmp_path, mode, "clean", servers=2)
+    assert rc == 0, err
+    rc, err, victim, lost, out = _train(tmp_path, mode, "lost",
+                                        [(signals.SIGKILL, 5, "scheduler", "")], servers=2,
+                                        launcher_args=("--restart-scheduler", "1"))
+    assert victim is not None, err
+    assert rc == 0, err
+    assert "gradlink-run: the scheduler was lost" in err, err
+    assert "gradlink-run: the restarted scheduler resumed the job with 2 workers and 2 servers" \
+        in err, err
+    for r in range(2):
+        assert "TRAINED rank %d servers_lost 0" % r in out, out
+    _expect_same_parameters(clean, lost)
+

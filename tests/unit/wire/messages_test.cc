@@ -221,6 +221,111 @@ TEST(MessagesTest, RegisterCarriesTheStandbyFlag) {
   ExpectBad(DecodeRegister(Encode(m)), "a worker's standby flag");
 }
 
+// ---- Restart: a member resuming with a restarted scheduler ------------------------------------
+
+TEST(MessagesTest, RegisterCarriesTheResumeState) {
+  RegisterMsg m = SampleRegister();
+  m.role = Role::kWorker;
+  m.requested_rank = 3;
+  m.resume = ResumeState{7, 12, 11, 5, {1, 4}};
+  Result<RegisterMsg> d = DecodeRegister(Encode(m));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_TRUE(d->resume.has_value());
+  EXPECT_EQ(d->resume->keys, 7u);
+  EXPECT_EQ(d->resume->barriers_entered, 12u);
+  EXPECT_EQ(d->resume->barriers_released, 11u);
+  EXPECT_EQ(d->resume->server_ids, 5u);
+  EXPECT_EQ(d->resume->lost_servers, (std::vector<uint32_t>{1, 4}));
+  ExpectTruncationsAndTrailingFail(Encode(m), DecodeRegister, "resuming register");
+  // A first registration has none.
+  m.resume.reset();
+  d = DecodeRegister(Encode(m));
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->resume.has_value());
+}
+
+TEST(MessagesTest, RegisterRejectsBadResumeStates) {
+  RegisterMsg m = SampleRegister();
+  m.role = Role::kWorker;
+  m.requested_rank = 0;
+  const auto bad = [&](ResumeState st, const std::string& what) {
+    m.resume = std::move(st);
+    ExpectBad(DecodeRegister(Encode(m)), what);
+  };
+  bad({0, 1, 2, 2, {}}, "more barriers released than entered");
+  bad({0, 0, 0, 2, {2}}, "a lost server id past the ids known");
+  bad({0, 0, 0, 4, {3, 1}}, "lost servers out of order");
+  bad({0, 0, 0, 4, {1, 1}}, "a lost server twice");
+  bad({0, 0, 0, kMaxMembers + kMaxServersJoined + 1, {}}, "more server ids than a job has");
+  m.requested_rank = -1;
+  bad({}, "a resuming member without its id");
+  m.requested_rank = 1;
+  m.role = Role::kServer;
+  bad({2, 0, 0, 0, {}}, "a server with keys to resume");
+  // A lost-server count larger than the bytes that follow: refused before allocating.
+  m.role = Role::kWorker;
+  m.resume = ResumeState{0, 0, 0, 4096, {}};
+  std::vector<std::byte> enc = Encode(m);
+  for (size_t i = 0; i < 4; ++i) enc[enc.size() - 4 + i] = std::byte{0xFF};
+  const size_t largest = LargestAllocation([&] { ExpectBad(DecodeRegister(enc), "huge count"); });
+  EXPECT_LT(largest, 1u << 16);
+}
+
+ResumeKeyMsg SampleResumeKey() {
+  ResumeKeyMsg m;
+  m.declare = {"fc2.bias", 0, {2, 5}, 0, {}};
+  m.state = ResumeKeyMsg::Plan::kPlanned;
+  m.plan.name = "fc2.bias";
+  m.plan.partitions = {{0, 4, 0}, {4, 4, 1}, {8, 2, 0}};
+  return m;
+}
+
+TEST(MessagesTest, ResumeKeyRoundTrips) {
+  ResumeKeyMsg m = SampleResumeKey();
+  Result<ResumeKeyMsg> d = DecodeResumeKey(Encode(m), 10, 2);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->declare.name, "fc2.bias");
+  EXPECT_EQ(d->declare.shape, (std::vector<uint64_t>{2, 5}));
+  EXPECT_EQ(d->state, ResumeKeyMsg::Plan::kPlanned);
+  ASSERT_EQ(d->plan.partitions.size(), 3u);
+  EXPECT_EQ(d->plan.partitions[1].server, 1u);
+  ExpectTruncationsAndTrailingFail(
+      Encode(m), [](std::span<const std::byte> b) { return DecodeResumeKey(b, 10, 2); },
+      "resume key");
+  m.state = ResumeKeyMsg::Plan::kNone;
+  d = DecodeResumeKey(Encode(m), 10, 2);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_TRUE(d->plan.partitions.empty());
+  m.state = ResumeKeyMsg::Plan::kRefused;
+  m.refusal = static_cast<uint8_t>(Code::kMismatch);
+  m.refusal_text = "ranks disagree";
+  d = DecodeResumeKey(Encode(m), 10, 2);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->refusal, static_cast<uint8_t>(Code::kMismatch));
+  EXPECT_EQ(d->refusal_text, "ranks disagree");
+}
+
+TEST(MessagesTest, ResumeKeyRejects) {
+  ResumeKeyMsg m = SampleResumeKey();
+  ExpectBad(DecodeResumeKey(Encode(m), 11, 2), "a plan that does not tile the tensor");
+  ExpectBad(DecodeResumeKey(Encode(m), 10, 1), "a plan naming a server past the ids known");
+  m.plan.name = "fc1.bias";
+  ExpectBad(DecodeResumeKey(Encode(m), 10, 2), "a plan for another tensor");
+  m = SampleResumeKey();
+  m.plan.spec.kind = Collective::kBroadcast;
+  ExpectBad(DecodeResumeKey(Encode(m), 10, 2), "a plan for another collective");
+  m = SampleResumeKey();
+  m.state = ResumeKeyMsg::Plan::kRefused;
+  m.refusal = 0;
+  ExpectBad(DecodeResumeKey(Encode(m), 10, 2), "a refusal with no code");
+  m.refusal = kMaxCode + 1;
+  ExpectBad(DecodeResumeKey(Encode(m), 10, 2), "a refusal with a code out of range");
+  std::vector<std::byte> enc = Encode(SampleResumeKey());
+  const size_t declare_bytes = Encode(SampleResumeKey().declare).size();
+  enc[4 + declare_bytes] = std::byte{3};  // the plan's state
+  ExpectBad(DecodeResumeKey(enc, 10, 2), "plan state 3");
+}
+
 TEST(MessagesTest, MemberEntryRoundTrips) {
   const Member m{Role::kServer, 7, "standby-host", {std::byte{1}, std::byte{2}}, {}};
   Result<Member> d = DecodeMember(EncodeMember(m));
