@@ -10,11 +10,14 @@ the rounds before it), the hiccup (the longest round from the loss on, minus tha
 the round time after (median of the last half), against the bound for one server fewer: when
 the servers' links bound a round, after / before <= SERVERS / (SERVERS - 1). With --standby a
 standby server (gradlink-server --standby) joins too and takes over the lost server's
-partitions: the bound after is then the one before, SERVERS servers.
+partitions: the bound after is then the one before, SERVERS servers. With --victim scheduler
+the scheduler gets SIGKILL instead and is started again on its port --restart-delay s later
+(scheduler restart): the members rejoin it and the rounds go on; the bound after is the one
+before.
 
 Usage: bench/failover.py [--build build] [--servers 3] [--workers 3] [--tensor 32M]
                          [--rounds 60] [--kill-at 20] [--signal KILL|STOP] [--repeats 3]
-                         [--standby]
+                         [--standby] [--victim server|scheduler] [--restart-delay 0.3]
 """
 
 import argparse
@@ -42,10 +45,12 @@ def run_once(a, bin_dir, worker_exe, tmp, sig):
         procs.append(p)
         return p, out.name, err.name
 
+    def scheduler_argv(port):
+        return [os.path.join(bin_dir, "gradlink-scheduler"), "--port", str(port), "-w",
+                str(a.workers), "-s", str(a.servers), "--job", job]
+
     try:
-        sched, sched_out, sched_err = spawn("scheduler", [
-            os.path.join(bin_dir, "gradlink-scheduler"), "--port", "0", "-w", str(a.workers),
-            "-s", str(a.servers), "--job", job])
+        sched, sched_out, sched_err = spawn("scheduler", scheduler_argv(0))
         for _ in range(500):
             m = re.search(r"listening on (\S+)", open(sched_out).read())
             if m:
@@ -64,7 +69,7 @@ def run_once(a, bin_dir, worker_exe, tmp, sig):
             "--phase", "push", "--sizes", str(a.tensor), "--rounds", str(a.rounds),
             "--local-arena", "0", "--partition-bytes", "0", "--max-in-flight", "0",
             "--wait-s", "60"]) for r in range(a.workers)]
-        victim = servers[-1]
+        victim = sched if a.victim == "scheduler" else servers[-1]
         out0 = workers[0][1]
         t_kill = None
         deadline = time.monotonic() + 300
@@ -73,6 +78,10 @@ def run_once(a, bin_dir, worker_exe, tmp, sig):
             if t_kill is None and re.search(r"^ROUNDOK %d " % (a.kill_at - 1), text, re.M):
                 t_kill = time.monotonic()
                 os.kill(victim.pid, signal.SIGKILL if sig == "KILL" else signal.SIGSTOP)
+                if a.victim == "scheduler":
+                    time.sleep(a.restart_delay)
+                    sched, _, sched_err = spawn("scheduler-2", scheduler_argv(
+                        m.group(1).rsplit(":", 1)[1]))
             if all(p.poll() is not None for p, _, _ in workers):
                 break
             time.sleep(0.002)
@@ -82,6 +91,13 @@ def run_once(a, bin_dir, worker_exe, tmp, sig):
             if p.wait(timeout=60) != 0:
                 sys.exit("worker failed (%s): %s" % (p.returncode, open(out).read()[-2000:]))
         moved = re.search(r"(\d+) partitions of (\d+) key", open(sched_err).read())
+        if a.victim == "scheduler":
+            sched.wait(timeout=30)
+            resumed = re.search(r"resumed after a restart .* in (\d+) ms", open(sched_err).read())
+            if sched.returncode != 0 or not resumed:
+                sys.exit("the restarted scheduler did not resume the job (exit %s): %s" % (
+                    sched.returncode, open(sched_err).read()[-2000:]))
+            moved = None  # nothing moves
         rounds = []
         for _, out, _ in workers:
             times = [float(l.split()[2]) for l in open(out) if l.startswith("ROUNDOK ")]
@@ -91,7 +107,8 @@ def run_once(a, bin_dir, worker_exe, tmp, sig):
         before = statistics.median(per_round[1:a.kill_at - 1])
         around = per_round[a.kill_at - 1:a.kill_at + 5]
         after = statistics.median(per_round[len(per_round) // 2:])
-        return before, max(around) - before, after, moved.group(1) if moved else "?"
+        return before, max(around) - before, after, (moved.group(1) if moved else
+                                                "0" if a.victim == "scheduler" else "?")
     finally:
         for p in procs:
             if p.poll() is None:
@@ -115,15 +132,23 @@ def main():
     ap.add_argument("--signal", choices=("KILL", "STOP"), default="KILL")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--standby", action="store_true", help="a standby server takes over")
+    ap.add_argument("--victim", choices=("server", "scheduler"), default="server")
+    ap.add_argument("--restart-delay", type=float, default=0.3,
+                    help="--victim scheduler: seconds before it is started again")
     a = ap.parse_args()
     a.tensor = parse_size(a.tensor)
     bin_dir = os.path.join(a.build, "bin")
     worker_exe = os.path.join(a.build, "tests", "fault", "gl_fault_worker")
-    left = a.servers if a.standby else a.servers - 1  # servers carrying the job after the loss
+    if a.victim == "scheduler" and a.signal != "KILL":
+        sys.exit("--victim scheduler: only SIGKILL (a stopped scheduler holds its port)")
+    # Servers carrying the job after the loss.
+    left = a.servers if a.standby or a.victim == "scheduler" else a.servers - 1
     bound = a.servers / left
-    print("%d workers, %d servers%s (one SIG%s at round %d of %d), one %d-byte fp32 tensor, "
-          "defaults; per repeat:" % (a.workers, a.servers, " + a standby" if a.standby else "",
-                                     a.signal, a.kill_at, a.rounds, a.tensor))
+    print("%d workers, %d servers%s (one SIG%s of %s at round %d of %d), one %d-byte fp32 "
+          "tensor, defaults; per repeat:" % (
+              a.workers, a.servers, " + a standby" if a.standby else "", a.signal,
+              "the scheduler, restarted %.1f s later" % a.restart_delay
+              if a.victim == "scheduler" else "a server", a.kill_at, a.rounds, a.tensor))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.repeats):

@@ -70,6 +70,8 @@ Status SchedulerImpl::RegisterResume(Connection& c, wire::RegisterMsg reg) {
   c.role = reg.role;
   c.id = id;
   c.resume_keys_left = reg.resume->keys;
+  // Whether a server stands by is in the plans (StartResumedJob), not in how it was started.
+  reg.standby = false;
   c.reg = std::move(reg);
   for (auto& conn : conns_) {
     if (conn.get() == &c) members[id] = conn;
@@ -175,14 +177,18 @@ Status SchedulerImpl::MaybeStartResumedJob() {
 Status SchedulerImpl::StartResumedJob() {
   // What the workers know of the servers: every id, and which are lost (a worker that had not
   // yet heard of a loss when the scheduler died learns it below, from the others').
-  uint32_t server_ids = opts_.num_servers;
+  uint32_t known = opts_.num_servers;
   for (auto& [rank, w] : workers_) {
-    server_ids = std::max(server_ids, w->reg.resume->server_ids);
+    known = std::max(known, w->reg.resume->server_ids);
     lost_servers_.insert(w->reg.resume->lost_servers.begin(), w->reg.resume->lost_servers.end());
   }
-  for (uint32_t id = 0; id < server_ids; ++id) {
+  for (uint32_t id = 0; id < known; ++id) {
     if (servers_.count(id) == 0) lost_servers_.insert(id);
   }
+  // A standby whose joining the workers had not heard of yet when the scheduler died is back
+  // too: they hear of it below.
+  const uint32_t server_ids =
+      std::max(known, servers_.empty() ? 0u : servers_.rbegin()->first + 1);
   for (auto& [id, s] : servers_) {
     if (lost_servers_.count(id) != 0) {
       Finish(Unavailable("resuming job '" + opts_.job + "' after a restart: " + MemberName(*s) +
@@ -318,6 +324,13 @@ Status SchedulerImpl::StartResumedJob() {
       c->link.Send(MakeHeader(MsgType::kWelcome), your_id, server_book_, now);
       c->welcome_queued = true;
     }
+  }
+  for (auto& [id, s] : servers_) {
+    if (id < known) continue;
+    wire::Header joined = MakeHeader(MsgType::kServerJoined);
+    joined.count = id;
+    SendToWorkers(joined, Share(wire::EncodeMember(
+                              {Role::kServer, id, s->reg.host, s->reg.push_address, {}})));
   }
   // A worker that missed a release the others had gets it; one that lacks a plan another
   // worker had gets that plan.

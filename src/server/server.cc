@@ -250,6 +250,22 @@ class ServerImpl final : public Server {
             channel->Close();
             return;
           }
+          // The slots are there: the plan's version goes back, so the scheduler can hand the
+          // plan to the workers (a failover's replan too).
+          wire::Header ack;
+          ack.type = MsgType::kAssignAck;
+          ack.job = job_hash_;
+          ack.sender = id_;
+          ack.key = f->header.key;
+          ack.round = f->header.round;
+          if (Status sent = channel->Send(ack, {}); !sent.ok()) {
+            // Gone before it heard: a restarted one plans the key again (nobody has its plan).
+            if (rejoin("server " + std::to_string(id_) + " lost the scheduler: " +
+                       sent.message())) {
+              continue;
+            }
+            return;
+          }
           break;
         }
         case MsgType::kHeartbeat:
@@ -271,8 +287,10 @@ class ServerImpl final : public Server {
           ack.job = job_hash_;
           ack.sender = id_;
           if (Status s = channel->Send(ack, {}); !s.ok()) {
-            Finish(PeerLost("server " + std::to_string(id_) + " lost the scheduler: " +
-                            s.message()));
+            if (rejoin("server " + std::to_string(id_) + " lost the scheduler: " +
+                       s.message())) {
+              continue;
+            }
             return;
           }
           break;
@@ -399,13 +417,7 @@ class ServerImpl final : public Server {
         }
       }
     }
-    wire::Header ack;
-    ack.type = MsgType::kAssignAck;
-    ack.job = job_hash_;
-    ack.sender = id_;
-    ack.key = f.header.key;
-    ack.round = f.header.round;  // which plan of the key (a failover sends another)
-    return Channel()->Send(ack, {});
+    return Status::Ok();
   }
 
   void OnMemberLeft(uint64_t rank) {

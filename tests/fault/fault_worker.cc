@@ -48,6 +48,7 @@
 #include <thread>
 #include <vector>
 
+#include "gradlink/env.h"
 #include "gradlink/worker.h"
 
 namespace gl = gradlink;
@@ -132,6 +133,12 @@ class Runner {
       std::this_thread::sleep_for(std::chrono::milliseconds(a_.sleep_before_connect_ms));
     }
     gl::WorkerOptions o;
+    // The GRADLINK_* environment as a user's process gets it (the harnesses set
+    // GRADLINK_SCHEDULER_RECONNECT); the flags below win.
+    if (gl::Status env = gl::ApplyEnvironment(&o); !env.ok()) {
+      Line("FAILED " + Now() + " " + env.ToString());
+      return kExitConnect;
+    }
     o.scheduler = a_.scheduler;
     o.job = a_.job;
     o.rank = a_.rank;

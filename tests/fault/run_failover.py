@@ -320,6 +320,76 @@ def run_restart_trial(h, t, results):
             results[-1]["seconds"] = round(time.monotonic() - t0, 2)
 
 
+NORESTART_RECONNECT_S = 2
+
+
+def run_norestart_trial(h, results):
+    """The scheduler SIGKILLed mid-job and never started again: with GRADLINK_SCHEDULER_RECONNECT
+    = NORESTART_RECONNECT_S, every worker fails within that (plus the time to notice) naming the
+    scheduler, and every server ends by itself: nothing hangs."""
+    job = "norestart"
+    env = dict(os.environ, GRADLINK_SCHEDULER_RECONNECT=str(NORESTART_RECONNECT_S))
+    sched = h.spawn("n-scheduler", "scheduler", 0, scheduler_argv(h, job, 2, 0))
+    procs = [sched]
+    problems = []
+    try:
+        m = h.wait_for("the scheduler's port",
+                       lambda: re.search(r"listening on (\S+):(\d+)", sched.out()), 15, [sched])
+        addr = "%s:%s" % (m.group(1), m.group(2))
+        servers = [h.spawn("n-server%d" % i, "server", i,
+                           [os.path.join(h.bin_dir, "gradlink-server"), "--scheduler", addr,
+                            "--job", job], env=env) for i in range(2)]
+        procs += servers
+        workers = [h.spawn("n-worker%d" % r, "worker", r,
+                           [h.worker_exe, "--scheduler", addr, "--job", job, "--rank", str(r),
+                            "--phase", "push", "--sizes", SMALL, "--rounds", "100000",
+                            "--local-arena", "0", "--wait-s", "30"], env=env)
+                   for r in range(WORKERS)]
+        procs += workers
+        h.wait_for("round 2", lambda: all(any(l.startswith("2 ") for l in p.lines("ROUND"))
+                                          for p in workers), 20, procs)
+        t_kill = time.monotonic()
+        os.kill(sched.pid, signal.SIGKILL)
+        bound = NORESTART_RECONNECT_S + 3.0
+        end = t_kill + bound + EXIT_GRACE
+        while time.monotonic() < end and any(p.poll() is None for p in workers + servers):
+            time.sleep(0.01)
+        for p in workers:
+            failed = p.lines("FAILED")
+            if not failed:
+                problems.append("%s did not fail (exit %s)" % (p.name, p.poll()))
+                continue
+            at, status = float(failed[0].split()[0]), failed[0].split(None, 1)[1]
+            if at - t_kill > bound:
+                problems.append("%s failed %.2f s after the kill (bound %.1f s)" % (
+                    p.name, at - t_kill, bound))
+            if "no scheduler took worker" not in status:
+                problems.append("%s's error does not say the scheduler is gone: %s" % (
+                    p.name, status[:300]))
+        for p in workers + servers:
+            if p.poll() is None:
+                problems.append("%s still running %.0f s after the kill" % (
+                    p.name, time.monotonic() - t_kill))
+            elif p.poll() < 0:
+                problems.append("%s died of signal %d" % (p.name, -p.poll()))
+        verdict = "ok" if not problems else "FAIL"
+        results.append({"trial": 99, "phase": "push", "signal": "KILL-scheduler-norestart",
+                        "servers": 2, "recovery": None, "verdict": verdict,
+                        "problems": problems, "note": "no restart"})
+        print("%-4s the scheduler killed and never restarted: every worker failed naming it, "
+              "every process ended" % verdict)
+        for x in problems:
+            print("      problem: %s" % x[:400])
+        if problems:
+            raise Failure("%d problem(s)" % len(problems))
+    except Failure:
+        h.dump_logs(procs)
+        raise
+    finally:
+        for p in procs:
+            h.kill(p)
+
+
 def wait_for_phase(h, t, workers, procs):
     if t.phase == "declare":
         h.wait_for("every worker to join", lambda: all(p.lines("JOINED") for p in workers), 20,
@@ -416,6 +486,12 @@ def case_trials(h, args, restarts=False):
             print("FAIL: budget nearly spent after trial #%02d" % t.index)
             failures += 1
             break
+    if restarts:
+        try:
+            run_norestart_trial(h, results)
+        except Failure as e:
+            print("FAIL  no restart: %s" % e)
+            failures += 1
     report(results)
     if failures:
         raise Failure("%d of %d trials failed" % (failures, len(trials)))

@@ -236,12 +236,23 @@ TEST(MessagesTest, RegisterCarriesTheResumeState) {
   EXPECT_EQ(d->resume->barriers_released, 11u);
   EXPECT_EQ(d->resume->server_ids, 5u);
   EXPECT_EQ(d->resume->lost_servers, (std::vector<uint32_t>{1, 4}));
-  ExpectTruncationsAndTrailingFail(Encode(m), DecodeRegister, "resuming register");
-  // A first registration has none.
+  // A first registration has none: its encoding is the resuming one's first bytes.
+  const std::vector<std::byte> resuming = Encode(m);
   m.resume.reset();
-  d = DecodeRegister(Encode(m));
+  const std::vector<std::byte> first = Encode(m);
+  ASSERT_LT(first.size(), resuming.size());
+  EXPECT_TRUE(std::equal(first.begin(), first.end(), resuming.begin()));
+  d = DecodeRegister(first);
   ASSERT_TRUE(d.ok());
   EXPECT_FALSE(d->resume.has_value());
+  // Cut anywhere inside the resume state, or with a byte after it: refused.
+  for (size_t n = first.size() + 1; n < resuming.size(); ++n) {
+    ExpectBad(DecodeRegister(std::span(resuming.data(), n)), "resume state cut to " +
+                                                                 std::to_string(n) + " bytes");
+  }
+  std::vector<std::byte> longer = resuming;
+  longer.push_back(std::byte{0});
+  ExpectBad(DecodeRegister(longer), "a byte after the resume state");
 }
 
 TEST(MessagesTest, RegisterRejectsBadResumeStates) {
