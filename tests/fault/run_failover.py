@@ -464,9 +464,7 @@ def case_trials(h, args, restarts=False):
               args.seed, a, b - 1, args.trials, WORKERS, ROUNDS, KILL_BOUND, STOP_BOUND,
               RESTART_BOUND))
     results, failures = [], 0
-    if restarts:  # the scheduler is the victim, always SIGKILL: one trial per phase and shape
-        seen = set()
-        trials = [t for t in trials if not ((t.phase, t.servers) in seen or seen.add((t.phase, t.servers)))]
+    if restarts:  # the scheduler is the victim, always SIGKILL (a stopped one holds its port)
         for t in trials:
             t.sig, t.victim = "KILL", -1
     for t in trials:
