@@ -372,21 +372,29 @@ def test_restarted_servers_keep_a_two_server_job_alive_through_two_losses(built,
     _expect_same_parameters(clean, lost)
 
 
-@pytest.mark.parametrize("mode", ["optimizer", "c10d"])
-def test_a_restarted_scheduler_keeps_training_with_the_failure_free_bits(built, tmp_path, mode):
-    """--restart-scheduler: the scheduler is SIGKILLed at step 5 of DistributedOptimizer
-    training (or DDP over the gradlink torch.distributed backend); gradlink-run starts it again
-    on its port, the members rejoin it with their keys and plans, and training goes on: the job
-    exits 0 and the parameters equal, bit for bit, a run without the loss."""
+@pytest.mark.parametrize("mode,sig", [("optimizer", "SIGKILL"), ("c10d", "SIGKILL"),
+                                      ("optimizer", "SIGSTOP")])
+def test_a_restarted_scheduler_keeps_training_with_the_failure_free_bits(built, tmp_path, mode,
+                                                                         sig):
+    """--restart-scheduler: the scheduler is SIGKILLed (or stopped: gradlink-run kills it once
+    its members have taken it for lost) at step 5 of DistributedOptimizer training (or DDP over
+    the gradlink torch.distributed backend); gradlink-run starts it again on its port, the
+    members rejoin it with their keys and plans, and training goes on: the job exits 0 and the
+    parameters equal, bit for bit, a run without the loss."""
     import signal as signals
-    rc, err, _, clean, out = _train(tmp_path, mode, "clean", servers=2)
+    # A stopped scheduler is replaced only after its members' 3 s silence limit: 120 steps of
+    # 50 ms leave room for that.
+    steps = 120 if sig == "SIGSTOP" else 30
+    rc, err, _, clean, out = _train(tmp_path, mode, "clean", servers=2, steps=steps)
     assert rc == 0, err
     rc, err, victim, lost, out = _train(tmp_path, mode, "lost",
-                                        [(signals.SIGKILL, 5, "scheduler", "")], servers=2,
-                                        launcher_args=("--restart-scheduler", "1"))
+                                        [(getattr(signals, sig), 5, "scheduler", "")], servers=2,
+                                        launcher_args=("--restart-scheduler", "1"), steps=steps)
     assert victim is not None, err
     assert rc == 0, err
     assert "gradlink-run: the scheduler was lost" in err, err
+    if sig == "SIGSTOP":
+        assert "gradlink-run: the scheduler is stopped (SIGSTOP)" in err, err
     assert "gradlink-run: the restarted scheduler resumed the job with 2 workers and 2 servers" \
         in err, err
     for r in range(2):
