@@ -49,6 +49,7 @@ Status SchedulerImpl::RegisterStandby(Connection& c, wire::RegisterMsg reg) {
   }
   c.registered = true;
   c.role = Role::kServer;
+  c.asked_standby = reg.standby;
   reg.standby = true;
   c.reg = std::move(reg);
   if (started_) {
@@ -111,13 +112,109 @@ void SchedulerImpl::AdmitStandby(Connection& c) {
   joined.count = id;
   SendToWorkers(joined, Share(wire::EncodeMember(
                             {Role::kServer, id, c.reg.host, c.reg.push_address, {}})));
+  // A server that did not ask to stand by takes its share of a running job at once, where the
+  // workers keep each partition's last result (they do once the job has had two servers: a
+  // one-server job's first joiner stands by).
+  const bool results_kept = opts_.num_servers > 1 || servers_admitted_ > 0;
+  ++servers_admitted_;
+  const bool takes_share = started_ && !c.asked_standby && results_kept;
+  const std::string budget =
+      budget_[id] == UINT64_MAX ? std::string("unlimited") : std::to_string(budget_[id] >> 20) + " MiB";
+  if (takes_share) {
+    GL_LOG(kWarn) << "scheduler: " << MemberName(c) << " joined the running job (memory budget "
+                  << budget << ")";
+    Rebalance(id);
+    return;
+  }
   // A membership change, as a loss is: at the level that is on by default (gradlink-run reads
   // it: STANDBY_JOINED_RE).
   GL_LOG(kWarn) << "scheduler: " << MemberName(c) << " joined as a standby (" << standby_.size()
-                << " standing by; memory budget "
-                << (budget_[id] == UINT64_MAX ? std::string("unlimited")
-                                              : std::to_string(budget_[id] >> 20) + " MiB")
-                << ")";
+                << " standing by; memory budget " << budget << ")";
+}
+
+uint64_t SchedulerImpl::Rebalance(uint32_t id) {
+  // Not while a rank has joined (its rounds are absent) or a key is still moving.
+  if (!joined_.empty() || releasing_) return 0;
+  for (const auto& [key, decl] : decls_) {
+    if (decl.replanning) return 0;
+  }
+  standby_.erase(id);
+  placer_.Activate(id);
+  const std::vector<double>& weight = placer_.weights();
+  const auto per_weight = [&](uint32_t s) {
+    return static_cast<double>(placer_.load_cost()[s]) / weight[s];
+  };
+  // Each partition of a delivered flat sum, by the server holding it. Other collectives move
+  // only when lost: a round of theirs moved mid-way could fail; a key summed per host first
+  // does not move yet.
+  struct Part {
+    uint64_t key;
+    uint32_t index;
+    uint64_t bytes;
+  };
+  std::map<uint32_t, std::vector<Part>> on;
+  for (const auto& [key, decl] : decls_) {
+    if (!decl.planned || !decl.status.ok() || !decl.delivered || !decl.spec.is_sum() ||
+        decl.mode != topology::Mode::kFlat) {
+      continue;
+    }
+    const uint64_t elem = DataTypeSize(decl.dtype);
+    for (uint32_t p = 0; p < decl.plan.size(); ++p) {
+      if (decl.plan[p].server != id) on[decl.plan[p].server].push_back({key, p, decl.plan[p].count * elem});
+    }
+  }
+  // Largest first on each server, so that the fewest partitions move.
+  for (auto& [s, parts] : on) {
+    std::stable_sort(parts.begin(), parts.end(),
+                     [](const Part& a, const Part& b) { return a.bytes > b.bytes; });
+  }
+  // Greedy: from the server that carries the most per weight, move a partition that leaves the
+  // new server no more loaded (per weight) than that server was; until none does.
+  std::map<uint64_t, std::vector<wire::PartitionPlan>> plans;
+  uint64_t moved = 0;
+  for (;;) {
+    std::optional<uint32_t> from;
+    for (const auto& [s, parts] : on) {
+      if (parts.empty() || !placer_.active(s) || lost_servers_.count(s) != 0) continue;
+      if (!from || per_weight(s) > per_weight(*from)) from = s;
+    }
+    if (!from) break;
+    std::vector<Part>& parts = on[*from];
+    auto it = std::find_if(parts.begin(), parts.end(), [&](const Part& p) {
+      const double after = static_cast<double>(placer_.load_cost()[id] + p.bytes +
+                                               Placer::kPartitionCostBytes) / weight[id];
+      const Declaration& decl = decls_.at(p.key);
+      const uint64_t held = reduce::ServerBytesHeld(decl.dtype, decl.plan[p.index].count,
+                                                    opts_.num_workers);
+      return after <= per_weight(*from) && held <= budget_[id] &&
+             held_[id] <= budget_[id] - held;
+    });
+    if (it == parts.end()) break;
+    Declaration& decl = decls_.at(it->key);
+    std::vector<wire::PartitionPlan>& plan = plans.try_emplace(it->key, decl.plan).first->second;
+    const uint64_t held = reduce::ServerBytesHeld(decl.dtype, plan[it->index].count,
+                                                  opts_.num_workers);
+    placer_.Move(*from, id, it->bytes);
+    held_[*from] -= std::min(held_[*from], held);
+    held_[id] += held;
+    plan[it->index].server = id;
+    ++moved;
+    parts.erase(it);
+  }
+  for (auto& [key, plan] : plans) {
+    Declaration& decl = decls_.at(key);
+    decl.plan = std::move(plan);
+    decl.assign_header.flags = wire::kFlagReplan;
+    decl.assign_header.round++;  // the plan's version, echoed in the acks
+    decl.acks.clear();
+    decl.replanning = true;
+    SendPlanToServers(decl);
+  }
+  // gradlink-run reads this line (REBALANCED_RE).
+  GL_LOG(kWarn) << "scheduler: server " << id << " took its share of the running job: " << moved
+                << " partitions of " << plans.size() << " key(s) moved to it from the servers "
+                << "that carried the most";
+  return moved;
 }
 
 uint32_t SchedulerImpl::ActiveServers() const {

@@ -49,6 +49,13 @@ void Placer::PlaceOn(uint32_t id, uint64_t bytes) {
   ++parts_[id];
 }
 
+void Placer::Move(uint32_t from, uint32_t to, uint64_t bytes) {
+  load_[from] -= bytes;
+  cost_[from] -= bytes + kPartitionCostBytes;
+  --parts_[from];
+  PlaceOn(to, bytes);
+}
+
 uint32_t Placer::LeastLoaded() const {
   if (!retired_.empty()) {  // the servers left, by cost per weight (ties: lowest id)
     constexpr double kTie = 1 - 1e-12;

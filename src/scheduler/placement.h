@@ -51,6 +51,12 @@ class Placer {
   uint32_t Place(uint64_t bytes);
   // One partition of `bytes` to server `id`; counted.
   void PlaceOn(uint32_t id, uint64_t bytes);
+  // A partition of `bytes` placed on `from` moves to `to` (rebalancing onto a new server).
+  void Move(uint32_t from, uint32_t to, uint64_t bytes);
+  // Whether server `id` takes new partitions (not retired, not a standby).
+  bool active(uint32_t id) const {
+    return id < weight_.size() && (retired_.empty() || !retired_[id]);
+  }
 
   const std::vector<uint64_t>& load_bytes() const { return load_; }
   const std::vector<uint64_t>& load_cost() const { return cost_; }  // bytes + charges

@@ -98,6 +98,7 @@ struct Connection {
   uint32_t id = 0;  // valid once the job has started
   wire::RegisterMsg reg;
   uint32_t resume_keys_left = 0;  // restart: its kResumeKey frames still to come
+  bool asked_standby = false;     // a server that registered with ServerOptions::standby
 };
 
 // One declared key: what each worker declared, and whether it has been answered.
@@ -190,6 +191,13 @@ class SchedulerImpl final : public Scheduler {
   void AdmitStandby(Connection& c);
   // Servers that hold partitions or may be given new ones: not lost, not standing by.
   uint32_t ActiveServers() const;
+  // A server that joined the running job without asking to stand by takes its share now:
+  // partitions of flat sums move to it from the servers that carry the most per weight, as a
+  // failover moves a lost server's (the workers report where they stand, and the old owner's
+  // late replies are refused). Returns the partitions moved; 0 when nothing can (see .cc).
+  uint64_t Rebalance(uint32_t id);
+  // Servers admitted into the running job so far (the workers keep results once one has).
+  uint32_t servers_admitted_ = 0;
   Status OnDeclare(Connection& c, const transport::Frame& f);
   // Every worker declared the key: compare the declarations, plan, tell the servers.
   Status Plan(uint64_t key, Declaration& decl);

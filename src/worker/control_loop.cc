@@ -142,6 +142,8 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
     }
     if (parts[p].server != t.parts[p].server) moved.push_back(p);
   }
+  std::vector<uint32_t> old_owner(t.parts.size());
+  for (uint32_t p = 0; p < t.parts.size(); ++p) old_owner[p] = t.parts[p].server;
   t.parts = std::move(parts);
   t.servers_spanned = ServersSpanned(t.parts);
   if (t.local.has_value()) return Status::Ok();  // summed on this host: no server sees it
@@ -151,6 +153,17 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
   }
   const uint64_t size = DataTypeSize(t.wire);
   for (uint32_t p : moved) {
+    // Moved off a server that is still up (rebalancing onto one that joined): a reply it is
+    // still writing lands in a buffer given up now, as after a loss (OnServerLost); its later
+    // replies are refused (OnHeader, OnPayload).
+    if (op && KeepsResults(t, *op) && p < t.receiving_from.size() &&
+        t.receiving_from[p] == old_owner[p] + 1) {
+      orphans_.push_back(std::move(t.results[p]));
+      t.results[p] = std::vector<std::byte>();
+      t.result_round[p] = TensorState::kNoResult;
+      t.receiving_from[p] = 0;
+      op->receiving--;
+    }
     const wire::PartitionPlan& plan = t.parts[p];
     // A collective's partition that this rank neither pushes nor pulls: no server waits for it
     // (nor for anyone, when nobody receives it).

@@ -30,6 +30,13 @@ Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
   Op& op = *it->second;
   const TensorState& t = *op.tensor;
   if (op.abandoned) return Aborted("reply for an abandoned push_pull");
+  // A partition moved to a server that joined (rebalancing) is fenced on its old owner, which is
+  // still up: the new one answers it, from what the workers reported (as after a loss).
+  if (h.partition < t.parts.size() && t.parts[h.partition].server != h.sender) {
+    return Aborted("reply from server " + std::to_string(h.sender) + " for partition " +
+                   std::to_string(h.partition) + ", which moved to server " +
+                   std::to_string(t.parts[h.partition].server));
+  }
   // The pull may overtake the completion of its own push (kSent) but never precede the push.
   if (h.key != t.key || h.partition >= op.parts.size() || h.round != op.round ||
       (op.parts[h.partition] != Op::Part::kSent && op.parts[h.partition] != Op::Part::kPushed)) {
@@ -85,11 +92,16 @@ void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
     std::lock_guard lock(mu_);
     // A reply from a server declared lost was written into a buffer given up then
     // (OnServerLost), and its op no longer counts it; a refusal from it counts for nothing.
-    const bool from_lost = h.sender < lost_servers_.size() && lost_servers_[h.sender];
-    if (from_lost && h.type != MsgType::kDataError) return;
+    bool from_lost = h.sender < lost_servers_.size() && lost_servers_[h.sender];
     auto it = ops_.find(h.cookie);
     if (it == ops_.end()) return;
     std::shared_ptr<Op> op = it->second;
+    // Likewise a reply from a server the partition moved away from (ReplanLocked).
+    if (h.partition < op->tensor->parts.size() &&
+        op->tensor->parts[h.partition].server != h.sender) {
+      from_lost = true;
+    }
+    if (from_lost && h.type != MsgType::kDataError) return;
     op->receiving--;
     if (from_lost) {
       error_text_.erase({h.cookie, h.partition});

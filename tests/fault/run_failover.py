@@ -34,8 +34,14 @@ phase and is started again on its port RESTART_DELAY s later, as gradlink-run
 scheduler to exit 0 (the restarted one included), and reports the time from the restart to the
 moment every worker has completed a round issued after it (the issue's target: 5 s).
 
+Joins (the `joins` case): a new gradlink-server (no --standby) joins the running job in the
+trial's phase and takes its share (scheduler: "took its share of the running job: N partitions
+... moved to it"); in every other trial one of the first servers is then SIGKILLed as well. Every
+round exact, every process not killed exits 0, and partitions moved (but in the declare phase,
+where the keys may not be planned yet).
+
 Usage: run_failover.py --bin-dir DIR --fault-worker EXE [--budget S] [--seed N] [--trials N]
-                       [--slice A:B] [--results FILE] trials|restarts
+                       [--slice A:B] [--results FILE] trials|restarts|joins
        run_failover.py summary --merge FILE...
 """
 
@@ -320,6 +326,102 @@ def run_restart_trial(h, t, results):
             results[-1]["seconds"] = round(time.monotonic() - t0, 2)
 
 
+def run_join_trial(h, t, results):
+    """A new server joins the running job in t.phase and takes partitions from the others; with
+    t.sig == "KILL", one of the first servers is killed once it has."""
+    t0 = time.monotonic()
+    job = "join-%d" % t.index
+    sched = h.spawn("j%02d-scheduler" % t.index, "scheduler", 0, scheduler_argv(h, job, t.servers, 0))
+    procs = [sched]
+    problems = []
+    recovery = None
+    try:
+        m = h.wait_for("the scheduler's port",
+                       lambda: re.search(r"listening on (\S+):(\d+)", sched.out()), 15, [sched])
+        addr, port = "%s:%s" % (m.group(1), m.group(2)), int(m.group(2))
+        server_argv = [os.path.join(h.bin_dir, "gradlink-server"), "--scheduler", addr, "--job", job]
+        servers = [h.spawn("j%02d-server%d" % (t.index, i), "server", i, server_argv)
+                   for i in range(t.servers)]
+        procs += servers
+        h.wait_for("the servers to connect",
+                   lambda: run_fault.established_to(port) >= len(servers), 10, procs)
+        workers = []
+        for r in range(WORKERS):
+            argv = [h.worker_exe, "--scheduler", addr, "--job", job, "--rank", str(r),
+                    "--phase", "push" if t.phase == "declare" else t.phase,
+                    "--sizes", LARGE if t.phase in ("push", "declare") else SMALL,
+                    "--rounds", str(ROUNDS), "--local-arena", "0", "--wait-s", "30"]
+            if r == t.straggler:
+                argv += ["--straggle-ms", str(STRAGGLE_MS)]
+            workers.append(h.spawn("j%02d-worker%d" % (t.index, r), "worker", r, argv))
+        procs += workers
+        note = wait_for_phase(h, t, workers, procs)
+        t_join = time.monotonic()
+        joiner = h.spawn("j%02d-joiner" % t.index, "server", t.servers, server_argv)
+        procs.append(joiner)
+        share = h.wait_for("the new server to take its share",
+                           lambda: re.search(r"took its share of the running job: (\d+) "
+                                             r"partitions", sched.err()), 15, procs)
+        moved = int(share.group(1))
+        if moved == 0 and t.phase != "declare":
+            problems.append("no partition moved to the new server")
+        victim = None
+        if t.sig == "KILL":
+            victim = servers[t.victim]
+            os.kill(victim.pid, signal.SIGKILL)
+        try:
+            after = h.wait_for("a round issued after the join to complete on every worker",
+                               lambda: all(first_round_after(p, t_join) for p in workers) and
+                               [first_round_after(p, t_join) for p in workers],
+                               KILL_BOUND + 10, [])
+            recovery = round(max(ts for _, ts in after) - t_join, 4)
+        except Failure as e:
+            problems.append(str(e))
+        survivors = [p for p in procs if p is not victim]
+        end = time.monotonic() + 30 + EXIT_GRACE
+        while time.monotonic() < end and any(p.poll() is None for p in survivors):
+            time.sleep(0.01)
+        for p in workers:
+            rc = p.poll()
+            wrong = p.lines("WRONG")
+            if wrong:
+                problems.append("%s: wrong element: %s" % (p.name, wrong[0]))
+            if rc != 0:
+                failed = p.lines("FAILED")
+                problems.append("%s exited with %s%s" % (p.name, rc, ": " + failed[0][:300]
+                                                         if failed else ""))
+            elif not p.lines("DONE"):
+                problems.append("%s exited 0 without DONE" % p.name)
+        for p in [sched, joiner] + [s for s in servers if s is not victim]:
+            rc = p.poll()
+            if rc != 0:
+                problems.append("%s exited with %s (expected 0): %s" % (
+                    p.name, rc, p.err().strip().splitlines()[-1:] or ""))
+        verdict = "ok" if not problems else "FAIL"
+        results.append({"trial": t.index, "phase": t.phase,
+                        "signal": "join" + ("+KILL" if victim else ""), "servers": t.servers,
+                        "recovery": recovery, "verdict": verdict, "problems": problems,
+                        "note": note, "moved": moved})
+        print("%-4s #%02d join %-8s %d servers + 1%s  %d partitions moved, a round after the "
+              "join in %s  [%s]" % (verdict, t.index, t.phase, t.servers,
+                                    ", then server %d killed" % t.victim if victim else "",
+                                    moved, "%.3f s" % recovery if recovery is not None else "-",
+                                    note))
+        for x in problems:
+            print("      problem: %s" % x[:400])
+        sys.stdout.flush()
+        if problems:
+            raise Failure("%d problem(s)" % len(problems))
+    except Failure:
+        h.dump_logs(procs)
+        raise
+    finally:
+        for p in procs:
+            h.kill(p)
+        if results and results[-1]["trial"] == t.index:
+            results[-1]["seconds"] = round(time.monotonic() - t0, 2)
+
+
 NORESTART_RECONNECT_S = 2
 
 
@@ -448,7 +550,7 @@ def report(results):
             print("    " + x[:400])
 
 
-def case_trials(h, args, restarts=False):
+def case_trials(h, args, restarts=False, joins=False):
     trials = plan(args.seed, args.trials)
     a, b = (int(x) for x in args.slice.split(":"))
     trials = trials[a:b]
@@ -467,9 +569,13 @@ def case_trials(h, args, restarts=False):
     if restarts:  # the scheduler is the victim, always SIGKILL (a stopped one holds its port)
         for t in trials:
             t.sig, t.victim = "KILL", -1
+    if joins:  # KILL: a server killed after the join; STOP: none
+        for t in trials:
+            t.standby = False
     for t in trials:
         try:
-            (run_restart_trial if restarts else run_trial)(h, t, results)
+            run = run_restart_trial if restarts else run_join_trial if joins else run_trial
+            run(h, t, results)
         except Failure as e:
             print("FAIL  %s: %s" % (t.label(), e))
             failures += 1
@@ -520,9 +626,9 @@ def main():
     ap.add_argument("--results")
     ap.add_argument("--only", help="PHASE,SIGNAL[,SERVERS]: only trials of this kind")
     ap.add_argument("--merge", nargs="*", default=[])
-    ap.add_argument("case", choices=("trials", "restarts", "summary"))
+    ap.add_argument("case", choices=("trials", "restarts", "joins", "summary"))
     args = ap.parse_args()
-    if args.case in ("trials", "restarts") and not (args.bin_dir and args.fault_worker):
+    if args.case != "summary" and not (args.bin_dir and args.fault_worker):
         ap.error("--bin-dir and --fault-worker are required")
     # The harness's options that this script does not take.
     args.exit_grace, args.tolerate_known = EXIT_GRACE, False
@@ -530,7 +636,8 @@ def main():
     if args.results and args.case != "summary":
         open(args.results, "w").close()
     case = {"trials": case_trials, "summary": case_summary,
-            "restarts": lambda h, a: case_trials(h, a, restarts=True)}[args.case]
+            "restarts": lambda h, a: case_trials(h, a, restarts=True),
+            "joins": lambda h, a: case_trials(h, a, joins=True)}[args.case]
     return run_fault.run_case(h, "failover " + args.case, lambda: case(h, args))
 
 if __name__ == "__main__":
