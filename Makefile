@@ -81,7 +81,8 @@ fuzz: setup
 # The unit tests under sanitizers (UCX's memory hooks must be off under TSan).
 # Failover soak: 120 seeded trials (a server killed or hung at declaration, push, pull or between
 # rounds, over 2-4 servers), each checking every round's sums and every survivor's exit, then the
-# scheduler killed and restarted in 40 more; tests/fault/run_failover.py. About 16 minutes here.
+# scheduler killed and restarted in 40 more, and a new server joining the running job in 40 more
+# (half with a server killed after it); tests/fault/run_failover.py. About 18 minutes here.
 SOAK_TRIALS ?= 120
 soak: build
 	/usr/bin/python3 tests/fault/run_failover.py --bin-dir $(BUILD)/bin \
@@ -90,6 +91,9 @@ soak: build
 	/usr/bin/python3 tests/fault/run_failover.py --bin-dir $(BUILD)/bin \
 	  --fault-worker $(BUILD)/tests/fault/gl_fault_worker --seed 20261203 \
 	  --trials 40 --budget 600 restarts
+	/usr/bin/python3 tests/fault/run_failover.py --bin-dir $(BUILD)/bin \
+	  --fault-worker $(BUILD)/tests/fault/gl_fault_worker --seed 20261203 \
+	  --trials 40 --budget 600 joins
 
 test-asan: setup
 	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DGRADLINK_BUILD_PYTHON=OFF \

@@ -120,23 +120,19 @@ void SchedulerImpl::AdmitStandby(Connection& c) {
   const bool takes_share = started_ && !c.asked_standby && results_kept;
   const std::string budget =
       budget_[id] == UINT64_MAX ? std::string("unlimited") : std::to_string(budget_[id] >> 20) + " MiB";
-  if (takes_share) {
-    GL_LOG(kWarn) << "scheduler: " << MemberName(c) << " joined the running job (memory budget "
-                  << budget << ")";
-    Rebalance(id);
-    return;
-  }
+  if (takes_share && Rebalance(id).has_value()) return;
   // A membership change, as a loss is: at the level that is on by default (gradlink-run reads
   // it: STANDBY_JOINED_RE).
   GL_LOG(kWarn) << "scheduler: " << MemberName(c) << " joined as a standby (" << standby_.size()
                 << " standing by; memory budget " << budget << ")";
 }
 
-uint64_t SchedulerImpl::Rebalance(uint32_t id) {
-  // Not while a rank has joined (its rounds are absent) or a key is still moving.
-  if (!joined_.empty() || releasing_) return 0;
+std::optional<uint64_t> SchedulerImpl::Rebalance(uint32_t id) {
+  // Not while a rank has joined (its rounds are absent) or a key is still moving: then it
+  // stands by.
+  if (!joined_.empty() || releasing_) return std::nullopt;
   for (const auto& [key, decl] : decls_) {
-    if (decl.replanning) return 0;
+    if (decl.replanning) return std::nullopt;
   }
   standby_.erase(id);
   placer_.Activate(id);
@@ -210,8 +206,9 @@ uint64_t SchedulerImpl::Rebalance(uint32_t id) {
     decl.replanning = true;
     SendPlanToServers(decl);
   }
-  // gradlink-run reads this line (REBALANCED_RE).
-  GL_LOG(kWarn) << "scheduler: server " << id << " took its share of the running job: " << moved
+  // gradlink-run reads this line (SHARE_RE).
+  GL_LOG(kWarn) << "scheduler: " << MemberName(*servers_.at(id)) << " joined the running job; "
+                << "server " << id << " took its share of the running job: " << moved
                 << " partitions of " << plans.size() << " key(s) moved to it from the servers "
                 << "that carried the most";
   return moved;

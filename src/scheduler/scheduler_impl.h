@@ -194,8 +194,9 @@ class SchedulerImpl final : public Scheduler {
   // A server that joined the running job without asking to stand by takes its share now:
   // partitions of flat sums move to it from the servers that carry the most per weight, as a
   // failover moves a lost server's (the workers report where they stand, and the old owner's
-  // late replies are refused). Returns the partitions moved; 0 when nothing can (see .cc).
-  uint64_t Rebalance(uint32_t id);
+  // late replies are refused). Returns the partitions moved; nullopt when nothing may move now
+  // (a rank has joined, a key is still moving): then it stands by.
+  std::optional<uint64_t> Rebalance(uint32_t id);
   // Servers admitted into the running job so far (the workers keep results once one has).
   uint32_t servers_admitted_ = 0;
   Status OnDeclare(Connection& c, const transport::Frame& f);

@@ -223,6 +223,27 @@ TEST(PlacementTest, PlanDependsOnCallHistoryOnly) {
   }
 }
 
+TEST(PlacementTest, MoveShiftsLoadToANewServer) {
+  // Rebalancing: a partition moved to a standby activated mid-job leaves the load, cost and
+  // count exactly as if it had been placed there, and later partitions see it.
+  Placer p(2);
+  p.PlaceOn(0, 4000);
+  p.PlaceOn(1, 4000);
+  p.PlaceOn(0, 1000);
+  p.AddStandby(2, 1.0);
+  EXPECT_FALSE(p.active(2));
+  p.Activate(2);
+  EXPECT_TRUE(p.active(2));
+  p.Move(0, 2, 4000);
+  EXPECT_EQ(p.load_bytes(), (std::vector<uint64_t>{1000, 4000, 4000}));
+  EXPECT_EQ(p.partitions(), (std::vector<uint64_t>{1, 1, 1}));
+  EXPECT_EQ(p.load_cost()[0], 1000 + Placer::kPartitionCostBytes);
+  EXPECT_EQ(p.load_cost()[2], 4000 + Placer::kPartitionCostBytes);
+  EXPECT_EQ(p.Place(10), 0u);  // the lightest now
+  p.Retire(1);
+  EXPECT_FALSE(p.active(1));
+}
+
 // ---- Weighted placement -----------------------------------------------------------------------
 
 // Runs the same random sequence of Plan() calls on `a` and `b`; they must agree on everything.
