@@ -2,7 +2,6 @@
 // AdmitStandby), and a lost server's partitions move to a standby or the servers left, which
 // adopt them; the workers get the new plans once those have acked (ServerFailover).
 #include <algorithm>
-#include <array>
 #include <map>
 #include <optional>
 
@@ -86,21 +85,13 @@ void SchedulerImpl::AdmitStandby(Connection& c) {
     budget_.resize(id + 1, 0);  // holes take nothing
     held_.resize(id + 1, 0);
   }
-  budget_[id] = UINT64_MAX;
-  if (c.reg.memory_budget != 0) {
-    budget_[id] = c.reg.memory_budget;
-  } else if (c.reg.available_memory != 0) {
-    // Its share of its host, as if it had been there from the start.
-    uint32_t on_host = 0;
-    for (const auto& [sid, s] : servers_) {
-      on_host += lost_servers_.count(sid) == 0 && MachineOf(s->reg.host) == MachineOf(c.reg.host);
-    }
-    budget_[id] = c.reg.available_memory / 4 * 3 / std::max(on_host, 1u);
+  // Its share of its host, as if it had been there from the start.
+  uint32_t on_host = 0;
+  for (const auto& [sid, s] : servers_) {
+    on_host += lost_servers_.count(sid) == 0 && MachineOf(s->reg.host) == MachineOf(c.reg.host);
   }
-  std::array<std::byte, 4> your_id;
-  for (size_t i = 0; i < your_id.size(); ++i) your_id[i] = std::byte((id >> (8 * i)) & 0xFF);
-  c.link.Send(MakeHeader(MsgType::kWelcome), your_id, server_book_, Clock::now());
-  c.welcome_queued = true;
+  budget_[id] = BudgetOf(c.reg, on_host);
+  SendWelcome(c, server_book_, Clock::now());
   // Rounds that need a worker which left early can never complete, on this server too.
   for (const auto& [rank, w] : workers_) {
     if (!w->left) continue;
@@ -146,7 +137,8 @@ std::optional<uint64_t> SchedulerImpl::Rebalance(uint32_t id) {
   struct Part {
     uint64_t key;
     uint32_t index;
-    uint64_t bytes;
+    uint64_t bytes;  // on the wire (the placer's load)
+    uint64_t held;   // in a server's memory (its budget)
   };
   std::map<uint32_t, std::vector<Part>> on;
   for (const auto& [key, decl] : decls_) {
@@ -156,7 +148,10 @@ std::optional<uint64_t> SchedulerImpl::Rebalance(uint32_t id) {
     }
     const uint64_t elem = DataTypeSize(decl.dtype);
     for (uint32_t p = 0; p < decl.plan.size(); ++p) {
-      if (decl.plan[p].server != id) on[decl.plan[p].server].push_back({key, p, decl.plan[p].count * elem});
+      const wire::PartitionPlan& part = decl.plan[p];
+      if (part.server == id) continue;
+      on[part.server].push_back({key, p, part.count * elem,
+                                 reduce::ServerBytesHeld(decl.dtype, part.count, opts_.num_workers)});
     }
   }
   // Largest first on each server, so that the fewest partitions move.
@@ -179,20 +174,15 @@ std::optional<uint64_t> SchedulerImpl::Rebalance(uint32_t id) {
     auto it = std::find_if(parts.begin(), parts.end(), [&](const Part& p) {
       const double after = static_cast<double>(placer_.load_cost()[id] + p.bytes +
                                                Placer::kPartitionCostBytes) / weight[id];
-      const Declaration& decl = decls_.at(p.key);
-      const uint64_t held = reduce::ServerBytesHeld(decl.dtype, decl.plan[p.index].count,
-                                                    opts_.num_workers);
-      return after <= per_weight(*from) && held <= budget_[id] &&
-             held_[id] <= budget_[id] - held;
+      return after <= per_weight(*from) && p.held <= budget_[id] &&
+             held_[id] <= budget_[id] - p.held;
     });
     if (it == parts.end()) break;
-    Declaration& decl = decls_.at(it->key);
-    std::vector<wire::PartitionPlan>& plan = plans.try_emplace(it->key, decl.plan).first->second;
-    const uint64_t held = reduce::ServerBytesHeld(decl.dtype, plan[it->index].count,
-                                                  opts_.num_workers);
+    std::vector<wire::PartitionPlan>& plan =
+        plans.try_emplace(it->key, decls_.at(it->key).plan).first->second;
     placer_.Move(*from, id, it->bytes);
-    held_[*from] -= std::min(held_[*from], held);
-    held_[id] += held;
+    held_[*from] -= std::min(held_[*from], it->held);
+    held_[id] += it->held;
     plan[it->index].server = id;
     ++moved;
     parts.erase(it);

@@ -19,7 +19,6 @@
 // fails itself), a failover in progress (a plan naming a server that is lost), a worker that had
 // already said goodbye.
 #include <algorithm>
-#include <array>
 
 #include "common/log.h"
 #include "common/naming.h"
@@ -70,6 +69,7 @@ Status SchedulerImpl::RegisterResume(Connection& c, wire::RegisterMsg reg) {
   c.role = reg.role;
   c.id = id;
   c.resume_keys_left = reg.resume->keys;
+  resume_keys_pending_ += reg.resume->keys;
   // Whether a server stands by is in the plans (StartResumedJob), not in how it was started.
   reg.standby = false;
   c.reg = std::move(reg);
@@ -98,6 +98,7 @@ Status SchedulerImpl::OnResumeKey(Connection& c, const Frame& f) {
   declared.type = MsgType::kDeclare;
   decl.by_rank[c.id] = {declared, m.declare};
   --c.resume_keys_left;
+  --resume_keys_pending_;
   if (m.state == wire::ResumeKeyMsg::Plan::kNone) return MaybeStartResumedJob();
   const bool first = resume_planned_by_[h.key].empty();
   resume_planned_by_[h.key].insert(c.id);
@@ -170,7 +171,12 @@ std::string SchedulerImpl::ResumeMissing() const {
 }
 
 Status SchedulerImpl::MaybeStartResumedJob() {
-  if (finished() || started_ || !ResumeMissing().empty()) return Status::Ok();
+  // Cheap until every worker and tensor is in (this runs for every kResumeKey); then the
+  // servers the workers know are checked.
+  if (finished() || started_ || registered_workers_ < opts_.num_workers ||
+      resume_keys_pending_ != 0 || !ResumeMissing().empty()) {
+    return Status::Ok();
+  }
   return StartResumedJob();
 }
 
@@ -227,18 +233,15 @@ Status SchedulerImpl::StartResumedJob() {
   for (uint32_t id = 0; id < server_ids; ++id) {
     auto it = servers_.find(id);
     if (it == servers_.end()) {
-      if (id >= opts_.num_servers) placer_.AddStandby(id, 1.0);  // a hole: never active
-      if (id < opts_.num_servers) placer_.Retire(id);
+      if (id < opts_.num_servers) {
+        placer_.Retire(id);
+      } else {
+        placer_.AddStandby(id, 1.0);  // a hole: never active
+      }
       continue;
     }
     const Connection& s = *it->second;
-    budget_[id] = UINT64_MAX;
-    if (s.reg.memory_budget != 0) {
-      budget_[id] = s.reg.memory_budget;
-    } else if (s.reg.available_memory != 0) {
-      budget_[id] = s.reg.available_memory / 4 * 3 /
-                    servers_on_host.find(MachineOf(s.reg.host))->second;
-    }
+    budget_[id] = BudgetOf(s.reg, servers_on_host.find(MachineOf(s.reg.host))->second);
     if (id < opts_.num_servers) continue;
     placer_.AddStandby(id, s.reg.weight);
     if (holding.count(id) != 0) {
@@ -296,12 +299,7 @@ Status SchedulerImpl::StartResumedJob() {
     decl.assign_header.key = key;
     decl.assign_header.dtype = static_cast<uint8_t>(decl.dtype);
     decl.assign_header.count = decl.count;
-    wire::AssignMsg a;
-    a.name = decl.name;
-    a.mode = static_cast<uint8_t>(decl.mode);
-    a.spec = decl.spec;
-    a.partitions = decl.plan;
-    decl.assign_payload = Share(wire::Encode(a));
+    EncodePlan(decl);
     decl.sent_to = active;
     decl.acks = active;
   }
@@ -318,12 +316,7 @@ Status SchedulerImpl::StartResumedJob() {
   const auto now = Clock::now();
   for (auto& c : conns_) c->last_heard = now;
   for (auto* members : {&workers_, &servers_}) {
-    for (auto& [id, c] : *members) {
-      std::array<std::byte, 4> your_id;
-      for (size_t i = 0; i < your_id.size(); ++i) your_id[i] = std::byte((id >> (8 * i)) & 0xFF);
-      c->link.Send(MakeHeader(MsgType::kWelcome), your_id, server_book_, now);
-      c->welcome_queued = true;
-    }
+    for (auto& [id, c] : *members) SendWelcome(*c, server_book_, now);
   }
   for (auto& [id, s] : servers_) {
     if (id < known) continue;

@@ -11,7 +11,8 @@
 // work from other threads is Stop(), handed over through an atomic and an eventfd.
 //
 // Files: scheduler_loop.cc (the loop, accepting, deadlines, authentication, closing),
-// scheduler.cc (the job: registration, welcome, plans, barriers, goodbyes, the end),
+// scheduler.cc (the job: registration, welcome, barriers, joins, goodbyes, the end),
+// planning.cc (a key's plan: declarations, partitions, placement, budgets, acks),
 // failover.cc (standby servers joining; a lost server's partitions moved to a standby or the
 // servers left) and restart.cc (a restarted scheduler rebuilding the job from its members).
 //
@@ -97,7 +98,8 @@ struct Connection {
   wire::Role role = wire::Role::kWorker;
   uint32_t id = 0;  // valid once the job has started
   wire::RegisterMsg reg;
-  uint32_t resume_keys_left = 0;  // restart: its kResumeKey frames still to come
+  uint32_t resume_keys_left = 0;  // restart: its kResumeKey frames still to come (of all
+                                  // workers: SchedulerImpl::resume_keys_pending_)
   bool asked_standby = false;     // a server that registered with ServerOptions::standby
 };
 
@@ -177,10 +179,11 @@ class SchedulerImpl final : public Scheduler {
   Status StartResumedJob();
   bool resuming_ = false;
   Clock::time_point resume_began_;
+  uint64_t resume_keys_pending_ = 0;  // kResumeKey frames announced and not yet received
   // Per key, the ranks that said they hold its plan (until the resumed job starts).
   std::map<uint64_t, std::set<uint32_t>> resume_planned_by_;
 
-  // ---- scheduler.cc: the job ----
+  // ---- scheduler.cc: the job (and planning.cc: a key's plan) ----
   Status Handle(Connection& c, const transport::Frame& f);
   Status OnRegister(Connection& c, const transport::Frame& f);
   Status StartJob();
@@ -310,8 +313,15 @@ class SchedulerImpl final : public Scheduler {
   // would exceed; OK when every server can hold its share (then held_ counts it).
   Status Admit(const std::string& keyhex, const Declaration& decl,
                const std::vector<wire::PartitionPlan>& plan);
-  // Encodes decl.plan (with decl.assign_header) and sends it to every active server.
+  // decl.assign_payload: decl.plan as a kAssign payload, encoded once for everyone it goes to.
+  static void EncodePlan(Declaration& decl);
+  // Encodes decl.plan (EncodePlan; with decl.assign_header) and sends it to every active server.
   void SendPlanToServers(Declaration& decl);
+  // kWelcome to `c`: its id, then `book` (shared by every member's queue).
+  void SendWelcome(Connection& c, const Payload& book, Clock::time_point now);
+  // A server's memory budget: its own, else three quarters of what its host had available split
+  // between the job's `on_host` servers there, else unlimited (memory unknown).
+  static uint64_t BudgetOf(const wire::RegisterMsg& reg, uint32_t on_host);
   // decl.status is the key's failure: every worker gets it in place of the plan.
   void RefuseKey(uint64_t key, Declaration& decl);
   // A failed job's kAbort for the servers, held until the workers' is out (or this deadline).

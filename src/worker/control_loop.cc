@@ -413,9 +413,9 @@ Status WorkerImpl::Rejoin(const std::string& why) {
     for (const auto& [key, t] : tensors_) {
       if (!t->declared) continue;
       t->declare_pending = false;
+      auto [declared, declaration] = DeclarationOf(*t);
       wire::ResumeKeyMsg m;
-      m.declare = {t->name, opts_.partition_bytes.value_or(0), t->shape, t->declared_mode,
-                   t->spec};
+      m.declare = std::move(declaration);
       if (t->planned && t->plan_status.ok()) {
         m.state = wire::ResumeKeyMsg::Plan::kPlanned;
         m.plan = {t->name, t->parts, static_cast<uint8_t>(t->mode), t->spec};
@@ -425,12 +425,8 @@ Status WorkerImpl::Rejoin(const std::string& why) {
         m.refusal_text = t->plan_status.message();
       }
       ControlFrame f;
+      f.header = declared;
       f.header.type = MsgType::kResumeKey;
-      f.header.job = job_hash_;
-      f.header.sender = rank_;
-      f.header.key = key;
-      f.header.dtype = static_cast<uint8_t>(t->dtype);
-      f.header.count = t->count;
       f.payload = wire::Encode(m);
       frames.push_back(std::move(f));
     }
@@ -485,15 +481,7 @@ Status WorkerImpl::Rejoin(const std::string& why) {
     for (const auto& [key, t] : tensors_) {
       if (!t->declare_pending) continue;
       t->declare_pending = false;
-      wire::Header h;
-      h.type = MsgType::kDeclare;
-      h.job = job_hash_;
-      h.sender = rank_;
-      h.key = key;
-      h.dtype = static_cast<uint8_t>(t->dtype);
-      h.count = t->count;
-      declares.emplace_back(h, wire::DeclareMsg{t->name, opts_.partition_bytes.value_or(0),
-                                                t->shape, t->declared_mode, t->spec});
+      declares.push_back(DeclarationOf(*t));
     }
     if (barrier_sent_ > entered) barrier = barrier_sent_;
     cv_.notify_all();

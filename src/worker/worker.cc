@@ -1,6 +1,7 @@
 // WorkerImpl (worker_impl.h): joining the job, declaring tensors, push_pull, barriers, stats and
 // shutdown.
 #include <algorithm>
+#include <tuple>
 #include <limits>
 #include <thread>
 
@@ -243,16 +244,9 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
   // have a host stage.
   const uint8_t mode =
       spec.is_sum() ? BindHost(*t) : static_cast<uint8_t>(topology::Mode::kFlat);
-  wire::Header h;
-  h.type = MsgType::kDeclare;
-  h.job = job_hash_;
-  h.sender = rank_;
-  h.key = key;
-  h.dtype = static_cast<uint8_t>(dtype);
-  h.count = count;
-  // 0: the scheduler cuts the key as the job's tuning says.
-  wire::DeclareMsg d{t->name, opts_.partition_bytes.value_or(0), t->shape, mode, spec};
   uint64_t gen;
+  wire::Header h;
+  wire::DeclareMsg d;
   {
     std::lock_guard lock(mu_);
     t->declared_mode = mode;
@@ -261,6 +255,7 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
     t->declare_pending = reconnecting_;
     if (reconnecting_) return TensorHandle(t);
     gen = channel_gen_.load();
+    std::tie(h, d) = DeclarationOf(*t);
   }
   Status s = SendControl(gen, h, wire::Encode(d), Clock::now() + std::chrono::seconds(10));
   if (!s.ok() && opts_.scheduler_reconnect_timeout.count() == 0) {
@@ -270,6 +265,19 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
   // Else the control thread sees the scheduler gone too, and the declaration reaches the
   // restarted one in this worker's ResumeState (or the job fails).
   return TensorHandle(t);
+}
+
+std::pair<wire::Header, wire::DeclareMsg> WorkerImpl::DeclarationOf(const TensorState& t) const {
+  wire::Header h;
+  h.type = MsgType::kDeclare;
+  h.job = job_hash_;
+  h.sender = rank_;
+  h.key = t.key;
+  h.dtype = static_cast<uint8_t>(t.dtype);
+  h.count = t.count;
+  // 0: the scheduler cuts the key as the job's tuning says.
+  return {h, wire::DeclareMsg{t.name, opts_.partition_bytes.value_or(0), t.shape,
+                              t.declared_mode, t.spec}};
 }
 
 PushPullHandle WorkerImpl::PushPull(const TensorHandle& tensor, std::span<std::byte> data,

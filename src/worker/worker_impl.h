@@ -323,6 +323,8 @@ class WorkerImpl final : public Worker {
 
   void ControlLoop();
   std::shared_ptr<transport::ControlChannel> Channel();
+  // t's kDeclare (header and payload), as Declare sends it and a rejoin tells it again.
+  std::pair<wire::Header, wire::DeclareMsg> DeclarationOf(const TensorState& t) const;
   // Sends on the scheduler connection of generation `gen` (channel_gen_ when the sender
   // decided, under mu_); a later generation's connection takes nothing of an earlier one's.
   Status SendControl(uint64_t gen, const wire::Header& h, std::span<const std::byte> payload,

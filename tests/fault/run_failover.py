@@ -122,76 +122,22 @@ def first_round_after(p, t_kill):
 
 def run_trial(h, t, results):
     t0 = time.monotonic()
-    job = "failover-%d" % t.index
-    sched = h.spawn("f%02d-scheduler" % t.index, "scheduler", 0,
-                    [os.path.join(h.bin_dir, "gradlink-scheduler"), "--port", "0",
-                     "-w", str(WORKERS), "-s", str(t.servers), "--job", job,
-                     "--join-timeout-ms", "30000"])
-    procs = [sched]
+    procs = []
     problems = []
-    recovery = None
     try:
-        m = h.wait_for("the scheduler's port",
-                       lambda: re.search(r"listening on (\S+):(\d+)", sched.out()), 15, [sched])
-        addr = "%s:%s" % (m.group(1), m.group(2))
-        servers = [h.spawn("f%02d-server%d" % (t.index, i), "server", i,
-                           [os.path.join(h.bin_dir, "gradlink-server"), "--scheduler", addr,
-                            "--job", job]) for i in range(t.servers)]
-        standbys = [h.spawn("f%02d-standby" % t.index, "server", t.servers,
-                            [os.path.join(h.bin_dir, "gradlink-server"), "--scheduler", addr,
-                             "--job", job, "--standby"])] if t.standby else []
-        servers += standbys
-        procs += servers
-        h.wait_for("the servers to connect",
-                   lambda: run_fault.established_to(int(m.group(2))) >= len(servers), 10, procs)
-        workers = []
-        for r in range(WORKERS):
-            argv = [h.worker_exe, "--scheduler", addr, "--job", job, "--rank", str(r),
-                    "--phase", "push" if t.phase == "declare" else t.phase,
-                    "--sizes", LARGE if t.phase in ("push", "declare") else SMALL,
-                    "--rounds", str(ROUNDS), "--local-arena", "0", "--wait-s", "30"]
-            if r == t.straggler:
-                argv += ["--straggle-ms", str(STRAGGLE_MS)]
-            workers.append(h.spawn("f%02d-worker%d" % (t.index, r), "worker", r, argv))
-        procs += workers
+        job = Job(h, t, "f", "failover-%d" % t.index, procs)
+        sched, servers, workers = job.sched, job.servers, job.workers
         victim = servers[t.victim]
         survivors = [p for p in procs if p is not victim]
         note = wait_for_phase(h, t, workers, procs)
         t_kill = time.monotonic()
         os.kill(victim.pid, signal.SIGKILL if t.sig == "KILL" else signal.SIGSTOP)
-        bound = KILL_BOUND if t.sig == "KILL" else STOP_BOUND
-        # Recovery: every worker has completed the first round it issued after the signal.
-        try:
-            after = h.wait_for("a round issued after the signal to complete on every worker",
-                               lambda: all(first_round_after(p, t_kill) for p in workers) and
-                               [first_round_after(p, t_kill) for p in workers],
-                               bound + 10, [])
-            recovery = round(max(ts for _, ts in after) - t_kill, 4)
-            if recovery > bound:
-                problems.append("recovery took %.3f s (bound %.1f s)" % (recovery, bound))
-        except Failure as e:
-            problems.append(str(e))
+        recovery = job.recovery(h, t_kill, "signal", KILL_BOUND if t.sig == "KILL" else STOP_BOUND,
+                                problems)
         if t.sig == "STOP":
             os.kill(victim.pid, signal.SIGCONT)  # back, replaced: it must be fenced
-        end = time.monotonic() + 30 + EXIT_GRACE
-        while time.monotonic() < end and any(p.poll() is None for p in survivors + [victim]):
-            time.sleep(0.01)
-        for p in workers:
-            rc = p.poll()
-            wrong = p.lines("WRONG")
-            if wrong:
-                problems.append("%s: wrong element: %s" % (p.name, wrong[0]))
-            if rc != 0:
-                failed = p.lines("FAILED")
-                problems.append("%s exited with %s%s" % (p.name, rc, ": " + failed[0][:300]
-                                                         if failed else ""))
-            elif not p.lines("DONE"):
-                problems.append("%s exited 0 without DONE" % p.name)
-        for p in [sched] + [s for s in servers if s is not victim]:
-            rc = p.poll()
-            if rc != 0:
-                problems.append("%s exited with %s (expected 0): %s" % (
-                    p.name, rc, p.err().strip().splitlines()[-1:] or ""))
+        job.check(survivors + [victim], [sched] + [s for s in servers if s is not victim],
+                  problems)
         if t.sig == "STOP":
             rc = victim.poll()
             if rc is None:
@@ -230,61 +176,71 @@ def scheduler_argv(h, job, servers, port):
             "-w", str(WORKERS), "-s", str(servers), "--job", job, "--join-timeout-ms", "30000"]
 
 
-def run_restart_trial(h, t, results):
-    """The scheduler is SIGKILLed in t.phase and started again on its port: the job goes on."""
-    t0 = time.monotonic()
-    job = "restart-%d" % t.index
-    sched = h.spawn("r%02d-scheduler" % t.index, "scheduler", 0, scheduler_argv(h, job, t.servers, 0))
-    procs = [sched]
-    problems = []
-    recovery = None
-    try:
+class Job:
+    """One trial's job on loopback, started and in its first rounds: gradlink-scheduler,
+    t.servers gradlink-server processes (and a standby when t.standby) and WORKERS fault
+    workers, named PREFIX##-...; each process is appended to `procs` as it starts (the trial
+    kills them all, whatever happens)."""
+
+    def __init__(self, h, t, prefix, job, procs):
+        self.name = job
+        self.procs = procs
+        self.sched = h.spawn("%s%02d-scheduler" % (prefix, t.index), "scheduler", 0,
+                             scheduler_argv(h, job, t.servers, 0))
+        self.procs.append(self.sched)
         m = h.wait_for("the scheduler's port",
-                       lambda: re.search(r"listening on (\S+):(\d+)", sched.out()), 15, [sched])
-        addr, port = "%s:%s" % (m.group(1), m.group(2)), int(m.group(2))
-        servers = [h.spawn("r%02d-server%d" % (t.index, i), "server", i,
-                           [os.path.join(h.bin_dir, "gradlink-server"), "--scheduler", addr,
-                            "--job", job]) for i in range(t.servers)]
+                       lambda: re.search(r"listening on (\S+):(\d+)", self.sched.out()), 15,
+                       [self.sched])
+        self.addr, self.port = "%s:%s" % (m.group(1), m.group(2)), int(m.group(2))
+        self.server_argv = [os.path.join(h.bin_dir, "gradlink-server"), "--scheduler",
+                            self.addr, "--job", job]
+        self.servers = []
+        for i in range(t.servers):
+            self.servers.append(h.spawn("%s%02d-server%d" % (prefix, t.index, i), "server", i,
+                                        self.server_argv))
+            self.procs.append(self.servers[-1])
         if t.standby:
-            servers.append(h.spawn("r%02d-standby" % t.index, "server", t.servers,
-                                   [os.path.join(h.bin_dir, "gradlink-server"), "--scheduler",
-                                    addr, "--job", job, "--standby"]))
-        procs += servers
+            self.servers.append(h.spawn("%s%02d-standby" % (prefix, t.index), "server",
+                                        t.servers, self.server_argv + ["--standby"]))
+            self.procs.append(self.servers[-1])
         h.wait_for("the servers to connect",
-                   lambda: run_fault.established_to(port) >= len(servers), 10, procs)
-        workers = []
+                   lambda: run_fault.established_to(self.port) >= len(self.servers), 10,
+                   self.procs)
+        self.workers = []
         for r in range(WORKERS):
-            argv = [h.worker_exe, "--scheduler", addr, "--job", job, "--rank", str(r),
+            argv = [h.worker_exe, "--scheduler", self.addr, "--job", job, "--rank", str(r),
                     "--phase", "push" if t.phase == "declare" else t.phase,
                     "--sizes", LARGE if t.phase in ("push", "declare") else SMALL,
                     "--rounds", str(ROUNDS), "--local-arena", "0", "--wait-s", "30"]
             if r == t.straggler:
                 argv += ["--straggle-ms", str(STRAGGLE_MS)]
-            workers.append(h.spawn("r%02d-worker%d" % (t.index, r), "worker", r, argv))
-        procs += workers
-        note = wait_for_phase(h, t, workers, procs)
-        os.kill(sched.pid, signal.SIGKILL)
-        time.sleep(RESTART_DELAY)
-        old = sched
-        t_restart = time.monotonic()
-        sched = h.spawn("r%02d-scheduler-2" % t.index, "scheduler", 1,
-                        scheduler_argv(h, job, t.servers, port))
-        procs.append(sched)
+            self.workers.append(h.spawn("%s%02d-worker%d" % (prefix, t.index, r), "worker", r,
+                                        argv))
+            self.procs.append(self.workers[-1])
+
+    def recovery(self, h, since, what, bound, problems):
+        """Seconds from `since` until every worker has completed the first round it issued
+        after it (None, with a problem, if that took past bound + 10 s)."""
         try:
-            after = h.wait_for("a round issued after the restart to complete on every worker",
-                               lambda: all(first_round_after(p, t_restart) for p in workers) and
-                               [first_round_after(p, t_restart) for p in workers],
-                               RESTART_BOUND + 10, [])
-            recovery = round(max(ts for _, ts in after) - t_restart, 4)
-            if recovery > RESTART_BOUND:
-                problems.append("recovery took %.3f s (bound %.1f s)" % (recovery, RESTART_BOUND))
+            after = h.wait_for("a round issued after the %s to complete on every worker" % what,
+                               lambda: all(first_round_after(p, since) for p in self.workers)
+                               and [first_round_after(p, since) for p in self.workers],
+                               bound + 10, [])
         except Failure as e:
             problems.append(str(e))
-        survivors = [p for p in procs if p is not old]
+            return None
+        took = round(max(ts for _, ts in after) - since, 4)
+        if took > bound:
+            problems.append("recovery took %.3f s (bound %.1f s)" % (took, bound))
+        return took
+
+    def check(self, survivors, must_exit_zero, problems):
+        """Waits (30 s + EXIT_GRACE) for `survivors` to end; every worker must have done every
+        round right (DONE, exit 0), and every process of `must_exit_zero` exited 0."""
         end = time.monotonic() + 30 + EXIT_GRACE
         while time.monotonic() < end and any(p.poll() is None for p in survivors):
             time.sleep(0.01)
-        for p in workers:
+        for p in self.workers:
             rc = p.poll()
             wrong = p.lines("WRONG")
             if wrong:
@@ -295,11 +251,31 @@ def run_restart_trial(h, t, results):
                                                          if failed else ""))
             elif not p.lines("DONE"):
                 problems.append("%s exited 0 without DONE" % p.name)
-        for p in [sched] + servers:
+        for p in must_exit_zero:
             rc = p.poll()
             if rc != 0:
                 problems.append("%s exited with %s (expected 0): %s" % (
                     p.name, rc, p.err().strip().splitlines()[-1:] or ""))
+
+
+def run_restart_trial(h, t, results):
+    """The scheduler is SIGKILLed in t.phase and started again on its port: the job goes on."""
+    t0 = time.monotonic()
+    procs = []
+    problems = []
+    try:
+        job = Job(h, t, "r", "restart-%d" % t.index, procs)
+        servers, workers = job.servers, job.workers
+        note = wait_for_phase(h, t, workers, procs)
+        old = job.sched
+        os.kill(old.pid, signal.SIGKILL)
+        time.sleep(RESTART_DELAY)
+        t_restart = time.monotonic()
+        sched = h.spawn("r%02d-scheduler-2" % t.index, "scheduler", 1,
+                        scheduler_argv(h, job.name, t.servers, job.port))
+        procs.append(sched)
+        recovery = job.recovery(h, t_restart, "restart", RESTART_BOUND, problems)
+        job.check([p for p in procs if p is not old], [sched] + servers, problems)
         resumed = re.search(r"resumed after a restart with .* in (\d+) ms", sched.err())
         if not resumed:
             problems.append("the restarted scheduler did not say it resumed the job")
@@ -330,34 +306,14 @@ def run_join_trial(h, t, results):
     """A new server joins the running job in t.phase and takes partitions from the others; with
     t.sig == "KILL", one of the first servers is killed once it has."""
     t0 = time.monotonic()
-    job = "join-%d" % t.index
-    sched = h.spawn("j%02d-scheduler" % t.index, "scheduler", 0, scheduler_argv(h, job, t.servers, 0))
-    procs = [sched]
+    procs = []
     problems = []
-    recovery = None
     try:
-        m = h.wait_for("the scheduler's port",
-                       lambda: re.search(r"listening on (\S+):(\d+)", sched.out()), 15, [sched])
-        addr, port = "%s:%s" % (m.group(1), m.group(2)), int(m.group(2))
-        server_argv = [os.path.join(h.bin_dir, "gradlink-server"), "--scheduler", addr, "--job", job]
-        servers = [h.spawn("j%02d-server%d" % (t.index, i), "server", i, server_argv)
-                   for i in range(t.servers)]
-        procs += servers
-        h.wait_for("the servers to connect",
-                   lambda: run_fault.established_to(port) >= len(servers), 10, procs)
-        workers = []
-        for r in range(WORKERS):
-            argv = [h.worker_exe, "--scheduler", addr, "--job", job, "--rank", str(r),
-                    "--phase", "push" if t.phase == "declare" else t.phase,
-                    "--sizes", LARGE if t.phase in ("push", "declare") else SMALL,
-                    "--rounds", str(ROUNDS), "--local-arena", "0", "--wait-s", "30"]
-            if r == t.straggler:
-                argv += ["--straggle-ms", str(STRAGGLE_MS)]
-            workers.append(h.spawn("j%02d-worker%d" % (t.index, r), "worker", r, argv))
-        procs += workers
+        job = Job(h, t, "j", "join-%d" % t.index, procs)
+        sched, servers, workers = job.sched, job.servers, job.workers
         note = wait_for_phase(h, t, workers, procs)
         t_join = time.monotonic()
-        joiner = h.spawn("j%02d-joiner" % t.index, "server", t.servers, server_argv)
+        joiner = h.spawn("j%02d-joiner" % t.index, "server", t.servers, job.server_argv)
         procs.append(joiner)
         share = h.wait_for("the new server to take its share",
                            lambda: re.search(r"took its share of the running job: (\d+) "
@@ -369,34 +325,9 @@ def run_join_trial(h, t, results):
         if t.sig == "KILL":
             victim = servers[t.victim]
             os.kill(victim.pid, signal.SIGKILL)
-        try:
-            after = h.wait_for("a round issued after the join to complete on every worker",
-                               lambda: all(first_round_after(p, t_join) for p in workers) and
-                               [first_round_after(p, t_join) for p in workers],
-                               KILL_BOUND + 10, [])
-            recovery = round(max(ts for _, ts in after) - t_join, 4)
-        except Failure as e:
-            problems.append(str(e))
-        survivors = [p for p in procs if p is not victim]
-        end = time.monotonic() + 30 + EXIT_GRACE
-        while time.monotonic() < end and any(p.poll() is None for p in survivors):
-            time.sleep(0.01)
-        for p in workers:
-            rc = p.poll()
-            wrong = p.lines("WRONG")
-            if wrong:
-                problems.append("%s: wrong element: %s" % (p.name, wrong[0]))
-            if rc != 0:
-                failed = p.lines("FAILED")
-                problems.append("%s exited with %s%s" % (p.name, rc, ": " + failed[0][:300]
-                                                         if failed else ""))
-            elif not p.lines("DONE"):
-                problems.append("%s exited 0 without DONE" % p.name)
-        for p in [sched, joiner] + [s for s in servers if s is not victim]:
-            rc = p.poll()
-            if rc != 0:
-                problems.append("%s exited with %s (expected 0): %s" % (
-                    p.name, rc, p.err().strip().splitlines()[-1:] or ""))
+        recovery = job.recovery(h, t_join, "join", KILL_BOUND + 10, problems)
+        job.check([p for p in procs if p is not victim],
+                  [sched, joiner] + [s for s in servers if s is not victim], problems)
         verdict = "ok" if not problems else "FAIL"
         results.append({"trial": t.index, "phase": t.phase,
                         "signal": "join" + ("+KILL" if victim else ""), "servers": t.servers,
