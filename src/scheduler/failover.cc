@@ -131,9 +131,8 @@ std::optional<uint64_t> SchedulerImpl::Rebalance(uint32_t id) {
   const auto per_weight = [&](uint32_t s) {
     return static_cast<double>(placer_.load_cost()[s]) / weight[s];
   };
-  // Each partition of a delivered flat sum, by the server holding it. Other collectives move
-  // only when lost: a round of theirs moved mid-way could fail; a key summed per host first
-  // does not move yet.
+  // Each partition of a delivered sum (flat or summed per host first), by the server holding
+  // it. Other collectives move only when lost: a round of theirs moved mid-way could fail.
   struct Part {
     uint64_t key;
     uint32_t index;
@@ -142,16 +141,14 @@ std::optional<uint64_t> SchedulerImpl::Rebalance(uint32_t id) {
   };
   std::map<uint32_t, std::vector<Part>> on;
   for (const auto& [key, decl] : decls_) {
-    if (!decl.planned || !decl.status.ok() || !decl.delivered || !decl.spec.is_sum() ||
-        decl.mode != topology::Mode::kFlat) {
-      continue;
-    }
-    const uint64_t elem = DataTypeSize(decl.dtype);
+    if (!decl.planned || !decl.status.ok() || !decl.delivered || !decl.spec.is_sum()) continue;
+    const DataType wire_type = topology::WireType(decl.dtype, decl.mode);
+    const uint64_t elem = DataTypeSize(wire_type);
     for (uint32_t p = 0; p < decl.plan.size(); ++p) {
       const wire::PartitionPlan& part = decl.plan[p];
       if (part.server == id) continue;
       on[part.server].push_back({key, p, part.count * elem,
-                                 reduce::ServerBytesHeld(decl.dtype, part.count, opts_.num_workers)});
+                                 reduce::ServerBytesHeld(wire_type, part.count, opts_.num_workers)});
     }
   }
   // Largest first on each server, so that the fewest partitions move.
@@ -251,10 +248,6 @@ Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
     const bool there = std::any_of(decl.plan.begin(), decl.plan.end(),
                                    [&](const wire::PartitionPlan& p) { return p.server == lost; });
     if (!there) continue;
-    if (decl.mode != topology::Mode::kFlat) {
-      return Unavailable("key " + KeyHex(key) + " '" + decl.name +
-                         "' is summed per host first (hierarchical keys do not move yet)");
-    }
     // A key still being moved from an earlier loss moves again: its partitions on this server
     // (its own and any it was adopting) go to the servers left, under the plan's next version;
     // the workers report to whichever server has each partition last.

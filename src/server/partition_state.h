@@ -119,12 +119,13 @@ class PartitionState {
   bool SetJoined(uint32_t rank, bool joined);
 
   // Failover: this server takes over the partition from a lost one (OnAssign with
-  // kFlagReplan). Where its rounds stand comes from the workers: each sends one kRecover,
+  // kFlagReplan). Where its rounds stand comes from the contributors (every worker, or each
+  // host's pusher of a key summed per host first): each sends one kRecover,
   // the result of the last round it received or, having none, the round it pushes next, and
   // says whether its push of a round it has not received follows. Nothing is summed until
-  // every worker has reported. Then the partition goes on one round past the latest result
+  // every contributor has reported. Then the partition goes on one round past the latest result
   // (workers all hold the same: sums are deterministic, and the copies are compared), and a
-  // push of that latest round is answered with it. Flat keys only; only sums' workers keep
+  // push of that latest round is answered with it. Only sums' workers keep
   // results, so another collective's round moves only if no worker had received it (or none
   // still waits for it), else it fails, saying so. Before any push.
   void Adopt();

@@ -66,7 +66,7 @@ void WorkerImpl::OnServerLost(uint32_t server) {
   // now, kept until the worker ends: a server that hangs (SIGSTOP) holds no op.
   for (auto& [id, op] : ops_) {
     TensorState& t = *op->tensor;
-    if (!KeepsResults(t, *op)) continue;
+    if (!KeepsResults(t)) continue;
     for (uint32_t p = 0; p < t.receiving_from.size(); ++p) {
       if (t.receiving_from[p] != server + 1) continue;
       orphans_.push_back(std::move(t.results[p]));
@@ -123,10 +123,9 @@ Status WorkerImpl::OnServerJoined(const transport::Frame& f) {
 }
 
 Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan> parts) {
-  if (!t.planned || !t.plan_status.ok() || parts.size() != t.parts.size() ||
-      t.mode != topology::Mode::kFlat) {
+  if (!t.planned || !t.plan_status.ok() || parts.size() != t.parts.size()) {
     return ProtocolError("kAssign replan of '" + t.name +
-                         "', which is not a planned flat key of as many partitions");
+                         "', which is not a planned key of as many partitions");
   }
   std::vector<uint32_t> moved;
   for (uint32_t p = 0; p < parts.size(); ++p) {
@@ -144,7 +143,9 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
   }
   std::vector<uint32_t> old_owner(t.parts.size());
   for (uint32_t p = 0; p < t.parts.size(); ++p) old_owner[p] = t.parts[p].server;
-  t.parts = std::move(parts);
+  // In place: a hierarchical op's host job reads the partitions' offsets and counts through a
+  // span of t.parts, without mu_; only the servers change.
+  for (uint32_t p = 0; p < parts.size(); ++p) t.parts[p].server = parts[p].server;
   t.servers_spanned = ServersSpanned(t.parts);
   if (t.local.has_value()) return Status::Ok();  // summed on this host: no server sees it
   std::shared_ptr<Op> op;
@@ -152,11 +153,18 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
     if (o->tensor.get() == &t && o->started && !o->finished) op = o;
   }
   const uint64_t size = DataTypeSize(t.wire);
+  // A key summed per host first: the new server hears of each partition from its host's
+  // pusher only (its contributors), which reports the host's last result and pushes the
+  // host's partial again (op->partial: a pulled sum lands there only once whole).
+  const bool by_host = t.mode != topology::Mode::kFlat;
+  uint64_t reported = 0;
   for (uint32_t p : moved) {
+    if (by_host && t.pusher[p] != hosts_.local_rank[rank_]) continue;
+    ++reported;
     // Moved off a server that is still up (rebalancing onto one that joined): a reply it is
     // still writing lands in a buffer given up now, as after a loss (OnServerLost); its later
     // replies are refused (OnHeader, OnPayload).
-    if (op && KeepsResults(t, *op) && p < t.receiving_from.size() &&
+    if (op && KeepsResults(t) && p < t.receiving_from.size() &&
         t.receiving_from[p] == old_owner[p] + 1) {
       orphans_.push_back(std::move(t.results[p]));
       t.results[p] = std::vector<std::byte>();
@@ -207,14 +215,14 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
       o.peer = server_peers_[plan.server];
       o.server = plan.server;
       o.header = PushHeader(*op, p, bytes);
-      o.payload = op->input.subspan(plan.offset * size, bytes);
+      o.payload = op->host ? op->partial[p] : op->input.subspan(plan.offset * size, bytes);
       o.op = op;
       op->sending++;
       to_issue_.push_back(std::move(o));
     }
   }
-  pumped_ = pumped_ || !moved.empty();
-  counters_->partitions_recovered.fetch_add(moved.size(), std::memory_order_relaxed);
+  pumped_ = pumped_ || reported > 0;
+  counters_->partitions_recovered.fetch_add(reported, std::memory_order_relaxed);
   return Status::Ok();
 }
 

@@ -62,9 +62,8 @@ Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
       op.t_server, std::chrono::microseconds(wire::DecodeServerTime(h.server_time)));
   op.receiving++;
   // A hierarchical op's sum lands where its partial was pushed from: the host's segment.
-  if (op.host) return op.partial[h.partition];
-  if (!role.pull) return std::span<std::byte>();
-  if (KeepsResults(t, op)) {
+  if (!op.host && !role.pull) return std::span<std::byte>();
+  if (KeepsResults(t)) {
     TensorState& kept = *op.tensor;
     if (kept.results.size() != t.parts.size()) {
       kept.results.resize(t.parts.size());
@@ -79,11 +78,12 @@ Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
     reply_kept_ = true;
     return std::span<std::byte>(buf);
   }
+  if (op.host) return op.partial[h.partition];
   return op.data.subspan(role.out_offset * size, plan.count * size);
 }
 
-bool WorkerImpl::KeepsResults(const TensorState& t, const Op& op) const {
-  return failover_ && !op.host && t.spec.is_sum() && !t.local.has_value();
+bool WorkerImpl::KeepsResults(const TensorState& t) const {
+  return failover_ && t.spec.is_sum() && !t.local.has_value();
 }
 
 void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
@@ -108,7 +108,7 @@ void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
       TryFinishLocked(*op);
       return;
     }
-    if (KeepsResults(*op->tensor, *op) && h.partition < op->tensor->receiving_from.size()) {
+    if (KeepsResults(*op->tensor) && h.partition < op->tensor->receiving_from.size()) {
       op->tensor->receiving_from[h.partition] = 0;
     }
     // What the host's other workers learn of this partition (hierarchical ops).
@@ -156,11 +156,13 @@ void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
       }
     } else {
       TensorState& t = *op->tensor;
-      if (KeepsResults(t, *op) && RoleIn(t, h.partition).pull) {
-        const layout::Role role = RoleIn(t, h.partition);
+      const layout::Role role = RoleIn(t, h.partition);
+      if (KeepsResults(t) && (op->host || role.pull)) {
+        // Whole: into the caller's tensor, or the host's entry (its partial until now).
         const std::vector<std::byte>& kept = t.results[h.partition];
-        std::memcpy(op->data.data() + role.out_offset * DataTypeSize(t.wire), kept.data(),
-                    kept.size());
+        std::byte* to = op->host ? op->partial[h.partition].data()
+                                 : op->data.data() + role.out_offset * DataTypeSize(t.wire);
+        std::memcpy(to, kept.data(), kept.size());
         t.result_round[h.partition] = h.round;
         counters_->bytes_copied_results.fetch_add(kept.size(), std::memory_order_relaxed);
       }

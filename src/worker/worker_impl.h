@@ -274,11 +274,14 @@ class WorkerImpl final : public Worker {
   // now on.
   Status OnServerJoined(const transport::Frame& f);
   // kAssign with kFlagReplan: t's partitions that lay on a lost server moved to `parts`. For
-  // each: this worker's standing (kRecover) to its new server, then the push again of the
-  // partition of t's op in flight, if it was pushed and not answered.
+  // each (of a hierarchical key: each this worker pushes for its host): this worker's standing
+  // (kRecover) to its new server, then the push again of the partition of t's op in flight
+  // (or of the host's partial), if it was pushed and not answered.
   Status ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan> parts);
-  // Whether pull replies of t's partitions land in t.results first (a copy for failover).
-  bool KeepsResults(const TensorState& t, const Op& op) const;
+  // Whether pull replies of t's partitions land in t.results first, and in the tensor (or, for
+  // a hierarchical op, the host's entry) only once whole: failover needs the input intact
+  // until then, and the result kept for the server that takes over.
+  bool KeepsResults(const TensorState& t) const;
 
   // On the control thread: the endpoint failure whose grace has run out, if any.
   std::optional<Status> ExpiredPeerFailure();

@@ -18,6 +18,7 @@
 // time.monotonic() reads on Linux):
 //   CONNECTING T                   Connect() is called now
 //   JOINED rank size servers T     Connect() returned
+//   HIERARCHY <text>               hierarchical aggregation in force (WorkerStats::InForce), or off
 //   ROUND k T                      round k is issued now
 //   ROUNDOK k T                    round k's sums are all in and checked
 //   STRAGGLE k T                   this worker starts its straggle sleep of round k
@@ -161,6 +162,10 @@ class Runner {
     n_ = w_->size();
     Line("JOINED " + std::to_string(rank_) + " " + std::to_string(n_) + " " +
          std::to_string(w_->num_servers()) + " " + Now());
+  {
+    const std::string hierarchy = w_->Stats().in_force.hierarchy;
+    Line("HIERARCHY " + (hierarchy.empty() ? std::string("off") : hierarchy));
+  }
     if (a_.die_after_join_us >= 0) DieIn(a_.die_after_join_us);
     int rc = Loop();
     if (rc == kExitFailed && a_.shutdown_after_failure) {

@@ -3,7 +3,7 @@
 
 Each trial starts real processes on loopback (run_fault.py's harness): gradlink-scheduler with
 its defaults (failover on), SERVERS gradlink-server processes (2 to 4, drawn) and WORKERS
-gl_fault_worker processes through the servers (--local-arena 0), each running ROUNDS rounds of
+gl_fault_worker processes through the servers, each running ROUNDS rounds of
 push_pull and checking every element of every round exactly (fp32 sums of small integers, so
 a wrong or repeated round shows). Once the job is in the trial's phase, one server gets SIGKILL
 or SIGSTOP, and the trial requires:
@@ -17,6 +17,11 @@ or SIGSTOP, and the trial requires:
     signal) within KILL_BOUND s of a SIGKILL, STOP_BOUND s of a SIGSTOP (the scheduler's
     silence limit is 3 s). A round issued after the signal needs the servers left, so this is
     the failover plus one whole round (about 0.2 s here).
+
+Paths: half the trials run the workers on this host with the same-host path off
+(--local-arena 0), every key flat; the other half on two emulated hosts (--host: workers 0 and 1
+on one, worker 2 on the other), where every key is summed per host first (hierarchical
+aggregation, checked from each worker's HIERARCHY line) and moves as host partials.
 
 Every fourth trial (#1, #5, ...) also starts a standby server (gradlink-server --standby): it
 must take over all of the victim's partitions (the scheduler says "all to standby"), and exit 0
@@ -78,11 +83,15 @@ class Trial:
         self.straggler = None
         self.offset = 0.0
         self.standby = index % 4 == 1
+        # Half the trials split the workers over two emulated hosts (GRADLINK_HOST: workers 0
+        # and 1 on one, 2 on the other): their keys are summed per host first, the default on
+        # such a job, and move as host partials. Standby trials take both paths in turn.
+        self.path = ("servers", "hierarchical")[(index + index // 4) % 2]
 
     def label(self):
         victim = "the scheduler" if self.victim < 0 else "server %d" % self.victim
-        return "#%02d SIG%-4s %-8s %s, %d servers%s" % (
-            self.index, self.sig, self.phase, victim, self.servers,
+        return "#%02d SIG%-4s %-8s %-12s %s, %d servers%s" % (
+            self.index, self.sig, self.phase, self.path, victim, self.servers,
             " +standby" if self.standby else "")
 
 
@@ -150,6 +159,7 @@ def run_trial(h, t, results):
             problems.append("the standby did not take over the victim's partitions")
         verdict = "ok" if not problems else "FAIL"
         results.append({"trial": t.index, "phase": t.phase, "signal": t.sig,
+                        "path": t.path,
                         "servers": t.servers, "recovery": recovery, "verdict": verdict,
                         "problems": problems, "note": note,
                         "moved": moved[0][0] if moved else None})
@@ -184,6 +194,7 @@ class Job:
 
     def __init__(self, h, t, prefix, job, procs):
         self.name = job
+        self.path = t.path
         self.procs = procs
         self.sched = h.spawn("%s%02d-scheduler" % (prefix, t.index), "scheduler", 0,
                              scheduler_argv(h, job, t.servers, 0))
@@ -211,7 +222,11 @@ class Job:
             argv = [h.worker_exe, "--scheduler", self.addr, "--job", job, "--rank", str(r),
                     "--phase", "push" if t.phase == "declare" else t.phase,
                     "--sizes", LARGE if t.phase in ("push", "declare") else SMALL,
-                    "--rounds", str(ROUNDS), "--local-arena", "0", "--wait-s", "30"]
+                    "--rounds", str(ROUNDS), "--wait-s", "30"]
+            if t.path == "hierarchical":
+                argv += ["--host", "fault-host-%s" % ("a" if r < 2 else "b")]
+            else:
+                argv += ["--local-arena", "0"]
             if r == t.straggler:
                 argv += ["--straggle-ms", str(STRAGGLE_MS)]
             self.workers.append(h.spawn("%s%02d-worker%d" % (prefix, t.index, r), "worker", r,
@@ -236,7 +251,8 @@ class Job:
 
     def check(self, survivors, must_exit_zero, problems):
         """Waits (30 s + EXIT_GRACE) for `survivors` to end; every worker must have done every
-        round right (DONE, exit 0), and every process of `must_exit_zero` exited 0."""
+        round right (DONE, exit 0) on the trial's path (hierarchical aggregation on or off), and
+        every process of `must_exit_zero` exited 0."""
         end = time.monotonic() + 30 + EXIT_GRACE
         while time.monotonic() < end and any(p.poll() is None for p in survivors):
             time.sleep(0.01)
@@ -251,6 +267,11 @@ class Job:
                                                          if failed else ""))
             elif not p.lines("DONE"):
                 problems.append("%s exited 0 without DONE" % p.name)
+            hierarchy = p.lines("HIERARCHY")
+            on = bool(hierarchy) and hierarchy[0] != "off"
+            if hierarchy and on != (self.path == "hierarchical"):
+                problems.append("%s: hierarchical aggregation %s on the %s path" % (
+                    p.name, hierarchy[0], self.path))
         for p in must_exit_zero:
             rc = p.poll()
             if rc != 0:
@@ -281,7 +302,7 @@ def run_restart_trial(h, t, results):
             problems.append("the restarted scheduler did not say it resumed the job")
         verdict = "ok" if not problems else "FAIL"
         results.append({"trial": t.index, "phase": t.phase, "signal": "KILL-scheduler",
-                        "servers": t.servers, "recovery": recovery, "verdict": verdict,
+                        "path": t.path, "servers": t.servers, "recovery": recovery, "verdict": verdict,
                         "problems": problems, "note": note,
                         "resume_ms": int(resumed.group(1)) if resumed else None})
         print("%-4s %s  restart -> rounds again %s, resumed in %s ms  [%s]" % (
@@ -330,11 +351,12 @@ def run_join_trial(h, t, results):
                   [sched, joiner] + [s for s in servers if s is not victim], problems)
         verdict = "ok" if not problems else "FAIL"
         results.append({"trial": t.index, "phase": t.phase,
-                        "signal": "join" + ("+KILL" if victim else ""), "servers": t.servers,
+                        "signal": "join" + ("+KILL" if victim else ""), "path": t.path,
+                        "servers": t.servers,
                         "recovery": recovery, "verdict": verdict, "problems": problems,
                         "note": note, "moved": moved})
-        print("%-4s #%02d join %-8s %d servers + 1%s  %d partitions moved, a round after the "
-              "join in %s  [%s]" % (verdict, t.index, t.phase, t.servers,
+        print("%-4s #%02d join %-8s %-12s %d servers + 1%s  %d partitions moved, a round after "
+              "the join in %s  [%s]" % (verdict, t.index, t.phase, t.path, t.servers,
                                     ", then server %d killed" % t.victim if victim else "",
                                     moved, "%.3f s" % recovery if recovery is not None else "-",
                                     note))
@@ -455,22 +477,23 @@ def percentile(xs, q):
 
 def report(results):
     print("\nrecovery: signal -> every worker has completed the first round it issued after it (s)")
-    print("%-18s %4s %5s %8s %8s %8s %8s" % ("signal / phase", "n", "ok", "min", "median",
+    print("%-26s %4s %5s %8s %8s %8s %8s" % ("signal / phase", "n", "ok", "min", "median",
                                             "p99", "max"))
     rows = {}
     for r in results:
-        for key in ((r["signal"], "all"), (r["signal"], r["phase"])):
+        for key in ((r["signal"], "all"), (r["signal"], r["phase"]),
+                    (r["signal"], r.get("path", "servers"))):
             rows.setdefault(key, []).append(r)
     for key in sorted(rows):
         rs = rows[key]
         rec = [r["recovery"] for r in rs if r["recovery"] is not None]
         ok = sum(1 for r in rs if r["verdict"] == "ok")
         if rec:
-            print("%-18s %4d %5d %8.3f %8.3f %8.3f %8.3f" % (
+            print("%-26s %4d %5d %8.3f %8.3f %8.3f %8.3f" % (
                 " / ".join(key), len(rs), ok, min(rec), statistics.median(rec),
                 percentile(rec, 0.99), max(rec)))
         else:
-            print("%-18s %4d %5d %8s %8s %8s %8s" % (" / ".join(key), len(rs), ok, "-", "-", "-",
+            print("%-26s %4d %5d %8s %8s %8s %8s" % (" / ".join(key), len(rs), ok, "-", "-", "-",
                                                     "-"))
     bad = [r for r in results if r["verdict"] != "ok"]
     print("verdicts: ok %d, FAIL %d" % (len(results) - len(bad), len(bad)))

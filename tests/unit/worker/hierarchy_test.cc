@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <functional>
+#include <optional>
+#include <thread>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -410,6 +412,128 @@ TEST(HierarchyTest, AWorkerThatLeavesFailsEveryOtherWorkersPendingOpNamingIt) {
 
 TEST(HierarchyTest, SchedulerStopAbortsPendingOps) {
   ExpectSchedulerStopAbortsPendingOps(HierConfig({0, 0, 1, 1}));
+}
+
+// Failover of keys summed per host first (the default on multi-host jobs with several workers
+// on a host). Each round of `keys` (one tensor each, of `count` elements of its dtype) on every
+// rank, checked bit for bit against the host order; `hold_back`: the ranks of that host issue
+// 300 ms after the others, who have pushed their host's partials by then, and `between` runs
+// meanwhile, once per round (a server stopped, or one added).
+class HostSummedFailover {
+ public:
+  HostSummedFailover(Job& job, std::vector<uint32_t> host_of, uint64_t count)
+      : job_(job), host_of_(std::move(host_of)), count_(count) {}
+
+  void Declare(const std::string& name, DataType t) {
+    std::vector<TensorHandle> handles(host_of_.size());
+    OnEveryWorker(static_cast<uint32_t>(host_of_.size()), [&](uint32_t rank) {
+      auto h = job_.worker(rank).Declare(name, t, count_);
+      ASSERT_TRUE(h.ok()) << h.status().ToString();
+      handles[rank] = *h;
+    });
+    keys_.push_back({t, std::move(handles)});
+  }
+
+  void Round(uint64_t round, std::optional<uint32_t> hold_back = std::nullopt,
+             const std::function<void()>& between = {}) {
+    const uint32_t n = static_cast<uint32_t>(host_of_.size());
+    for (const Key& key : keys_) {
+      std::vector<std::vector<std::byte>> in(n), out(n);
+      for (uint32_t r = 0; r < n; ++r) {
+        in[r] = Input(key.dtype, count_, static_cast<uint32_t>(1000 * round + 11 * r + 5));
+        out[r] = in[r];
+      }
+      std::vector<PushPullHandle> ops(n);
+      const auto issue = [&](bool held) {
+        for (uint32_t r = 0; r < n; ++r) {
+          const bool is_held = hold_back && host_of_[r] == *hold_back;
+          if (is_held == held) ops[r] = job_.worker(r).PushPull(key.handles[r], out[r]);
+        }
+      };
+      issue(false);
+      if (hold_back) {
+        std::this_thread::sleep_for(200ms);  // the other hosts' partials are pushed by now
+        if (between && &key == &keys_.front()) between();  // once per round
+        std::this_thread::sleep_for(100ms);
+      }
+      issue(true);
+      const auto want = Expected(key.dtype, in, host_of_, false, false, false);
+      for (uint32_t r = 0; r < n; ++r) {
+        const Status s = ops[r].Wait(In(kOpTimeout));
+        ASSERT_TRUE(s.ok()) << "rank " << r << " round " << round << ": " << s.ToString();
+        EXPECT_TRUE(out[r] == want) << DataTypeName(key.dtype) << " rank " << r << " round "
+                                    << round << ": not the host order's bits";
+      }
+    }
+  }
+
+ private:
+  struct Key {
+    DataType dtype;
+    std::vector<TensorHandle> handles;
+  };
+  Job& job_;
+  const std::vector<uint32_t> host_of_;
+  const uint64_t count_;
+  std::vector<Key> keys_;
+};
+
+// A server lost while the other host's partials wait on it: its partitions of host-summed keys
+// (fp32, and fp16 with fp32 partials) move to the servers left; each host's pusher reports the
+// host's last result and pushes the host's partial again; every rank gets the host order's bits
+// in that round and the ones after, as without the loss. A second loss between rounds too.
+TEST(HierarchyTest, ALostServerMovesHostSummedKeysWithoutLosingARound) {
+  const std::vector<uint32_t> host_of = {0, 0, 1, 1};
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(HierConfig(host_of, 4)));
+  constexpr uint64_t kCount = 300000;  // 147 partitions of 8 KiB per fp32 key
+  HostSummedFailover rounds(job, host_of, kCount);
+  ASSERT_NO_FATAL_FAILURE(rounds.Declare("grad32", DataType::kFloat32));
+  ASSERT_NO_FATAL_FAILURE(rounds.Declare("grad16", DataType::kFloat16));
+  ASSERT_NO_FATAL_FAILURE(rounds.Round(0));
+  // Server 1's partitions of both keys, each summed once in round 0.
+  const uint64_t on_lost = job.server(1).stats().rounds_completed;
+  ASSERT_GT(on_lost, 0u);
+  ASSERT_NO_FATAL_FAILURE(rounds.Round(1, /*hold_back=*/1, [&] { job.server(1).Stop(); }));
+  ASSERT_NO_FATAL_FAILURE(rounds.Round(2));
+  uint64_t recovered = 0;
+  for (uint32_t r = 0; r < host_of.size(); ++r) {
+    const WorkerStats st = job.worker(r).Stats();
+    EXPECT_EQ(st.servers_lost, 1u) << "rank " << r;
+    recovered += st.partitions_recovered;
+  }
+  // Each moved partition reported once per host, by that host's pusher of it.
+  EXPECT_EQ(recovered, 2 * on_lost);
+  job.server(3).Stop();
+  for (uint64_t round = 3; round < 5; ++round) ASSERT_NO_FATAL_FAILURE(rounds.Round(round));
+  for (uint32_t r = 0; r < host_of.size(); ++r) {
+    EXPECT_TRUE(job.worker(r).Shutdown(In(5s)).ok());
+  }
+  for (uint32_t s : {0u, 2u}) {
+    const Status done = job.server(s).Wait(In(5s));
+    EXPECT_TRUE(done.ok()) << "server " << s << ": " << done.ToString();
+    EXPECT_EQ(job.server(s).stats().protocol_errors, 0u);
+  }
+  EXPECT_TRUE(job.scheduler().Wait(In(5s)).ok());
+}
+
+// A server joining the running job takes its share of host-summed keys too, mid-round: the
+// partitions that move are answered by it from the hosts' reports, and every round keeps the
+// host order's bits.
+TEST(HierarchyTest, AJoiningServerTakesItsShareOfHostSummedKeys) {
+  const std::vector<uint32_t> host_of = {0, 0, 0, 1};
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(HierConfig(host_of, 2)));
+  HostSummedFailover rounds(job, host_of, 200000);
+  ASSERT_NO_FATAL_FAILURE(rounds.Declare("grad32", DataType::kFloat32));
+  ASSERT_NO_FATAL_FAILURE(rounds.Declare("gradbf16", DataType::kBFloat16));
+  ASSERT_NO_FATAL_FAILURE(rounds.Round(0));
+  std::optional<Result<size_t>> added;
+  ASSERT_NO_FATAL_FAILURE(rounds.Round(1, /*hold_back=*/0, [&] { added = job.AddServer(); }));
+  ASSERT_TRUE(added.has_value() && added->ok()) << (added ? added->status().ToString() : "");
+  for (uint64_t round = 2; round < 4; ++round) ASSERT_NO_FATAL_FAILURE(rounds.Round(round));
+  EXPECT_GT(job.server(**added).stats().rounds_completed, 0u);
+  job.FinishCleanly();
 }
 
 }  // namespace
