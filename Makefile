@@ -9,11 +9,15 @@ CMAKE_FLAGS ?=
 
 all: build
 
+# Where scripts/ucx/build.sh installs the UCX gradlink links (Debian's, with its wireup fixes).
+GRADLINK_UCX_PREFIX ?= $(HOME)/.cache/gradlink/ucx-1.13.1-gl1
+export GRADLINK_UCX_PREFIX
+
 setup:
 	@scripts/setup.sh
 
-$(BUILD)/CMakeCache.txt: CMakeLists.txt
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS)
+$(BUILD)/CMakeCache.txt: CMakeLists.txt | setup
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRADLINK_UCX_PREFIX=$(GRADLINK_UCX_PREFIX) $(CMAKE_FLAGS)
 
 build: setup $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j$(JOBS)

@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config clang
   libucx-dev ucx-utils
+  # scripts/ucx/build.sh: Debian's UCX source with gradlink's wireup fixes.
+  autoconf automake libtool curl
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev
   libssl-dev
   iproute2
@@ -32,6 +34,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# The UCX gradlink links (cached in GRADLINK_UCX_PREFIX; built once, about 3 minutes).
+scripts_dir="$(cd "$(dirname "$0")" && pwd)"
+"$scripts_dir/ucx/build.sh"
 
 # The project's virtual environment: Debian's interpreter, seeing Debian's packages.
 cd "$(dirname "$0")/.."

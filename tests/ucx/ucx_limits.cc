@@ -15,8 +15,17 @@
 //            exit 0 when the cancel ended it, 1 when not. Then, in a child process,
 //            ucp_worker_destroy() with that receive still pending: "destroy: ok" or
 //            "destroy: died on signal N".
+//   wireup [N [US]]  peers that die while their connection is being set up (bug B6,
+//            docs/operations.md "UCX"): a server process progresses one worker while N peer
+//            processes (default 600, 16 at a time) each connect to it (peer error mode), send
+//            it their address (the server connects back and sends one message, as a gradlink
+//            server answers a worker) and SIGKILL themselves 0-US microseconds later (default
+//            2000). Prints "wireup: server
+//            survived N peers" (exit 0) or "wireup: server died on signal S after M peers"
+//            (exit 1).
 //
 // Exit codes: 0 the limit is gone, 1 the limit holds, 2 usage or a UCX call failed.
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -25,7 +34,9 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -267,12 +278,139 @@ int ProbeCancel() {
   _exit(rc);  // the workers hold the pending requests: no orderly teardown
 }
 
+// One peer: connects, sends one active message, progresses for `us` microseconds (its
+// connection to the server being set up meanwhile), and dies as a crash does.
+[[noreturn]] void DyingPeer(const std::vector<char>& server, int us) {
+  ucp_context_h ctx = MakeContext();
+  ucp_worker_h w = MakeWorker(ctx);
+  ucp_am_handler_param_t hp{};
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
+  hp.id = kAmId;
+  hp.cb = [](void*, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) {
+    return UCS_OK;  // the server's answer: nothing to do with it
+  };
+  Check("ucp_worker_set_am_recv_handler", ucp_worker_set_am_recv_handler(w, &hp));
+  ucp_ep_h ep = Connect(w, server, /*peer_mode=*/true);
+  // Its own address: the server connects back to it, as a gradlink server does to a worker.
+  static std::vector<char> self;
+  self = AddressOf(w);
+  ucp_request_param_t param{};
+  ucs_status_ptr_t req = ucp_am_send_nbx(ep, kAmId, nullptr, 0, self.data(), self.size(), &param);
+  (void)req;  // never waited for: the process dies with it in flight
+  const Clock::time_point until = Clock::now() + std::chrono::microseconds(us);
+  while (Clock::now() < until) ucp_worker_progress(w);
+  ::raise(SIGKILL);
+  _exit(3);  // not reached
+}
+
+int ProbeWireup(int peers, int max_us) {
+  int to_parent[2], stop[2];
+  if (::pipe(to_parent) != 0 || ::pipe(stop) != 0) return 2;
+  const pid_t server = ::fork();
+  if (server == 0) {
+    ::close(stop[1]);
+    ucp_context_h ctx = MakeContext();
+    ucp_worker_h w = MakeWorker(ctx);
+    // Each peer's address: connected back to, and sent one message (never closed: the probe
+    // is about surviving, not cleaning up).
+    static std::vector<std::vector<char>> callers;
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
+    hp.id = kAmId;
+    hp.cb = [](void*, const void*, size_t, void* data, size_t length,
+               const ucp_am_recv_param_t* param) {
+      if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        const char* bytes = static_cast<const char*>(data);
+        callers.emplace_back(bytes, bytes + length);
+      }
+      return UCS_OK;
+    };
+    Check("ucp_worker_set_am_recv_handler", ucp_worker_set_am_recv_handler(w, &hp));
+    const std::vector<char> addr = AddressOf(w);
+    const uint64_t len = addr.size();
+    if (::write(to_parent[1], &len, sizeof(len)) != sizeof(len) ||
+        ::write(to_parent[1], addr.data(), len) != static_cast<ssize_t>(len)) {
+      _exit(2);
+    }
+    ::fcntl(stop[0], F_SETFL, O_NONBLOCK);
+    static const char kBack[] = "back";
+    for (char c;;) {
+      for (int i = 0; i < 256; ++i) ucp_worker_progress(w);
+      for (const std::vector<char>& caller : callers) {
+        ucp_ep_params_t ep{};
+        ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        ep.address = reinterpret_cast<const ucp_address_t*>(caller.data());
+        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        ep.err_handler.cb = IgnoreEpError;
+        ucp_ep_h back = nullptr;
+        if (ucp_ep_create(w, &ep, &back) != UCS_OK) continue;  // dead already: refused
+        ucp_request_param_t param{};
+        ucs_status_ptr_t req = ucp_am_send_nbx(back, kAmId, nullptr, 0, kBack, sizeof(kBack), &param);
+        if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
+      }
+      callers.clear();
+      if (::read(stop[0], &c, 1) == 0) break;  // the parent closed it: done
+    }
+    _exit(0);  // alive: no orderly teardown needed
+  }
+  ::close(stop[0]);
+  uint64_t len = 0;
+  if (::read(to_parent[0], &len, sizeof(len)) != sizeof(len) || len == 0 || len > (1 << 20)) {
+    return 2;
+  }
+  std::vector<char> addr(len);
+  for (size_t got = 0; got < len;) {
+    const ssize_t n = ::read(to_parent[0], addr.data() + got, len - got);
+    if (n <= 0) return 2;
+    got += static_cast<size_t>(n);
+  }
+  std::mt19937 rng(20261203);
+  std::uniform_int_distribution<int> delay_us(0, max_us);
+  int started = 0, running = 0, server_status = 0;
+  bool server_died = false;
+  while ((started < peers || running > 0) && !server_died) {
+    while (started < peers && running < 16) {
+      const int us = delay_us(rng);
+      const pid_t peer = ::fork();
+      if (peer == 0) DyingPeer(addr, us);
+      ++started;
+      ++running;
+    }
+    int status = 0;
+    const pid_t done = ::waitpid(-1, &status, 0);
+    if (done == server) {
+      server_died = true;
+      server_status = status;
+    } else if (done > 0) {
+      --running;
+    }
+  }
+  if (!server_died) {
+    ::close(stop[1]);
+    ::waitpid(server, &server_status, 0);
+    server_died = !WIFEXITED(server_status) || WEXITSTATUS(server_status) != 0;
+  }
+  while (::waitpid(-1, nullptr, 0) > 0) {
+  }
+  if (server_died) {
+    std::printf("wireup: server died on signal %d after %d peers\n",
+                WIFSIGNALED(server_status) ? WTERMSIG(server_status) : 0, started);
+    return 1;
+  }
+  std::printf("wireup: server survived %d peers\n", peers);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string what = argc == 2 ? argv[1] : "";
-  if (what == "shm") return ProbeShm();
-  if (what == "cancel") return ProbeCancel();
-  std::fprintf(stderr, "usage: gl_ucx_limits shm|cancel\n");
+  const std::string what = argc >= 2 ? argv[1] : "";
+  if (what == "shm" && argc == 2) return ProbeShm();
+  if (what == "cancel" && argc == 2) return ProbeCancel();
+  if (what == "wireup" && argc <= 4) {
+    return ProbeWireup(argc >= 3 ? std::atoi(argv[2]) : 600, argc == 4 ? std::atoi(argv[3]) : 2000);
+  }
+  std::fprintf(stderr, "usage: gl_ucx_limits shm|cancel|wireup [peers [max_us]]\n");
   return 2;
 }
