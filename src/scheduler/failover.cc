@@ -99,6 +99,12 @@ void SchedulerImpl::AdmitStandby(Connection& c) {
     left.count = rank;
     Send(c, left);
   }
+  // Ranks that have joined (join()) sit out the rounds of what it takes over.
+  for (uint32_t rank : joined_) {
+    wire::Header h = MakeHeader(MsgType::kJoined);
+    h.count = rank;
+    Send(c, h);
+  }
   wire::Header joined = MakeHeader(MsgType::kServerJoined);
   joined.count = id;
   SendToWorkers(joined, Share(wire::EncodeMember(
@@ -241,7 +247,10 @@ Status SchedulerImpl::ServerFailover(Connection& c, const std::string& what) {
     return Status::Ok();
   }
   if (ActiveServers() <= 1 && standby_.empty()) return Unavailable("it was the last server");
-  if (!joined_.empty() || releasing_) return Unavailable("a rank has joined (join())");
+  // While ranks have joined, the partitions move as at any time: their new servers learn who
+  // sits out (OnAssign applies the joins it knows; a standby is told them when admitted), and
+  // a joined rank reports where its rounds stand like any other. Not during the release.
+  if (releasing_) return Unavailable("every rank has joined and the job is resuming (join())");
   std::vector<uint64_t> keys;
   for (auto& [key, decl] : decls_) {
     if (!decl.planned || !decl.status.ok()) continue;

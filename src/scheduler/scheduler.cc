@@ -351,7 +351,9 @@ Status SchedulerImpl::OnJoin(Connection& c, const Frame& f) {
     // Nothing is in flight any more: the servers forget the join, then the workers resume.
     releasing_ = true;
     release_acks_.clear();
-    for (auto& [id, s] : servers_) Send(*s, MakeHeader(MsgType::kJoinRelease));
+    for (auto& [id, s] : servers_) {
+      if (lost_servers_.count(id) == 0) Send(*s, MakeHeader(MsgType::kJoinRelease));
+    }
     return Status::Ok();
   }
   // Servers first: its absence must be known before a key planned without it reaches them.
@@ -377,7 +379,8 @@ Status SchedulerImpl::OnJoin(Connection& c, const Frame& f) {
 Status SchedulerImpl::OnJoinReleaseAck(Connection& c) {
   if (c.role != Role::kServer || !releasing_) return ProtocolError("unexpected kJoinRelease");
   release_acks_.insert(c.id);
-  if (release_acks_.size() < opts_.num_servers) return Status::Ok();
+  // Every server of the job now (lost ones are not asked; standbys are: they hold the joins too).
+  if (release_acks_.size() < servers_.size() - lost_servers_.size()) return Status::Ok();
   if (join_rounds_.size() > wire::kMaxJoinKeys) {
     // The workers' keys together: more than one release can carry.
     Finish(ResourceExhausted("every worker joined, with " + std::to_string(join_rounds_.size()) +

@@ -23,6 +23,7 @@ using test::Job;
 using test::JobConfig;
 using test::kOpTimeout;
 using test::OnEveryWorker;
+using namespace std::chrono_literals;
 
 constexpr uint32_t kWorkers = 3;
 // Rounds each rank runs before it joins: rank 0 stops first, rank 2 last.
@@ -89,7 +90,11 @@ void RunRound(Worker& w, const TensorHandle& avg, const TensorHandle& sum, uint6
   EXPECT_EQ(wrong, 0u) << "rank " << rank << " round " << k;
 }
 
-void RunUnevenJob(const JobConfig& config) {
+// `lose_server` (a start index): that server is stopped once ranks 0 and 1 have joined, before
+// rank 2's round 5 (round 4 needed their joins recorded): its partitions move while two ranks
+// sit out, and the rest of the job (rank 2's rounds, the release, the rounds in step, the
+// second join) runs on the servers left.
+void RunUnevenJob(const JobConfig& config, int lose_server = -1) {
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(config));
   OnEveryWorker(kWorkers, [&](uint32_t rank) {
@@ -98,6 +103,9 @@ void RunUnevenJob(const JobConfig& config) {
     auto sum = w.Declare("grad.sum", DataType::kInt32, kElems);
     ASSERT_TRUE(avg.ok() && sum.ok());
     for (uint64_t k = 0; k < kRounds[rank]; ++k) {
+      if (lose_server >= 0 && rank == kWorkers - 1 && k == 5) {
+        job.server(static_cast<uint32_t>(lose_server)).Stop();
+      }
       ASSERT_NO_FATAL_FAILURE(RunRound(w, *avg, *sum, k, Present(k)));
     }
     // The last rank also runs a tensor nobody else has declared: planned without the others.
@@ -127,8 +135,23 @@ void RunUnevenJob(const JobConfig& config) {
     if (config.local_arena_bytes != 0) {
       EXPECT_GT(w.Stats().bytes_copied_local, 0u) << "rank " << rank << ": not the same-host path";
     }
+    if (lose_server >= 0) {
+      EXPECT_EQ(w.Stats().servers_lost, 1u) << "rank " << rank;
+      EXPECT_GT(w.Stats().partitions_recovered, 0u) << "rank " << rank;
+    }
   });
-  job.FinishCleanly();
+  if (lose_server < 0) {
+    job.FinishCleanly();
+    return;
+  }
+  for (uint32_t r = 0; r < kWorkers; ++r) EXPECT_TRUE(job.worker(r).Shutdown(In(5s)).ok());
+  for (uint32_t i = 0; i < job.servers_started(); ++i) {
+    if (static_cast<int>(i) == lose_server) continue;
+    const Status s = job.server(i).Wait(In(5s));
+    EXPECT_TRUE(s.ok()) << "server " << i << ": " << s.ToString();
+    EXPECT_EQ(job.server(i).stats().protocol_errors, 0u);
+  }
+  EXPECT_TRUE(job.scheduler().Wait(In(5s)).ok());
 }
 
 JobConfig ServersConfig() {
@@ -140,6 +163,15 @@ JobConfig ServersConfig() {
 }
 
 TEST(JoinTest, UnevenRoundsThroughTheServers) { RunUnevenJob(ServersConfig()); }
+
+// Failover while ranks have joined: a server lost while ranks 0 and 1 sit out; every round of
+// every rank still gives the scalar loop's result over the ranks that pushed it, and the job
+// joins and resumes on the servers left.
+TEST(JoinTest, AServerLostWhileRanksHaveJoined) {
+  JobConfig config = ServersConfig();
+  config.servers = 3;
+  RunUnevenJob(config, /*lose_server=*/1);
+}
 
 TEST(JoinTest, UnevenRoundsOnTheSameHostPath) {
   JobConfig config = ServersConfig();
