@@ -149,7 +149,8 @@ Status PushPullHandle::Wait(Clock::time_point deadline) const {
   if (!op_) return InvalidArgument("Wait() on an empty PushPullHandle");
   if (!WaitDone(*op_, deadline)) {
     return Timeout("push_pull of '" + op_->tensor->name + "' (round " +
-                   std::to_string(op_->round) + ") not complete at the deadline");
+                   std::to_string(op_->round) + ") not complete at the deadline" +
+                   (op_->describer ? op_->describer->Describe(*op_) : std::string()));
   }
   std::lock_guard<std::mutex> lock(op_->mu);
   return op_->status;

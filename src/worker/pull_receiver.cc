@@ -82,6 +82,28 @@ Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
   return op.data.subspan(role.out_offset * size, plan.count * size);
 }
 
+std::string WorkerImpl::DescribePending(const Op& op) {
+  std::lock_guard lock(mu_);
+  if (op.finished) return "";
+  if (!op.started) return "; not started (it waits for its key's plan or its tensor's op before)";
+  static constexpr const char* kState[] = {"queued", "sending", "pushed", "answered"};
+  std::string out;
+  uint32_t listed = 0, waiting = 0;
+  const TensorState& t = *op.tensor;
+  for (uint32_t p = 0; p < op.parts.size(); ++p) {
+    if (op.parts[p] == Op::Part::kDone) continue;
+    ++waiting;
+    if (listed++ == 8) continue;
+    out += (out.empty() ? "" : ", ") + std::string("partition ") + std::to_string(p) + " (" +
+           kState[static_cast<int>(op.parts[p])] + ") on " +
+           ServerNameLocked(p < t.parts.size() ? t.parts[p].server : 0);
+  }
+  std::string tail = "; waiting for " + std::to_string(waiting) + " partition(s)" +
+                     (out.empty() ? "" : ": " + out) + (waiting > 8 ? ", ..." : "");
+  if (op.host && !op.host_done) tail += "; its host's sum (hierarchical) not over";
+  return tail + "; " + std::to_string(op.receiving) + " replies being received";
+}
+
 bool WorkerImpl::KeepsResults(const TensorState& t) const {
   return failover_ && t.spec.is_sum() && !t.local.has_value();
 }

@@ -68,6 +68,7 @@ std::shared_ptr<Op> WorkerImpl::StartOp(const TensorHandle& tensor, std::span<st
   auto op = std::make_shared<Op>();
   op->t_call = Clock::now();
   op->timeout = opts_.operation_timeout;
+  op->describer = describer_;
   op->local = local_;
   op->tensor = tensor.state_;
   op->data = data;

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -92,8 +93,31 @@ struct TensorState {
   Status member_failure;
 };
 
+struct Op;
+
+// What an op still waits for, for the message of a Wait() that times out: the worker's
+// DescribePending under its lock, while the worker lives (Detach() at its end).
+class PendingDescriber {
+ public:
+  explicit PendingDescriber(std::function<std::string(const Op&)> describe)
+      : describe_(std::move(describe)) {}
+  std::string Describe(const Op& op) {
+    std::lock_guard lock(mu_);
+    return describe_ ? describe_(op) : std::string();
+  }
+  void Detach() {
+    std::lock_guard lock(mu_);
+    describe_ = nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  std::function<std::string(const Op&)> describe_;
+};
+
 struct Op {
   std::shared_ptr<TensorState> tensor;
+  std::shared_ptr<PendingDescriber> describer;  // null: the op never reached a worker
   std::span<std::byte> data;         // the output (a sum's tensor, in place)
   std::span<const std::byte> input;  // what is pushed: `data` but for other collectives
   PushPullOptions options;

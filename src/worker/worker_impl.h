@@ -70,7 +70,10 @@ class WorkerImpl final : public Worker {
  public:
   WorkerImpl(const WorkerOptions& o, std::shared_ptr<transport::Fabric> fabric)
       : opts_(o), job_hash_(wire::JobHash(o.job)), fabric_(std::move(fabric)) {}
-  ~WorkerImpl() override { Shutdown(Clock::now() + std::chrono::seconds(5)).IgnoreError(); }
+  ~WorkerImpl() override {
+    Shutdown(Clock::now() + std::chrono::seconds(5)).IgnoreError();
+    describer_->Detach();
+  }
 
   Status Init();
 
@@ -451,6 +454,11 @@ class WorkerImpl final : public Worker {
   std::unordered_map<uint64_t, uint64_t> resume_rounds_;
 
   const std::shared_ptr<internal::Counters> counters_ = std::make_shared<internal::Counters>();
+  // "; waiting for partition 3 on server 1 (pushed), ...": what a timed-out Wait() names.
+  std::string DescribePending(const Op& op);
+  const std::shared_ptr<internal::PendingDescriber> describer_ =
+      std::make_shared<internal::PendingDescriber>(
+      [this](const Op& op) { return DescribePending(op); });
   const std::shared_ptr<internal::FusionPool> pool_ =
       std::make_shared<internal::FusionPool>(opts_.fusion_buffer_bytes);
   std::mutex plans_mu_;  // taken before mu_ (BuildPlan declares), never under it

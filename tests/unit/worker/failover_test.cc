@@ -71,7 +71,11 @@ void RoundAcrossLoss(Job& job, const std::vector<TensorHandle>& t, uint64_t roun
   FillTensor(DataType::kFloat32, 0, 0, round, b0);
   FillTensor(DataType::kFloat32, 0, 1, round, b1);
   PushPullHandle op0 = job.worker(0).PushPull(t[0], b0);
-  EXPECT_EQ(op0.Wait(In(200ms)).code(), Code::kTimeout);  // pushed; waits for rank 1
+  const Status waiting = op0.Wait(In(200ms));  // pushed; waits for rank 1
+  EXPECT_EQ(waiting.code(), Code::kTimeout);
+  // The timeout names what the op waits for: all 7 partitions, pushed, and their servers.
+  EXPECT_NE(waiting.message().find("waiting for 7 partition(s): partition 0 (pushed) on server "),
+            std::string::npos) << waiting.message();
   for (uint32_t i : lost) job.server(i).Stop();
   std::this_thread::sleep_for(settle);
   PushPullHandle op1 = job.worker(1).PushPull(t[1], b1);
