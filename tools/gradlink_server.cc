@@ -20,7 +20,14 @@ int main(int argc, char** argv) {
                  "server id to claim, 0..servers-1 (default: $GRADLINK_SERVER_ID, else the "
                  "scheduler assigns one)")
       ->check(CLI::Range(-1, 1 << 30));
-  app.add_option("--engine-threads", o.engine_threads, "summing threads")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--engine-threads", o.engine_threads,
+                 "summing threads; 0: chosen from the server's CPUs less its lane threads "
+                 "(default: $GRADLINK_SERVER_ENGINES, else 0)")
+      ->check(CLI::Range(0, 1024));
+  app.add_option("--cpus", o.cpus,
+                 "pin the server's threads to these CPUs, e.g. 0-3,8: a lane thread on each of "
+                 "the first, the engines round robin over the rest (default: $GRADLINK_SERVER_CPUS, "
+                 "else not pinned)");
   app.add_option("--weight", o.weight,
                  "placement weight: this server gets about weight/(sum of all servers' weights) "
                  "of the bytes; in [1e-6, 1e6] (default: $GRADLINK_SERVER_WEIGHT or 1)")

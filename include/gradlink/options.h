@@ -34,7 +34,15 @@ struct ServerOptions {
   // server its own so that their names and the scheduler's agree; -1: the scheduler assigns
   // the free ids, heaviest weight first.
   int32_t id = -1;
-  uint32_t engine_threads = 2;  // threads that sum pushes, sharded by key; >= 1
+  // Threads that sum pushes, sharded by partition. 0: chosen from the CPUs this server has
+  // (its pinned list, else the machine's shared by the job's processes on it) less its lane
+  // threads, at least 1 (docs/operations.md, "What gradlink tunes"). GRADLINK_SERVER_ENGINES.
+  uint32_t engine_threads = 0;
+  // Pin the server's threads to these CPUs ("0-3,8", as Linux lists them): each lane's progress
+  // thread to one, the engines round robin over the rest. Empty: not pinned. Start() fails with
+  // kInvalidArgument on a malformed list or a CPU the process may not run on.
+  // GRADLINK_SERVER_CPUS.
+  std::string cpus;
   bool single_lane = false;     // answer pulls on the push lane (comparison mode)
   // Placement weight: this server gets about weight / (sum of weights) of every key's bytes.
   // Finite, in [1e-6, 1e6], else Start() fails with kInvalidArgument.

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "gradlink/options.h"
 #include "gradlink/status.h"
@@ -39,6 +40,10 @@ struct ServerStats {
   // before any push. The server logs both at info level when it stops.
   double process_cpu_seconds = 0;
   double cpu_seconds_per_gb = 0;
+  // The server's threads: engines summing, and how they were chosen and placed
+  // (ServerOptions::engine_threads, cpus), as the server logs it when it joins.
+  uint32_t engine_threads = 0;
+  std::string threads;
 };
 
 class Server {

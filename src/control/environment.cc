@@ -80,6 +80,15 @@ Status ApplyEnvironment(ServerOptions* o) {
     return InvalidArgument("GRADLINK_SERVER_WEIGHT: server " + wire::ServerWeightError(n.weight));
   }
   GL_RETURN_IF_ERROR(Take("GRADLINK_SERVER_MEMORY", env::Bytes, &n.memory_budget_bytes));
+  GL_ASSIGN_OR_RETURN(std::optional<int64_t> engines, env::Int("GRADLINK_SERVER_ENGINES"));
+  if (engines) {
+    if (*engines < 0 || *engines > 1024) {
+      return InvalidArgument("GRADLINK_SERVER_ENGINES=" + std::to_string(*engines) +
+                             " is not an engine thread count (0 to choose, else 1 to 1024)");
+    }
+    n.engine_threads = static_cast<uint32_t>(*engines);
+  }
+  GL_RETURN_IF_ERROR(TakeString("GRADLINK_SERVER_CPUS", &n.cpus));
   GL_ASSIGN_OR_RETURN(std::optional<int64_t> id, env::Int("GRADLINK_SERVER_ID"));
   if (id) {
     if (*id < -1 || *id > INT32_MAX) {

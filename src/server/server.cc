@@ -11,10 +11,12 @@
 #include <shared_mutex>
 #include <thread>
 
+#include "common/cpus.h"
 #include "common/log.h"
 #include "common/naming.h"
 #include "common/work_queue.h"
 #include "server/partition_state.h"
+#include "server/thread_plan.h"
 #include "control/join.h"
 #include "control/layout.h"
 #include "control/topology.h"
@@ -60,7 +62,15 @@ class ServerImpl final : public Server {
 
   Status Init() {
     cpu_at_start_ = ProcessCpuSeconds();
-    if (opts_.engine_threads == 0) return InvalidArgument("engine_threads must be at least 1");
+    // The CPU list is checked before anything starts: a server that cannot run where it was
+    // asked to says so at once, not after joining the job.
+    if (!opts_.cpus.empty()) {
+      GL_ASSIGN_OR_RETURN(thread_inputs_.pinned, ParseCpuList("server CPUs", opts_.cpus));
+    }
+    thread_inputs_.allowed = AllowedCpus();
+    thread_inputs_.engines = opts_.engine_threads;
+    thread_inputs_.lanes = opts_.single_lane ? 1 : 2;
+    GL_RETURN_IF_ERROR(server::PlanThreads(thread_inputs_).status());
     if (!wire::IsValidServerWeight(opts_.weight)) {
       return InvalidArgument("server " + wire::ServerWeightError(opts_.weight));
     }
@@ -113,15 +123,17 @@ class ServerImpl final : public Server {
       }
     }
     pump.reset();  // the control loop heartbeats from here on
-    for (uint32_t i = 0; i < opts_.engine_threads; ++i) {
-      engines_.push_back(std::make_unique<WorkQueue>());
-    }
+    GL_RETURN_IF_ERROR(StartEngines(joined.welcome, reg.host));
     // Publishes the job to the lanes' threads, which started before it was known: until now
     // every push was refused (its sender >= 0 workers), and from now on the address book and
     // engines it needs are there (release; OnPushHeader's load acquires).
     num_workers_.store(num_workers, std::memory_order_release);
-    control_ = std::thread([this] { ControlLoop(); });
-    GL_LOG(kInfo) << "server " << id_ << " joined: " << num_workers_ << " workers";
+    control_ = std::thread([this] {
+      if (!thread_inputs_.pinned.empty()) PinThisThread(thread_inputs_.pinned).IgnoreError();
+      ControlLoop();
+    });
+    GL_LOG(kInfo) << "server " << id_ << " joined: " << num_workers_ << " workers; "
+                  << threads_.why;
     return Status::Ok();
   }
 
@@ -188,10 +200,47 @@ class ServerImpl final : public Server {
     if (s.bytes_reduced != 0) {
       s.cpu_seconds_per_gb = s.process_cpu_seconds / (static_cast<double>(s.bytes_reduced) / 1e9);
     }
+    s.engine_threads = threads_.engines;
+    s.threads = threads_.why;
     return s;
   }
 
  private:
+  // Sizes the engines from the CPUs this server has (server/thread_plan.h), starts them, and
+  // names and pins every thread of the server's own (the lanes' progress threads through their
+  // Defer). `host`: this server's, to find the job's other processes on this machine.
+  Status StartEngines(const wire::WelcomeMsg& book, std::string_view host) {
+    for (const wire::Member& m : book.members) {
+      if (MachineOf(m.host) != MachineOf(host)) continue;
+      if (m.role == wire::Role::kWorker) ++thread_inputs_.workers_here;
+      if (m.role == wire::Role::kServer && m.id != id_) ++thread_inputs_.servers_here;
+    }
+    GL_ASSIGN_OR_RETURN(threads_, server::PlanThreads(thread_inputs_));
+    const auto place = [this](std::string name, std::optional<uint32_t> cpu) {
+      // Named once placed: a thread that has its name has its CPU (the threads test relies on it).
+      return [this, name = std::move(name), cpu] {
+        if (cpu) {
+          const uint32_t c[] = {*cpu};
+          if (Status s = PinThisThread(c); !s.ok()) {
+            GL_LOG(kWarn) << "server " << id_ << ": " << name << " stays unpinned: " << s.ToString();
+          }
+        }
+        NameThisThread(name);
+      };
+    };
+    const auto cpu_of = [](const std::vector<uint32_t>& cpus, size_t i) {
+      return i < cpus.size() ? std::optional<uint32_t>(cpus[i]) : std::nullopt;
+    };
+    push_lane_->Defer(place("gl-srv-push", cpu_of(threads_.lane_cpu, 0)));
+    if (pull_lane_) pull_lane_->Defer(place("gl-srv-pull", cpu_of(threads_.lane_cpu, 1)));
+    for (uint32_t i = 0; i < threads_.engines; ++i) {
+      engines_.push_back(std::make_unique<WorkQueue>());
+      // The first closure an engine runs: before any sum.
+      engines_.back()->Post(place("gl-engine-" + std::to_string(i), cpu_of(threads_.engine_cpu, i)));
+    }
+    return Status::Ok();
+  }
+
   Lane& reply_lane() { return pull_lane_ ? *pull_lane_ : *push_lane_; }
 
   bool finished() {
@@ -722,6 +771,8 @@ class ServerImpl final : public Server {
   wire::RegisterMsg reg_;  // as it first registered
   std::thread control_;
   std::vector<std::unique_ptr<WorkQueue>> engines_;
+  server::ThreadInputs thread_inputs_;  // Init(): what the engines are sized from
+  server::ThreadPlan threads_;           // Init(): the engines and where the threads run
 
   // Every partition's round buffers; kept free for reuse up to kPoolFreeBytes. Declared before
   // parts_, which give their buffers back to it.

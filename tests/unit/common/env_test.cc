@@ -128,6 +128,27 @@ TEST(EnvTest, ServersTakeTheirIdMemoryBudgetAndHost) {
   EXPECT_EQ(ApplyEnvironment(&x).code(), Code::kInvalidArgument);
 }
 
+TEST(EnvTest, ServersTakeTheirEnginesAndCpus) {
+  {
+    ServerOptions o;
+    ASSERT_TRUE(ApplyEnvironment(&o).ok());
+    EXPECT_EQ(o.engine_threads, 0u);  // chosen by the server
+    EXPECT_EQ(o.cpus, "");            // not pinned
+  }
+  ScopedEnv e("GRADLINK_SERVER_ENGINES", "6"), c("GRADLINK_SERVER_CPUS", "0-3,8");
+  ServerOptions o;
+  ASSERT_TRUE(ApplyEnvironment(&o).ok());
+  EXPECT_EQ(o.engine_threads, 6u);
+  EXPECT_EQ(o.cpus, "0-3,8");  // parsed and checked by the server, against its CPUs
+  for (const char* bad : {"-1", "1025", "many"}) {
+    ScopedEnv b("GRADLINK_SERVER_ENGINES", bad);
+    ServerOptions x;
+    const Status st = ApplyEnvironment(&x);
+    EXPECT_EQ(st.code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("GRADLINK_SERVER_ENGINES"), std::string::npos) << st.ToString();
+  }
+}
+
 TEST(EnvTest, ASecretTooShortIsRefused) {
   ScopedEnv s("GRADLINK_SECRET", "short");
   SchedulerOptions o;
