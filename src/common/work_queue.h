@@ -2,10 +2,10 @@
 #pragma once
 
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace gradlink {
 
@@ -36,22 +36,26 @@ class WorkQueue {
   }
 
  private:
+  // Takes the whole queue at once and runs it outside the lock: one lock per batch, and the two
+  // vectors keep their capacity, so a steady stream of posts allocates nothing (a deque
+  // allocated a block every few posts and freed one behind them).
   void Loop() {
+    std::vector<std::function<void()>> running;
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
       cv_.wait(lock, [this] { return stopped_ || !queue_.empty(); });
       if (queue_.empty()) return;
-      auto fn = std::move(queue_.front());
-      queue_.pop_front();
+      running.swap(queue_);
       lock.unlock();
-      fn();
+      for (auto& fn : running) fn();
+      running.clear();
       lock.lock();
     }
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
+  std::vector<std::function<void()>> queue_;
   bool stopped_ = false;
   std::thread thread_;  // last: starts after the members it uses exist
 };
