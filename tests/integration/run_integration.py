@@ -795,6 +795,37 @@ def case_mismatch(h):
             raise Failure("the mismatch job took too long")
 
 
+def case_ucx_segments_differ(h):
+    """A server whose UCX TCP segments are smaller than the workers' (64 KiB against gradlink's
+    68 KiB) would be aborted by UCX on their first push (tcp_ep.c's rx_seg_size assertion). The
+    workers refuse to connect to it instead, naming both settings, and exit 1; the server is
+    not hurt and ends with the job (exit 0)."""
+    t0 = time.monotonic()
+    sched, addr = h.start_scheduler(2, 1)
+    srv = h.start_servers(addr, 1, env={"UCX_TCP_TX_SEG_SIZE": "64k", "UCX_TCP_RX_SEG_SIZE": "64k"})
+    wk = [h.spawn("worker%d" % r, [h.bin("gradlink-bench"), "--scheduler", addr, "-b", "64K",
+                                   "-e", "64K", "-n", "3"]) for r in range(2)]
+    job = srv + wk + [sched]
+    try:
+        h.wait_all(wk, [1, 1], 30, "ucx segments differ")
+        for p in wk:
+            if "UCX TCP segments differ" not in p.out() + p.err() or \
+                    "receives segments of at most 64 KiB" not in p.out() + p.err():
+                raise Failure("%s did not say why:\n%s" % (p.name, p.out() + p.err()))
+        for p in srv + [sched]:
+            rc = h.wait(p, 15)
+            if rc != 0:
+                raise Failure("%s exited with %d, expected 0" % (p.name, rc))
+    except Failure:
+        h.dump_logs(job)
+        raise
+    finally:
+        for p in job:
+            h.kill(p)
+    print("ok   %-58s %6.2f s" % ("ucx segments differ: refused, nobody aborted",
+                                  time.monotonic() - t0))
+
+
 def case_timeout(h):
     """Wait(deadline) returns kTimeout while the peer has not pushed; the op then completes
     (or, if the worker shuts down instead, fails promptly)."""
@@ -1271,6 +1302,7 @@ CASES = {
     "barrage": case_barrage,
     "port_in_use": case_port_in_use,
     "mismatch": case_mismatch,
+    "ucx_segments_differ": case_ucx_segments_differ,
     "timeout": case_timeout,
     "refusals": case_refusals,
     "server_weights": case_server_weights,

@@ -34,10 +34,16 @@ namespace {
 //  - TCP receive buffers of 64 KiB (the kernel doubles them): each connection keeps about
 //    128 KiB in flight instead of the megabytes autotuning allows, so that the n pushes of a
 //    partition reach a server together and the queues on shared links stay short;
-//  - 64 KiB send segments instead of 8 KiB: 8 times fewer send calls per partition.
+//  - send and receive segments of 68 KiB instead of 8 and 64 KiB: a 64 KiB partition (the
+//    network default) travels in one segment with gradlink's and UCP's headers. In two (UCP's
+//    "long AM", as with 64 KiB segments) the receiver reassembles it in a descriptor UCX
+//    mallocs: an allocation and a copy more per message (bench/RESULTS.md, "The servers' data
+//    path"); 8 KiB send segments also cost 8 times the send calls. Lanes refuse a peer that
+//    receives smaller segments than this process sends (segments.h).
 constexpr std::pair<const char*, const char*> kGradlinkDefaults[] = {
     {"TCP_RCVBUF", "64k"},
-    {"TCP_TX_SEG_SIZE", "64k"},
+    {"TCP_TX_SEG_SIZE", "68k"},
+    {"TCP_RX_SEG_SIZE", "68k"},
 };
 
 class UcxFabric final : public Fabric {
@@ -88,6 +94,8 @@ Result<std::unique_ptr<Fabric>> CreateUcxFabric() {
   params.mt_workers_shared = 1;
   params.name = "gradlink";
   auto context = std::make_shared<ucx::UcxContext>();
+  context->segments =
+      ucx::SegmentsOf(env::GetSet("UCX_TCP_TX_SEG_SIZE"), env::GetSet("UCX_TCP_RX_SEG_SIZE"));
   s = ucp_init(&params, config, &context->context);
   ucp_config_release(config);
   if (s != UCS_OK) {

@@ -4,11 +4,14 @@
 
 #include <ucp/api/ucp.h>
 
+#include "transport/ucx/segments.h"
+
 namespace gradlink::transport::ucx {
 
 // Shared by the fabric and its lanes; ucp_cleanup runs when the last of them is gone.
 struct UcxContext {
   ucp_context_h context = nullptr;
+  Segments segments;  // this process's UCX TCP segments (segments.h)
   ~UcxContext() {
     if (context != nullptr) ucp_cleanup(context);
   }

@@ -22,6 +22,9 @@ Result<PeerId> UcxLane::ConnectNow(std::span<const std::byte> remote_address,
   if (remote_address.empty()) {
     return InvalidArgument("ucx lane '" + name_ + "': empty address for '" + peer_name + "'");
   }
+  const PeerAddress remote = SplitSegments(remote_address);
+  GL_RETURN_IF_ERROR(CheckSegments(context_->segments, remote.segments,
+                                   peer_name + " (from ucx lane '" + name_ + "')"));
   auto peer = std::make_unique<Peer>();
   peer->lane = this;
   peer->id = static_cast<PeerId>(peers_.size());
@@ -30,7 +33,7 @@ Result<PeerId> UcxLane::ConnectNow(std::span<const std::byte> remote_address,
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                   UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_NAME;
-  ep.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+  ep.address = reinterpret_cast<const ucp_address_t*>(remote.ucx.data());
   ep.err_mode = PeerErrorMode();
   ep.err_handler.cb = &UcxLane::ErrorHandlerThunk;
   ep.err_handler.arg = peer.get();

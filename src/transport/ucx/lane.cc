@@ -76,6 +76,7 @@ Result<std::unique_ptr<Lane>> UcxLane::Create(std::shared_ptr<UcxContext> contex
   }
   const auto* bytes = reinterpret_cast<const std::byte*>(addr);
   lane->address_.assign(bytes, bytes + addr_len);
+  AppendSegments(lane->address_, lane->context_->segments);
   ucp_worker_release_address(lane->worker_, addr);
 
   ucp_am_handler_param_t hp{};
