@@ -192,13 +192,14 @@ class Harness:
 
 
 def run_job(h, label, workers, servers, worker_argv, server_args=(), env=None, timeout=60,
-            expect_worker_rc=0, sched_args=()):
+            expect_worker_rc=0, sched_args=(), server_env=None):
     """Runs one job: a scheduler, `servers` servers and `workers` processes whose argv is
     worker_argv(rank, addr). Requires every worker to exit with expect_worker_rc (an int or a
-    function of the rank) and the servers and the scheduler with 0, all within `timeout`."""
+    function of the rank) and the servers and the scheduler with 0, all within `timeout`.
+    `env` is every process's; `server_env`, the servers' besides it."""
     t0 = time.monotonic()
     sched, addr = h.start_scheduler(workers, servers, extra=sched_args)
-    srv = h.start_servers(addr, servers, server_args, env=env)
+    srv = h.start_servers(addr, servers, server_args, env=dict(env or {}, **(server_env or {})))
     wk = [h.spawn("worker%d" % r, worker_argv(r, addr), env=env) for r in range(workers)]
     job = srv + wk + [sched]
     try:
@@ -800,30 +801,17 @@ def case_ucx_segments_differ(h):
     68 KiB) would be aborted by UCX on their first push (tcp_ep.c's rx_seg_size assertion). The
     workers refuse to connect to it instead, naming both settings, and exit 1; the server is
     not hurt and ends with the job (exit 0)."""
-    t0 = time.monotonic()
-    sched, addr = h.start_scheduler(2, 1)
-    srv = h.start_servers(addr, 1, env={"UCX_TCP_TX_SEG_SIZE": "64k", "UCX_TCP_RX_SEG_SIZE": "64k"})
-    wk = [h.spawn("worker%d" % r, [h.bin("gradlink-bench"), "--scheduler", addr, "-b", "64K",
-                                   "-e", "64K", "-n", "3"]) for r in range(2)]
-    job = srv + wk + [sched]
-    try:
-        h.wait_all(wk, [1, 1], 30, "ucx segments differ")
-        for p in wk:
-            if "UCX TCP segments differ" not in p.out() + p.err() or \
-                    "receives segments of at most 64 KiB" not in p.out() + p.err():
-                raise Failure("%s did not say why:\n%s" % (p.name, p.out() + p.err()))
-        for p in srv + [sched]:
-            rc = h.wait(p, 15)
-            if rc != 0:
-                raise Failure("%s exited with %d, expected 0" % (p.name, rc))
-    except Failure:
-        h.dump_logs(job)
-        raise
-    finally:
-        for p in job:
-            h.kill(p)
-    print("ok   %-58s %6.2f s" % ("ucx segments differ: refused, nobody aborted",
-                                  time.monotonic() - t0))
+    _, _, wk = run_job(
+        h, "ucx segments differ: refused, nobody aborted", 2, 1,
+        lambda r, addr: [h.bin("gradlink-bench"), "--scheduler", addr, "-b", "64K", "-e", "64K",
+                         "-n", "3"],
+        server_env={"UCX_TCP_TX_SEG_SIZE": "64k", "UCX_TCP_RX_SEG_SIZE": "64k"},
+        expect_worker_rc=1, timeout=30)
+    for p in wk:
+        said = p.out() + p.err()
+        if "UCX TCP segments differ" not in said or \
+                "receives segments of at most 64 KiB" not in said:
+            raise Failure("%s did not say why:\n%s" % (p.name, said))
 
 
 def case_timeout(h):
