@@ -3,7 +3,8 @@
 // aborts the receiver (tcp_ep.c: "hdr->length <= rx_seg_size"), which gradlink may not let
 // happen on peer input. gradlink sets both segments to 68 KiB (context.cc), so a 64 KiB
 // partition travels in one; members whose settings differ (a user's UCX_TCP_*_SEG_SIZE on some
-// of them, or an older build) are refused at Connect() with a clear error instead.
+// of them, or an older build, which receives UCX's default 64 KiB) are refused at Connect()
+// with a clear error instead.
 //
 // Pure functions; the address trailer is 4 magic bytes, then the receive and the send segment
 // as little-endian u32s, appended to UCX's worker address.
@@ -45,7 +46,8 @@ struct PeerAddress {
 PeerAddress SplitSegments(std::span<const std::byte> address);
 
 // kMismatch naming both sides' settings when `own` may send `peer` a segment larger than it
-// receives; OK otherwise, and when either side's figures are unknown.
+// receives; OK otherwise, and when either side's figures are unknown. A peer without the
+// trailer (nullopt: an older build) receives UCX's default, 64 KiB.
 Status CheckSegments(const Segments& own, const std::optional<Segments>& peer,
                      const std::string& peer_name);
 

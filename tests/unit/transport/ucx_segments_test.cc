@@ -62,8 +62,13 @@ TEST(UcxSegmentsTest, APeerThatReceivesLessThanThisProcessSendsIsRefused) {
   EXPECT_NE(s.message().find("'server 0' receives segments of at most 64 KiB"), std::string::npos)
       << s.ToString();
   EXPECT_NE(s.message().find("sends up to 68 KiB"), std::string::npos) << s.ToString();
-  // Unknown on either side, or no trailer: nothing to check.
-  EXPECT_TRUE(CheckSegments(ours, std::nullopt, "x").ok());
+  // No trailer: an older build, which receives UCX's default 64 KiB.
+  const Status older = CheckSegments(ours, std::nullopt, "worker 3");
+  EXPECT_EQ(older.code(), Code::kMismatch);
+  EXPECT_NE(older.message().find("an older gradlink build"), std::string::npos)
+      << older.ToString();
+  EXPECT_TRUE(CheckSegments(old, std::nullopt, "worker 3").ok());
+  // Unknown on either side: nothing to check.
   EXPECT_TRUE(CheckSegments(Segments{}, old, "x").ok());
   EXPECT_TRUE(CheckSegments(ours, Segments{}, "x").ok());
 }
