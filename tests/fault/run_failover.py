@@ -16,7 +16,8 @@ or SIGSTOP, and the trial requires:
   * recovery (signal -> every worker has completed the first round it issued after the
     signal) within KILL_BOUND s of a SIGKILL, STOP_BOUND s of a SIGSTOP (the scheduler's
     silence limit is 3 s). A round issued after the signal needs the servers left, so this is
-    the failover plus one whole round (about 0.2 s here).
+    the failover plus one whole round (0.1-0.3 s here for the small tensors, 0.6-0.9 s for the
+    first 32 MiB round of the declaration phase with 2 servers: one left).
 
 Paths: half the trials run the workers on this host with the same-host path off
 (--local-arena 0), every key flat; the other half on two emulated hosts (--host: workers 0 and 1
