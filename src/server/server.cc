@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <ctime>
 #include <map>
 #include <memory>
@@ -587,7 +588,9 @@ class ServerImpl final : public Server {
     SendToWorker(rank, h, *text, [text](const Status&) {});
   }
 
-  Result<std::span<std::byte>> OnPushHeader(const wire::Header& h) {
+  // Where a push's (or a recovery's) payload lands; *found: its partition, when there is one
+  // (partitions are never erased while the lanes run, so the pointer stays good).
+  Result<std::span<std::byte>> OnPushHeader(const wire::Header& h, PartitionState** found) {
     const bool recover = h.type == MsgType::kRecover;
     if ((h.type != MsgType::kPush && !recover) || h.job != job_hash_ ||
         h.sender >= num_workers_) {
@@ -604,6 +607,7 @@ class ServerImpl final : public Server {
       Answer(h.sender, h, s);
       return s;
     }
+    *found = p;
     if (recover) {
       auto span = p->BeginRecover(h);
       if (!span.ok()) {
@@ -628,7 +632,10 @@ class ServerImpl final : public Server {
 
   void OnPushPayload(const wire::Header& h, bool ok) {
     PartitionState* p = Find(h.key, h.partition);
-    if (p == nullptr) return;
+    if (p != nullptr) OnPushPayload(p, h, ok);
+  }
+
+  void OnPushPayload(PartitionState* p, const wire::Header& h, bool ok) {
     const bool recover = h.type == MsgType::kRecover;
     const bool runnable = recover ? p->EndRecover(h.sender, ok) : p->EndPush(h.sender, ok);
     if (ok && !recover) bytes_reduced_ += h.payload_bytes;
@@ -711,10 +718,25 @@ class ServerImpl final : public Server {
    public:
     explicit PushReceiver(ServerImpl* s) : s_(s) {}
     Result<std::span<std::byte>> OnHeader(const wire::Header& h) override {
-      return s_->OnPushHeader(h);
+      PartitionState* p = nullptr;
+      return s_->OnPushHeader(h, &p);
     }
     void OnPayload(const wire::Header& h, std::span<std::byte>) override {
       s_->OnPushPayload(h, true);
+    }
+    // An eager push, whole: its partition is looked up once, not again for the payload.
+    Result<uint64_t> OnFrame(const wire::Header& h,
+                             std::span<const std::byte> payload) override {
+      PartitionState* p = nullptr;
+      Result<std::span<std::byte>> dest = s_->OnPushHeader(h, &p);
+      if (!dest.ok()) return dest.status();
+      if (dest->size() != payload.size()) {
+        OnReceiveFailed(h, transport::WrongSpan(dest->size(), payload.size()));
+        return uint64_t{0};
+      }
+      if (!payload.empty()) std::memcpy(dest->data(), payload.data(), payload.size());
+      s_->OnPushPayload(p, h, true);
+      return uint64_t{payload.size()};
     }
     void OnReceiveFailed(const wire::Header& h, const Status& st) override {
       GL_LOG(kWarn) << "server " << s_->id_ << ": receiving a push failed: " << st.ToString();

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <span>
@@ -30,6 +31,12 @@ namespace gradlink::transport {
 
 // Identifies an endpoint created by Lane::Connect(); local to that lane.
 using PeerId = uint32_t;
+
+// What OnReceiveFailed() is told when a receiver's span does not fit the payload.
+inline Status WrongSpan(uint64_t span_bytes, uint64_t payload_bytes) {
+  return Internal("the receiver gave a span of " + std::to_string(span_bytes) +
+                  " bytes for a payload of " + std::to_string(payload_bytes));
+}
 
 class Receiver {
  public:
@@ -48,6 +55,25 @@ class Receiver {
 
   // The endpoint `peer` (created by Connect() on this lane) failed. Reported once.
   virtual void OnPeerFailed(PeerId peer, const Status& status) = 0;
+
+  // A whole frame arrived at once: its payload is in the transport's memory, readable during
+  // this call only (UCX: an eager message; inproc: every frame). The lane calls this instead
+  // of OnHeader() and OnPayload(). The default does just what they would: OnHeader(), the
+  // copy into its span, OnPayload() (or OnReceiveFailed() when the span's size is wrong). A
+  // receiver overrides it to do all of that under one acquisition of its own lock. Returns the
+  // payload bytes copied out of `payload`, or the error that dropped the frame (as
+  // OnHeader()'s).
+  virtual Result<uint64_t> OnFrame(const wire::Header& h, std::span<const std::byte> payload) {
+    Result<std::span<std::byte>> dest = OnHeader(h);
+    if (!dest.ok()) return dest.status();
+    if (dest->size() != payload.size()) {
+      OnReceiveFailed(h, WrongSpan(dest->size(), payload.size()));
+      return uint64_t{0};
+    }
+    if (!payload.empty()) std::memcpy(dest->data(), payload.data(), payload.size());
+    OnPayload(h, *dest);
+    return uint64_t{payload.size()};
+  }
 
   // True when the receiver keeps every span OnHeader() returns allocated (never freed, never
   // handed to anything else) until the process exits whenever the lane reports abandoned

@@ -12,14 +12,52 @@ using transport::Lane;
 using transport::PeerId;
 using wire::MsgType;
 
-Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
-  reply_kept_ = false;
+Status WorkerImpl::CheckPullFrame(const wire::Header& h) {
   if (h.job != job_hash_ ||
       (h.type != MsgType::kPullResponse && h.type != MsgType::kDataError)) {
     protocol_errors_++;
     return ProtocolError("unexpected frame on the pull lane");
   }
+  return Status::Ok();
+}
+
+Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
+  reply_kept_ = false;
+  GL_RETURN_IF_ERROR(CheckPullFrame(h));
   std::lock_guard lock(mu_);
+  return OnHeaderLocked(h);
+}
+
+void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
+  IssueBatch batch;
+  {
+    std::lock_guard lock(mu_);
+    OnPayloadLocked(h, ok, why, &batch);
+  }
+  Issue(std::move(batch));
+}
+
+Result<uint64_t> WorkerImpl::OnFrame(const wire::Header& h, std::span<const std::byte> payload) {
+  reply_kept_ = false;
+  GL_RETURN_IF_ERROR(CheckPullFrame(h));
+  IssueBatch batch;
+  {
+    // One acquisition for the whole reply: where it lands, the copy, what it completes.
+    std::lock_guard lock(mu_);
+    Result<std::span<std::byte>> dest = OnHeaderLocked(h);
+    if (!dest.ok()) return dest.status();
+    if (dest->size() == payload.size()) {
+      if (!payload.empty()) std::memcpy(dest->data(), payload.data(), payload.size());
+      OnPayloadLocked(h, true, Status::Ok(), &batch);
+    } else {
+      OnPayloadLocked(h, false, transport::WrongSpan(dest->size(), payload.size()), &batch);
+    }
+  }
+  Issue(std::move(batch));
+  return uint64_t{payload.size()};
+}
+
+Result<std::span<std::byte>> WorkerImpl::OnHeaderLocked(const wire::Header& h) {
   // A server declared lost that comes back (it was stopped, not killed) is fenced: its
   // partitions are summed elsewhere now.
   if (h.sender < lost_servers_.size() && lost_servers_[h.sender]) {
@@ -108,95 +146,91 @@ bool WorkerImpl::KeepsResults(const TensorState& t) const {
   return failover_ && t.spec.is_sum() && !t.local.has_value();
 }
 
-void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
-  IssueBatch batch;
-  {
-    std::lock_guard lock(mu_);
-    // A reply from a server declared lost was written into a buffer given up then
-    // (OnServerLost), and its op no longer counts it; a refusal from it counts for nothing.
-    bool from_lost = h.sender < lost_servers_.size() && lost_servers_[h.sender];
-    auto it = ops_.find(h.cookie);
-    if (it == ops_.end()) return;
-    std::shared_ptr<Op> op = it->second;
-    // Likewise a reply from a server the partition moved away from (ReplanLocked).
-    if (h.partition < op->tensor->parts.size() &&
-        op->tensor->parts[h.partition].server != h.sender) {
-      from_lost = true;
-    }
-    if (from_lost && h.type != MsgType::kDataError) return;
-    op->receiving--;
-    if (from_lost) {
-      error_text_.erase({h.cookie, h.partition});
-      TryFinishLocked(*op);
-      return;
-    }
-    if (KeepsResults(*op->tensor) && h.partition < op->tensor->receiving_from.size()) {
-      op->tensor->receiving_from[h.partition] = 0;
-    }
-    // What the host's other workers learn of this partition (hierarchical ops).
-    std::optional<Code> publish;
-    if (op->parts[h.partition] == Op::Part::kDone) {
-      // Answered already: a duplicate from a confused server changes nothing.
-    } else if (h.type == MsgType::kDataError) {
-      auto node = error_text_.extract({h.cookie, h.partition});
-      std::string text = "(unreadable error)";
-      if (ok && !node.empty()) {
-        auto decoded = wire::DecodeText(node.mapped());
-        if (decoded.ok()) text = *decoded;
-      }
-      const Code code = h.code == 0 ? Code::kInternal : static_cast<Code>(h.code);
-      const std::string& server = server_names_[op->tensor->parts[h.partition].server];
-      const Status refused(code, text + " (from " + server + ")");
-      RecordFailureLocked(*op, refused);
-      AnsweredLocked(op, h.partition);
-      publish = code;
-      // A server that lost another worker's push knows only the symptom: wait for the
-      // scheduler's verdict, which names the lost member.
-      if (code == Code::kPeerLost) {
-        NoteDataPeerFailureLocked(refused);
-        op->abandoned = true;
-      }
-    } else if (!ok && h.sender < lost_servers_.size() &&
-               (lost_servers_[h.sender] || NoteServerFailureLocked(h.sender, why))) {
-      // From a server lost (or maybe lost): the partition stays pushed, to be pushed again
-      // where the scheduler moves it (ReplanLocked).
-    } else if (!ok) {
-      // The transport's error names no peer: say whose reply was lost.
-      const std::string& server = server_names_[op->tensor->parts[h.partition].server];
-      const Status lost(why.code(), "worker " + std::to_string(rank_) +
-                                        ": receiving the sum from " + server +
-                                        " failed: " + why.message());
-      RecordFailureLocked(*op, lost);
-      AnsweredLocked(op, h.partition);
-      publish = why.code() == Code::kOk ? Code::kInternal : why.code();
-      // A broken receive is a broken connection: like an endpoint failure, it waits for the
-      // scheduler's verdict, which names the cause (the server may have exited because the
-      // job failed elsewhere).
-      if (why.code() == Code::kPeerLost) {
-        NoteDataPeerFailureLocked(lost);
-        op->abandoned = true;
-      }
-    } else {
-      TensorState& t = *op->tensor;
-      const layout::Role role = RoleIn(t, h.partition);
-      if (KeepsResults(t) && (op->host || role.pull)) {
-        // Whole: into the caller's tensor, or the host's entry (its partial until now).
-        const std::vector<std::byte>& kept = t.results[h.partition];
-        std::byte* to = op->host ? op->partial[h.partition].data()
-                                 : op->data.data() + role.out_offset * DataTypeSize(t.wire);
-        std::memcpy(to, kept.data(), kept.size());
-        t.result_round[h.partition] = h.round;
-        counters_->bytes_copied_results.fetch_add(kept.size(), std::memory_order_relaxed);
-      }
-      AnsweredLocked(op, h.partition);
-      publish = Code::kOk;
-    }
-    if (op->host && publish) PublishLocked(*op, h.partition, *publish);
-    TryFinishLocked(*op);
-    PumpLocked();
-    TakeIssueLocked(&batch);
+void WorkerImpl::OnPayloadLocked(const wire::Header& h, bool ok, const Status& why,
+                                 IssueBatch* batch) {
+  // A reply from a server declared lost was written into a buffer given up then
+  // (OnServerLost), and its op no longer counts it; a refusal from it counts for nothing.
+  bool from_lost = h.sender < lost_servers_.size() && lost_servers_[h.sender];
+  auto it = ops_.find(h.cookie);
+  if (it == ops_.end()) return;
+  std::shared_ptr<Op> op = it->second;
+  // Likewise a reply from a server the partition moved away from (ReplanLocked).
+  if (h.partition < op->tensor->parts.size() &&
+      op->tensor->parts[h.partition].server != h.sender) {
+    from_lost = true;
   }
-  Issue(std::move(batch));
+  if (from_lost && h.type != MsgType::kDataError) return;
+  op->receiving--;
+  if (from_lost) {
+    error_text_.erase({h.cookie, h.partition});
+    TryFinishLocked(*op);
+    return;
+  }
+  if (KeepsResults(*op->tensor) && h.partition < op->tensor->receiving_from.size()) {
+    op->tensor->receiving_from[h.partition] = 0;
+  }
+  // What the host's other workers learn of this partition (hierarchical ops).
+  std::optional<Code> publish;
+  if (op->parts[h.partition] == Op::Part::kDone) {
+    // Answered already: a duplicate from a confused server changes nothing.
+  } else if (h.type == MsgType::kDataError) {
+    auto node = error_text_.extract({h.cookie, h.partition});
+    std::string text = "(unreadable error)";
+    if (ok && !node.empty()) {
+      auto decoded = wire::DecodeText(node.mapped());
+      if (decoded.ok()) text = *decoded;
+    }
+    const Code code = h.code == 0 ? Code::kInternal : static_cast<Code>(h.code);
+    const std::string& server = server_names_[op->tensor->parts[h.partition].server];
+    const Status refused(code, text + " (from " + server + ")");
+    RecordFailureLocked(*op, refused);
+    AnsweredLocked(op, h.partition);
+    publish = code;
+    // A server that lost another worker's push knows only the symptom: wait for the
+    // scheduler's verdict, which names the lost member.
+    if (code == Code::kPeerLost) {
+      NoteDataPeerFailureLocked(refused);
+      op->abandoned = true;
+    }
+  } else if (!ok && h.sender < lost_servers_.size() &&
+             (lost_servers_[h.sender] || NoteServerFailureLocked(h.sender, why))) {
+    // From a server lost (or maybe lost): the partition stays pushed, to be pushed again
+    // where the scheduler moves it (ReplanLocked).
+  } else if (!ok) {
+    // The transport's error names no peer: say whose reply was lost.
+    const std::string& server = server_names_[op->tensor->parts[h.partition].server];
+    const Status lost(why.code(), "worker " + std::to_string(rank_) +
+                                      ": receiving the sum from " + server +
+                                      " failed: " + why.message());
+    RecordFailureLocked(*op, lost);
+    AnsweredLocked(op, h.partition);
+    publish = why.code() == Code::kOk ? Code::kInternal : why.code();
+    // A broken receive is a broken connection: like an endpoint failure, it waits for the
+    // scheduler's verdict, which names the cause (the server may have exited because the
+    // job failed elsewhere).
+    if (why.code() == Code::kPeerLost) {
+      NoteDataPeerFailureLocked(lost);
+      op->abandoned = true;
+    }
+  } else {
+    TensorState& t = *op->tensor;
+    const layout::Role role = RoleIn(t, h.partition);
+    if (KeepsResults(t) && (op->host || role.pull)) {
+      // Whole: into the caller's tensor, or the host's entry (its partial until now).
+      const std::vector<std::byte>& kept = t.results[h.partition];
+      std::byte* to = op->host ? op->partial[h.partition].data()
+                               : op->data.data() + role.out_offset * DataTypeSize(t.wire);
+      std::memcpy(to, kept.data(), kept.size());
+      t.result_round[h.partition] = h.round;
+      counters_->bytes_copied_results.fetch_add(kept.size(), std::memory_order_relaxed);
+    }
+    AnsweredLocked(op, h.partition);
+    publish = Code::kOk;
+  }
+  if (op->host && publish) PublishLocked(*op, h.partition, *publish);
+  TryFinishLocked(*op);
+  PumpLocked();
+  TakeIssueLocked(batch);
 }
 
 }  // namespace gradlink

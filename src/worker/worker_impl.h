@@ -300,9 +300,15 @@ class WorkerImpl final : public Worker {
 
   // ---- Pull lane -----------------------------------------------------------------------------
 
+  // A reply's frame: where its payload lands (OnHeader), what it completes (OnPayload); both
+  // at once, under one acquisition of mu_, for a payload the lane already holds whole (OnFrame:
+  // eager, copied from the lane's buffer). *Locked: mu_ held.
+  Status CheckPullFrame(const wire::Header& h);
   Result<std::span<std::byte>> OnHeader(const wire::Header& h);
-
   void OnPayload(const wire::Header& h, bool ok, const Status& why);
+  Result<uint64_t> OnFrame(const wire::Header& h, std::span<const std::byte> payload);
+  Result<std::span<std::byte>> OnHeaderLocked(const wire::Header& h);
+  void OnPayloadLocked(const wire::Header& h, bool ok, const Status& why, IssueBatch* batch);
 
   class Receiver final : public transport::Receiver {
    public:
@@ -313,6 +319,10 @@ class WorkerImpl final : public Worker {
     }
     void OnReceiveFailed(const wire::Header& h, const Status& s) override {
       w_->OnPayload(h, false, s);
+    }
+    Result<uint64_t> OnFrame(const wire::Header& h,
+                             std::span<const std::byte> payload) override {
+      return w_->OnFrame(h, payload);
     }
     void OnPeerFailed(transport::PeerId peer, const Status& s) override {
       w_->OnDataPeerFailed(peer, s);

@@ -77,6 +77,20 @@ ucs_status_t UcxLane::OnActiveMessage(const void* header, size_t header_length, 
   }
   frames_received_.fetch_add(1, std::memory_order_relaxed);
 
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
+    // Eager: the whole payload is in UCX's buffer now.
+    Result<uint64_t> copied = receiver_->OnFrame(
+        *h, std::span<const std::byte>(static_cast<const std::byte*>(data), length));
+    if (!copied.ok()) {
+      GL_LOG(kDebug) << "ucx lane '" << name_ << "': receiver dropped a frame: "
+                     << copied.status().ToString();
+      return UCS_OK;
+    }
+    bytes_received_.fetch_add(length, std::memory_order_relaxed);
+    bytes_copied_eager_.fetch_add(*copied, std::memory_order_relaxed);
+    return UCS_OK;
+  }
+
   Result<std::span<std::byte>> dest = receiver_->OnHeader(*h);
   if (!dest.ok()) {
     GL_LOG(kDebug) << "ucx lane '" << name_ << "': receiver dropped a frame: "
@@ -84,48 +98,38 @@ ucs_status_t UcxLane::OnActiveMessage(const void* header, size_t header_length, 
     return UCS_OK;
   }
   if (dest->size() != length) {
-    receiver_->OnReceiveFailed(
-        *h, Internal("ucx lane '" + name_ + "': receiver gave a span of " +
-                     std::to_string(dest->size()) + " bytes for a payload of " +
-                     std::to_string(length)));
+    receiver_->OnReceiveFailed(*h, WrongSpan(dest->size(), length));
     return UCS_OK;
   }
 
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-    GL_LOG(kDebug) << "ucx lane '" << name_ << "': rendezvous receive of " << length
-                   << " bytes";
-    RecvOp* op = NewRecvOp();
-    op->lane = this;
-    op->header = *h;
-    op->dest = *dest;
-    op->reply_ep = reply_ep;
-    void* target = dest->data();
-    if (!receiver_->KeepsBuffer(*h)) {
-      op->bounce = TakeBounce(length);
-      target = op->bounce.get();
-    }
-    ucp_request_param_t rp{};
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                      UCP_OP_ATTR_FIELD_MEMORY_TYPE;
-    rp.cb.recv_am = &UcxLane::RecvCallbackThunk;
-    rp.user_data = op;
-    rp.memory_type = UCS_MEMORY_TYPE_HOST;
-    ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, data, target, length, &rp);
-    if (r == nullptr) {
-      OnRecvDone(op, UCS_OK, length);
-    } else if (UCS_PTR_IS_ERR(r)) {
-      OnRecvDone(op, UCS_PTR_STATUS(r), 0);
-    } else {
-      op->request = r;
-      recvs_in_flight_.insert(op);
-    }
-    return UCS_OK;
+  // Rendezvous: UCX receives the payload later, into the span (or a bounce buffer).
+  GL_LOG(kDebug) << "ucx lane '" << name_ << "': rendezvous receive of " << length
+                 << " bytes";
+  RecvOp* op = NewRecvOp();
+  op->lane = this;
+  op->header = *h;
+  op->dest = *dest;
+  op->reply_ep = reply_ep;
+  void* target = dest->data();
+  if (!receiver_->KeepsBuffer(*h)) {
+    op->bounce = TakeBounce(length);
+    target = op->bounce.get();
   }
-
-  if (length > 0) std::memcpy(dest->data(), data, length);
-  bytes_received_.fetch_add(length, std::memory_order_relaxed);
-  bytes_copied_eager_.fetch_add(length, std::memory_order_relaxed);
-  receiver_->OnPayload(*h, *dest);
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                    UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+  rp.cb.recv_am = &UcxLane::RecvCallbackThunk;
+  rp.user_data = op;
+  rp.memory_type = UCS_MEMORY_TYPE_HOST;
+  ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, data, target, length, &rp);
+  if (r == nullptr) {
+    OnRecvDone(op, UCS_OK, length);
+  } else if (UCS_PTR_IS_ERR(r)) {
+    OnRecvDone(op, UCS_PTR_STATUS(r), 0);
+  } else {
+    op->request = r;
+    recvs_in_flight_.insert(op);
+  }
   return UCS_OK;
 }
 

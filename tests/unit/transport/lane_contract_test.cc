@@ -139,6 +139,65 @@ TEST_P(LaneContractTest, RoundTrip) {
   EXPECT_EQ(sb.protocol_errors, 0u);
 }
 
+// A receiver that takes whole frames in one call (Receiver::OnFrame): the lane hands it every
+// frame whose payload it already holds (inproc: all; UCX: eager ones) that way, and asks for a
+// span first only for the others (UCX: rendezvous); every byte arrives either way, and the
+// lane counts the bytes the receiver copied.
+class WholeFrameReceiver : public TestReceiver {
+ public:
+  Result<uint64_t> OnFrame(const wire::Header& h, std::span<const std::byte> payload) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    frames_.push_back(Frame{h, std::vector<std::byte>(payload.begin(), payload.end()),
+                            nullptr, std::this_thread::get_id()});
+    whole_.push_back(h.cookie);
+    cv_.notify_all();
+    return uint64_t{payload.size()};
+  }
+  std::vector<uint64_t> whole() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return whole_;
+  }
+
+ private:
+  std::vector<uint64_t> whole_;  // cookies of the frames taken by OnFrame
+};
+
+TEST_P(LaneContractTest, WholeFramesReachAReceiverThatTakesThemInOneCall) {
+  WholeFrameReceiver rc;
+  std::unique_ptr<Lane> c = MakeLane("C", &rc);
+  ASSERT_TRUE(c);
+  Result<PeerId> to_c = a_->Connect(c->address(), "lane C");
+  ASSERT_TRUE(to_c.ok()) << to_c.status().ToString();
+  const std::vector<size_t> sizes = {0, 1000, 16u << 20};
+  Completions done;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const std::vector<std::byte> data = Pattern(sizes[i], static_cast<uint32_t>(9 + i));
+    a_->Send(*to_c, MakeHeader(sizes[i], 2000 + i), data, done.Callback());
+    ASSERT_TRUE(done.WaitFor(i + 1));
+    ASSERT_TRUE(rc.WaitFrames(i + 1)) << "frame of " << sizes[i] << " bytes";
+  }
+  const std::vector<TestReceiver::Frame> got = rc.frames();
+  ASSERT_EQ(got.size(), sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_EQ(got[i].header.cookie, 2000 + i);
+    EXPECT_TRUE(got[i].data == Pattern(sizes[i], static_cast<uint32_t>(9 + i)))
+        << "frame of " << sizes[i] << " bytes";
+  }
+  const std::vector<uint64_t> whole = rc.whole();
+  // The small frames came whole on every fabric; each other frame asked for a span once.
+  ASSERT_GE(whole.size(), 2u);
+  EXPECT_EQ(whole[0], 2000u);
+  EXPECT_EQ(whole[1], 2001u);
+  EXPECT_EQ(whole.size() + static_cast<size_t>(rc.headers()), sizes.size());
+  const bool ucx = GetParam().name == std::string("ucx");
+  EXPECT_EQ(rc.headers(), ucx ? 1 : 0) << "16 MiB is a rendezvous under UCX only";
+  if (ucx) {
+    EXPECT_EQ(c->stats().bytes_copied_eager, 1000u);
+  }
+  for (const Status& s : done.statuses()) EXPECT_TRUE(s.ok()) << s.ToString();
+  c->Stop();
+}
+
 TEST_P(LaneContractTest, BothDirectionsAndManyFramesInOrder) {
   Result<PeerId> back = b_->Connect(a_->address(), "lane A");
   ASSERT_TRUE(back.ok());
