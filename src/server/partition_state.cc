@@ -131,6 +131,9 @@ bool PartitionState::EndPush(uint32_t sender, bool ok) {
       failure_code_ = Code::kPeerLost;
     }
   }
+  // Adopting, a push may be the last thing the adoption waits for (a worker that reported the
+  // latest result pushes nothing more): Progress() finishes it and answers that push.
+  if (adopting_) return AdoptionReadyLocked();
   // While the engine sums ranks [next_, last) they are still kStaged and next_ is not yet
   // advanced, so this errs towards true; a false is exact: Progress() would change nothing.
   return SummableEndLocked() > next_ || RoundOverLocked();

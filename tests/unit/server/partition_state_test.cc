@@ -125,7 +125,7 @@ Done RunRound(Harness& h, uint64_t round, const std::vector<std::vector<std::byt
 // One whole push of `count` elements (0: a requester's) from `sender` into a PartitionState
 // without a Harness: BeginPush, the payload copied in, EndPush.
 Status PushTo(PartitionState& st, uint32_t sender, uint64_t round, DataType dtype,
-              uint64_t count, const void* data = nullptr) {
+              uint64_t count, const void* data = nullptr, bool* runnable = nullptr) {
   wire::Header h;
   h.type = wire::MsgType::kPush;
   h.key = st.key();
@@ -139,7 +139,8 @@ Status PushTo(PartitionState& st, uint32_t sender, uint64_t round, DataType dtyp
   Result<std::span<std::byte>> span = st.BeginPush(h, &run);
   if (!span.ok()) return span.status();
   if (data != nullptr && !span->empty()) std::memcpy(span->data(), data, span->size());
-  st.EndPush(sender, true);
+  const bool run_engine = st.EndPush(sender, true);
+  if (runnable != nullptr) *runnable = run_engine;
   return Status::Ok();
 }
 
@@ -983,7 +984,9 @@ TEST(PartitionStateFailoverTest, WorkersThatMissedTheLatestResultGetAnothersCopy
   EXPECT_FALSE(st.Progress().has_value());
   ASSERT_TRUE(RecoverTo(st, 2, 3, &r3, true, &ready).ok());
   EXPECT_FALSE(ready);  // its push is still to come
-  ASSERT_TRUE(PushTo(st, 2, 4, DataType::kFloat32, 3, in4.data()).ok());
+  bool runnable = false;
+  ASSERT_TRUE(PushTo(st, 2, 4, DataType::kFloat32, 3, in4.data(), &runnable).ok());
+  EXPECT_TRUE(runnable);  // the last thing the adoption waited for: the server wakes its engine
   std::optional<Completion> c = st.Progress();
   ASSERT_TRUE(c.has_value());
   ASSERT_TRUE(c->status.ok()) << c->status.ToString();
@@ -1000,6 +1003,31 @@ TEST(PartitionStateFailoverTest, WorkersThatMissedTheLatestResultGetAnothersCopy
   EXPECT_EQ(c5->round, 5u);
   EXPECT_TRUE(c5->absent.empty());
   EXPECT_EQ(FromBytes<float>(c5->result), (std::vector<float>{11.5f, 22, 33}));
+}
+
+// Found by fault.joins (hierarchical, a server joining as round 3 began): the rank that had the
+// latest result reported first and pushes nothing more; the other's push landed after every
+// report. Its EndPush must say the engine has work (the adoption is ready), else the server
+// never finishes the adoption and the rank waits for its answer until the deadline.
+TEST(PartitionStateFailoverTest, APushLandingLastFinishesTheAdoption) {
+  PartitionState st(kKey, 0, "f", DataType::kFloat32, 2, 2);
+  st.Adopt();
+  const std::vector<float> r2 = {1, 2}, r3 = {3, 4}, in3 = {9, 9};
+  bool ready = true;
+  ASSERT_TRUE(RecoverTo(st, 1, 3, &r3, false, &ready).ok());
+  EXPECT_FALSE(ready);
+  ASSERT_TRUE(RecoverTo(st, 0, 2, &r2, true, &ready).ok());
+  EXPECT_FALSE(ready);  // its push is still to come
+  bool runnable = false;
+  ASSERT_TRUE(PushTo(st, 0, 3, DataType::kFloat32, 2, in3.data(), &runnable).ok());
+  EXPECT_TRUE(runnable);
+  std::optional<Completion> c = st.Progress();
+  ASSERT_TRUE(c.has_value());
+  ASSERT_TRUE(c->status.ok()) << c->status.ToString();
+  EXPECT_EQ(c->round, 3u);
+  EXPECT_EQ(FromBytes<float>(c->result), r3);
+  EXPECT_EQ(c->absent, (std::vector<bool>{false, true}));
+  EXPECT_EQ(st.round(), 4u);
 }
 
 // Nobody had received round 2 (every copy says round 1): round 2 is summed from the pushes
