@@ -11,7 +11,8 @@ off (--local-arena 0: every sum through the servers), no tuning flags. Reported 
   to 80% of them: the servers' CPU time (/proc/PID/stat, utime + stime) over the bytes pushed
   to them meanwhile (workers x size x rounds), and their allocations (each runs under
   bench/tools/alloc_count.c, LD_PRELOAD, read by SIGUSR1) over the messages meanwhile (each
-  worker's pushes and the servers' replies: 2 x workers x partitions per round);
+  worker's pushes and the servers' replies: 2 x workers x partitions per round), with the
+  count and the messages beside the ratio (a count of 0 is no allocation at all);
 - beside it, ucx_perftest's UCP active-message bandwidth on the same transport (TCP loopback)
   at the row's partition size, one pair of processes.
 
@@ -203,8 +204,9 @@ def main():
     tmp = tempfile.mkdtemp(prefix="server-path-")
     preload = build_alloc_counter(tmp)
     print("| server | workers x servers | size | busbw GB/s | server CPU s per GB pushed | "
-          "allocations per message | ucx_perftest AM MB/s at the partition size |")
-    print("|---|---|---|---|---|---|---|")
+          "allocations per message | allocations / messages in the window | "
+          "ucx_perftest AM MB/s at the partition size |")
+    print("|---|---|---|---|---|---|---|---|")
     perf = {}
     for label, server_bin in bins:
         for workers, servers in shapes:
@@ -236,14 +238,16 @@ def main():
                 in_window = window / (row["time_us"] / 1e6)  # rounds
                 per_gb = (job["cpu"][1] - job["cpu"][0]) / (workers * size * in_window / 1e9)
                 parts = max(1, -(-size // partition)) if partition else 1
-                per_msg = (job["allocs"][1] - job["allocs"][0]) / (2 * workers * parts * in_window)
+                allocs = job["allocs"][1] - job["allocs"][0]
+                messages = 2 * workers * parts * in_window  # pushes in and replies out
+                per_msg = allocs / messages
                 key = min(size, partition or size)
                 if not a.no_perftest and key not in perf:
                     perf[key] = perftest_bw(key, 2000 if key <= (1 << 20) else 200)
                 pt = perf.get(key)
-                print("| %s | %d x %d | %s | %.3f | %.2f | %.2f | %s |" % (
+                print("| %s | %d x %d | %s | %.3f | %.2f | %.3f | %d / %.0f | %s |" % (
                     label, workers, servers, human(size), row["busbw"], per_gb, per_msg,
-                    "%.0f" % pt if pt else "-"))
+                    allocs, messages, "%.0f" % pt if pt else "-"))
                 sys.stdout.flush()
     shutil.rmtree(tmp, ignore_errors=True)
 

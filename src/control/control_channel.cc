@@ -141,6 +141,16 @@ Status ControlChannel::ReadExact(std::byte* p, size_t n, Clock::time_point deadl
   return Status::Ok();
 }
 
+bool ControlChannel::WaitReadable(Clock::time_point deadline) {
+  for (;;) {
+    if (closed_.load()) return true;
+    pollfd pfd{fd_, POLLIN, 0};
+    const int r = ::poll(&pfd, 1, MillisLeft(deadline));
+    if (r > 0 || (r < 0 && errno != EINTR)) return true;  // data, EOF or an error: Receive's
+    if (Clock::now() >= deadline) return false;
+  }
+}
+
 Status ControlChannel::Send(wire::Header h, std::span<const std::byte> payload,
                             Clock::time_point deadline) {
   h.payload_bytes = payload.size();

@@ -59,6 +59,13 @@ class ControlChannel {
   // or error, kProtocolError on a frame that fails validation (the channel is closed).
   Result<Frame> Receive(Clock::time_point deadline);
 
+  // Waits until a frame can be received, the stream has ended or failed, or the channel is
+  // closed (true: Receive() then says which), or until `deadline` (false). Allocates nothing,
+  // so a loop that mostly waits (the members' control loops, woken every 100 ms) polls with it
+  // and calls Receive() only when there is something to read: Receive()'s kTimeout carries a
+  // message, which costs two allocations a tick.
+  bool WaitReadable(Clock::time_point deadline);
+
   // Receives one frame for a peer that has not authenticated yet: a frame whose payload exceeds
   // `max_payload` is a kProtocolError before any of it is read (the channel is left open for a
   // last answer; the caller must close it), and `deadline` is hard (no grace

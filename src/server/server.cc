@@ -281,7 +281,9 @@ class ServerImpl final : public Server {
         if (rejoin("server " + std::to_string(id_) + ": " + alive.message())) continue;
         return;
       }
-      auto f = channel->Receive(transport::Clock::now() + kPoll);
+      const transport::Clock::time_point tick = transport::Clock::now() + kPoll;
+      if (!channel->WaitReadable(tick)) continue;  // idle: no allocation per tick
+      auto f = channel->Receive(tick);
       if (f.ok()) liveness->Heard();
       if (!f.ok()) {
         if (f.status().code() == Code::kTimeout) continue;

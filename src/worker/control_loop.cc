@@ -322,7 +322,9 @@ void WorkerImpl::ControlLoop() {
       FailJob(*lost);
       return;
     }
-    auto f = channel->Receive(Clock::now() + kPoll);
+    const Clock::time_point tick = Clock::now() + kPoll;
+    if (!channel->WaitReadable(tick)) continue;  // idle: no allocation per tick
+    auto f = channel->Receive(tick);
     if (f.ok()) liveness->Heard();
     if (!f.ok()) {
       if (f.status().code() == Code::kTimeout) continue;

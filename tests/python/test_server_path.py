@@ -31,4 +31,7 @@ def test_server_path_measures_one_cell():
     assert 0 < busbw < 100, cells
     assert 0 < cpu_per_gb < 1000, cells  # the servers did work in the window
     assert 0 <= allocs < 1000, cells
-    assert cells[6] == "-", cells  # --no-perftest
+    counted, messages = (float(x) for x in cells[6].split("/"))
+    assert counted == int(counted) and counted >= 0 and messages > 0, cells
+    assert abs(counted / messages - allocs) < 0.0006, cells  # the per-message column is that ratio
+    assert cells[7] == "-", cells  # --no-perftest

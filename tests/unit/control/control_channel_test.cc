@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,8 +20,35 @@
 
 #include "wire/frame.h"
 
+// Allocations made by the thread that counts them (AllocationsBy), for the idle-wait test.
+namespace {
+thread_local bool t_counting = false;
+thread_local size_t t_allocations = 0;
+void* Allocate(std::size_t n) {
+  if (t_counting) ++t_allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+}  // namespace
+
+void* operator new(std::size_t n) { return Allocate(n); }
+void* operator new[](std::size_t n) { return Allocate(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
 namespace gradlink::transport {
 namespace {
+
+template <typename Fn>
+size_t AllocationsBy(Fn&& fn) {
+  t_allocations = 0;
+  t_counting = true;
+  fn();
+  t_counting = false;
+  return t_allocations;
+}
 
 using namespace std::chrono_literals;
 
@@ -255,6 +284,52 @@ TEST_F(ControlChannelTest, CloseWakesABlockedReceive) {
   EXPECT_LT(returned - closed_at, 1s);
   EXPECT_TRUE(channel_->closed());
   channel_->Close();  // idempotent
+}
+
+// The members' control loops wait with WaitReadable every 100 ms while nothing comes: an idle
+// wait allocates nothing (a Receive() that times out builds its message: this test's reference).
+TEST_F(ControlChannelTest, WaitReadableIsFalseAtTheDeadlineAndAllocatesNothing) {
+  bool readable = false;
+  const auto started = Clock::now();
+  EXPECT_EQ(AllocationsBy([&] {
+              for (int i = 0; i < 5; ++i) readable |= channel_->WaitReadable(In(2ms));
+            }),
+            0u);
+  EXPECT_FALSE(readable);
+  EXPECT_GE(Clock::now() - started, 10ms);
+  Status timed_out;
+  EXPECT_GT(AllocationsBy([&] { timed_out = channel_->Receive(In(2ms)).status(); }), 0u);
+  EXPECT_EQ(timed_out.code(), Code::kTimeout) << timed_out.ToString();
+}
+
+TEST_F(ControlChannelTest, WaitReadableSeesAFrameAnEndAndAClose) {
+  std::unique_ptr<ControlChannel> other = Wrap();
+  ASSERT_TRUE(other->Send(ControlHeader(wire::MsgType::kHeartbeat, 5), {}, In(1s)).ok());
+  ASSERT_TRUE(channel_->WaitReadable(In(5s)));
+  Result<Frame> f = channel_->Receive(In(1s));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->header.cookie, 5u);
+  EXPECT_FALSE(channel_->WaitReadable(In(5ms)));  // that frame was all
+
+  other.reset();  // the peer's end closes: readable, and Receive says so
+  ASSERT_TRUE(channel_->WaitReadable(In(5s)));
+  EXPECT_EQ(channel_->Receive(In(1s)).status().code(), Code::kPeerLost);
+}
+
+TEST_F(ControlChannelTest, CloseWakesAWaitReadable) {
+  bool readable = false;
+  Clock::time_point returned;
+  std::thread waiter([&] {
+    readable = channel_->WaitReadable(In(20s));
+    returned = Clock::now();
+  });
+  std::this_thread::sleep_for(100ms);
+  const auto closed_at = Clock::now();
+  channel_->Close();
+  waiter.join();
+  EXPECT_TRUE(readable);
+  EXPECT_LT(returned - closed_at, 1s);
+  EXPECT_EQ(channel_->Receive(In(1s)).status().code(), Code::kPeerLost);
 }
 
 TEST(ListenerTest, ConnectAcceptAndTalkOverLoopback) {
