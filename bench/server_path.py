@@ -12,7 +12,9 @@ off (--local-arena 0: every sum through the servers), no tuning flags. Reported 
   to them meanwhile (workers x size x rounds), and their allocations (each runs under
   bench/tools/alloc_count.c, LD_PRELOAD, read by SIGUSR1) over the messages meanwhile (each
   worker's pushes and the servers' replies: 2 x workers x partitions per round), with the
-  count and the messages beside the ratio (a count of 0 is no allocation at all);
+  count and the messages beside the ratio (a count of 0 is no allocation at all); and the
+  same for the workers (gradlink-bench processes, under the same counter, signalled at the same
+  marks), whose pushes and replies are as many as the servers';
 - beside it, ucx_perftest's UCP active-message bandwidth on the same transport (TCP loopback)
   at the row's partition size, one pair of processes.
 
@@ -52,6 +54,17 @@ def build_alloc_counter(tmp):
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", so,
                     os.path.join(HERE, "tools", "alloc_count.c"), "-ldl"], check=True)
     return so
+
+
+def summed_counts(paths):
+    """Per mark, the allocations of every process together (a mark a process outlived is
+    missing from its file)."""
+    per_proc = []
+    for path in paths:
+        with open(path) as f:
+            per_proc.append([int(x) for x in f.read().split()])
+    return [sum(v[i] for v in per_proc) for i in range(min(map(len, per_proc)))] \
+        if per_proc else []
 
 
 class Job:
@@ -100,8 +113,16 @@ class Job:
             bench = [os.path.join(a.bin_dir, "gradlink-bench"), "--scheduler", addr,
                      "--local-arena", "0", "-b", str(self.size), "-e", str(self.size),
                      "-n", str(self.iters), "--warmup", "1"]
-            workers = [subprocess.Popen(bench, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, env=env) for _ in range(self.workers)]
+            wcounts = []
+            workers = []
+            for i in range(self.workers):
+                wenv = dict(env)
+                if self.preload:
+                    wcounts.append(os.path.join(self.tmp, "allocs.w%d" % i))
+                    wenv["LD_PRELOAD"] = self.preload
+                    wenv["ALLOC_COUNT_FILE"] = wcounts[-1]
+                workers.append(subprocess.Popen(bench, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, text=True, env=wenv))
             procs += workers
             outs = []
             started = time.monotonic()
@@ -116,8 +137,9 @@ class Job:
                 if marks and time.monotonic() - started >= marks[0]:
                     marks.pop(0)
                     snaps.append(sum(cpu_seconds(s.pid) or 0.0 for s in servers))
-                    for s in servers:
-                        os.kill(s.pid, signal.SIGUSR1)
+                    for p in servers + workers:
+                        if p.poll() is None:
+                            os.kill(p.pid, signal.SIGUSR1)
                 if time.monotonic() > deadline:
                     raise RuntimeError("job of %s timed out" % human(self.size))
                 time.sleep(0.002)
@@ -141,16 +163,8 @@ class Job:
                         row = {"time_us": float(f[3]), "busbw": float(f[6])}
             if row is None:
                 raise RuntimeError("no result row:\n%s" % outs[0][-2000:])
-            # Per mark, the allocations of every server together (a mark the job outlived is
-            # missing from every file).
-            per_server = []
-            for path in counts:
-                with open(path) as f:
-                    per_server.append([int(x) for x in f.read().split()])
-            allocs = [sum(v[i] for v in per_server) for i in range(min(map(len, per_server)))] \
-                if per_server else []
-            return {"row": row, "cpu": snaps, "allocs": allocs, "partition": partition,
-                    "wall": wall}
+            return {"row": row, "cpu": snaps, "allocs": summed_counts(counts),
+                    "worker_allocs": summed_counts(wcounts), "partition": partition, "wall": wall}
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -205,8 +219,9 @@ def main():
     preload = build_alloc_counter(tmp)
     print("| server | workers x servers | size | busbw GB/s | server CPU s per GB pushed | "
           "allocations per message | allocations / messages in the window | "
+          "workers' allocations / their messages | "
           "ucx_perftest AM MB/s at the partition size |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     perf = {}
     for label, server_bin in bins:
         for workers, servers in shapes:
@@ -227,7 +242,8 @@ def main():
                     marks = (startup + 0.3 * rounds * t_op, startup + 0.8 * rounds * t_op)
                     job = Job(a, server_bin, workers, servers, size, 2 * rounds, tmp, preload,
                               marks).run()
-                    if len(job["cpu"]) >= 2 and len(job["allocs"]) >= 2:
+                    if len(job["cpu"]) >= 2 and len(job["allocs"]) >= 2 and \
+                            len(job["worker_allocs"]) >= 2:
                         break
                     sizing, sized_rounds = job, 2 * rounds
                 else:
@@ -241,13 +257,15 @@ def main():
                 allocs = job["allocs"][1] - job["allocs"][0]
                 messages = 2 * workers * parts * in_window  # pushes in and replies out
                 per_msg = allocs / messages
+                # Each worker's own pushes and replies: together, as many as the servers'.
+                wallocs = job["worker_allocs"][1] - job["worker_allocs"][0]
                 key = min(size, partition or size)
                 if not a.no_perftest and key not in perf:
                     perf[key] = perftest_bw(key, 2000 if key <= (1 << 20) else 200)
                 pt = perf.get(key)
-                print("| %s | %d x %d | %s | %.3f | %.2f | %.3f | %d / %.0f | %s |" % (
+                print("| %s | %d x %d | %s | %.3f | %.2f | %.3f | %d / %.0f | %d / %.0f | %s |" % (
                     label, workers, servers, human(size), row["busbw"], per_gb, per_msg,
-                    allocs, messages, "%.0f" % pt if pt else "-"))
+                    allocs, messages, wallocs, messages, "%.0f" % pt if pt else "-"))
                 sys.stdout.flush()
     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -178,7 +178,6 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
     if (!t.spec.is_sum() && !t.roles[p].participates()) continue;
     Outgoing r;
     r.peer = server_peers_[plan.server];
-    r.server = plan.server;
     r.header.type = MsgType::kRecover;
     r.header.job = job_hash_;
     r.header.sender = rank_;
@@ -213,10 +212,9 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
       const uint64_t bytes = PartBytes(*op, p);
       Outgoing o;
       o.peer = server_peers_[plan.server];
-      o.server = plan.server;
       o.header = PushHeader(*op, p, bytes);
       o.payload = op->host ? op->partial[p] : op->input.subspan(plan.offset * size, bytes);
-      o.op = op;
+      o.sent = NewPushSentLocked(op, p, plan.server);
       op->sending++;
       to_issue_.push_back(std::move(o));
     }

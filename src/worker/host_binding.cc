@@ -122,7 +122,9 @@ void WorkerImpl::StartHostLocked(TensorState& t, const std::shared_ptr<Op>& op) 
   op->started = true;
   op->host = true;
   // Partitions another worker of this host pushes need no answer here.
+  op->parts.swap(t.spare_parts);
   op->parts.assign(t.parts.size(), Op::Part::kDone);
+  op->held.swap(t.spare_held);
   for (uint32_t p = 0; p < t.parts.size(); ++p) {
     if (t.pusher[p] == me) op->parts[p] = Op::Part::kQueued;
   }
@@ -130,7 +132,7 @@ void WorkerImpl::StartHostLocked(TensorState& t, const std::shared_ptr<Op>& op) 
   op->partial.assign(t.parts.size(), {});
   op->push_flags.assign(t.parts.size(), 0);
   op->max_ahead = LeadLimit(max_bytes_ahead_, t.servers_spanned);
-  ops_[op->id] = op;
+  TrackOpLocked(op);
   LocalReduce::Job job = SegmentJob(t, *op);
   job.host = *t.host;
   job.wire = t.wire;

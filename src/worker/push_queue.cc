@@ -65,7 +65,7 @@ std::shared_ptr<Op> WorkerImpl::StartCollective(const TensorHandle& tensor,
 std::shared_ptr<Op> WorkerImpl::StartOp(const TensorHandle& tensor, std::span<std::byte> data,
                             const PushPullOptions& options, std::shared_ptr<std::byte> owned,
                             std::span<const std::byte> input) {
-  auto op = std::make_shared<Op>();
+  auto op = std::allocate_shared<Op>(internal::OpAllocator<Op>(op_memory_));
   op->t_call = Clock::now();
   op->timeout = opts_.operation_timeout;
   op->describer = describer_;
@@ -139,7 +139,9 @@ void WorkerImpl::StartNextLocked(TensorState& t) {
       StartHostLocked(t, op);
       continue;
     }
+    op->parts.swap(t.spare_parts);
     op->parts.assign(t.parts.size(), Op::Part::kQueued);
+    op->held.swap(t.spare_held);  // empty, with the room the last op needed
     op->outstanding = static_cast<uint32_t>(t.parts.size());
     for (uint32_t p = 0; p < t.roles.size(); ++p) {
       if (t.roles[p].participates()) continue;
@@ -153,7 +155,7 @@ void WorkerImpl::StartNextLocked(TensorState& t) {
     t.busy = true;
     op->started = true;
     op->max_ahead = LeadLimit(max_bytes_ahead_, t.servers_spanned);
-    ops_[op->id] = op;
+    TrackOpLocked(op);
     if (t.order.empty()) {
       for (uint32_t p = 0; p < t.parts.size(); ++p) {
         pending_.push(Pending{op->options.priority, next_seq_++, op, p});
@@ -183,7 +185,7 @@ void WorkerImpl::PumpLocked() {
       // Held back behind its own op's earlier partitions, or over the op's lead: it waits
       // on the op (in order) for sums to come back, and the queue goes on with other ops.
       if (!op.held.empty() || OverLead(op, bytes)) {
-        op.held.emplace_back(top.seq, top.part);
+        op.held.push_back({top.seq, top.part});
         counters_->partitions_held.fetch_add(1, std::memory_order_relaxed);
         pending_.pop();
         continue;
@@ -197,13 +199,12 @@ void WorkerImpl::PumpLocked() {
     op.sending++;
     Outgoing o;
     o.peer = server_peers_[plan.server];
-    o.server = plan.server;
     o.header = PushHeader(op, top.part, bytes);
     // A host's partial sum lies in its segment; a flat push is the caller's input itself.
     o.payload = op.host      ? op.partial[top.part]
                 : role.push ? op.input.subspan(role.in_offset * size, bytes)
                             : std::span<const std::byte>();
-    o.op = top.op;
+    o.sent = NewPushSentLocked(top.op, top.part, plan.server);
     to_issue_.push_back(std::move(o));
     pumped_ = true;
     pending_.pop();
@@ -238,44 +239,82 @@ bool WorkerImpl::TakeIssueLocked(IssueBatch* batch) {
   if (!pumped_) return false;
   pumped_ = false;
   if (issue_requests_.fetch_add(1, std::memory_order_acq_rel) != 0) return false;
-  batch->items.swap(to_issue_);
+  issuing_.swap(to_issue_);  // issuing_ was left empty, with its capacity, by the last issuer
+  batch->items = &issuing_;
   batch->requests = 1;
   return true;
+}
+
+void WorkerImpl::TrackOpLocked(const std::shared_ptr<Op>& op) {
+  if (free_op_nodes_.empty()) {
+    ops_.emplace(op->id, op);
+    return;
+  }
+  OpsNode node = std::move(free_op_nodes_.back());
+  free_op_nodes_.pop_back();
+  node.key() = op->id;
+  node.mapped() = op;
+  ops_.insert(std::move(node));
+}
+
+void WorkerImpl::UntrackOpLocked(uint64_t id) {
+  OpsNode node = ops_.extract(id);
+  if (node.empty()) return;
+  node.mapped().reset();
+  if (free_op_nodes_.size() < kMaxFreeOpNodes) free_op_nodes_.push_back(std::move(node));
+}
+
+WorkerImpl::PushSent* WorkerImpl::NewPushSentLocked(std::shared_ptr<Op> op, uint32_t part,
+                                                    uint32_t server) {
+  PushSent* sent;
+  if (push_sent_free_.empty()) {
+    push_sent_all_.push_back(std::make_unique<PushSent>());
+    sent = push_sent_all_.back().get();
+    // Room to give every record back without growing in PushDone.
+    push_sent_free_.reserve(push_sent_all_.size());
+  } else {
+    sent = push_sent_free_.back();
+    push_sent_free_.pop_back();
+  }
+  sent->op = std::move(op);
+  sent->part = part;
+  sent->server = server;
+  return sent;
 }
 
 void WorkerImpl::Issue(IssueBatch batch) {
   if (batch.requests == 0) return;  // not the issuer (TakeIssueLocked)
   for (;;) {
-    for (Outgoing& o : batch.items) {
-      if (!o.op) {  // a kRecover: nothing waits on it but its payload's owner
+    for (Outgoing& o : *batch.items) {
+      if (o.sent == nullptr) {  // a kRecover: nothing waits on it but its payload's owner
         push_lane_->Send(o.peer, o.header, o.payload,
                          [owned = std::move(o.owned)](const Status&) {});
         continue;
       }
       push_lane_->Send(o.peer, o.header, o.payload,
-                       [this, op = o.op, part = o.header.partition, server = o.server](
-                           const Status& s) {
-                         PushDone(op, part, server, s);
-                       });
+                       [this, sent = o.sent](const Status& s) { PushDone(sent, s); });
     }
-    batch.items.clear();
+    batch.items->clear();
     if (issue_requests_.fetch_sub(batch.requests, std::memory_order_acq_rel) == batch.requests) {
-      return;
+      return;  // issuing_ is empty again, for the next issuer
     }
     // Others pumped while we sent: everything they queued is in to_issue_, and each of them
     // counted a request under mu_, so the count read under mu_ covers exactly that. The
     // emptied vector goes back with its capacity: no allocation per batch.
     std::lock_guard lock(mu_);
-    batch.items.swap(to_issue_);
+    batch.items->swap(to_issue_);
     batch.requests = issue_requests_.load(std::memory_order_acquire);
   }
 }
 
-void WorkerImpl::PushDone(const std::shared_ptr<Op>& op, uint32_t part, uint32_t server,
-                          const Status& s) {
+void WorkerImpl::PushDone(PushSent* sent, const Status& s) {
   IssueBatch batch;
+  std::shared_ptr<Op> op;  // released after the lock
   {
     std::lock_guard lock(mu_);
+    op = std::move(sent->op);
+    const uint32_t part = sent->part, server = sent->server;
+    push_sent_free_.push_back(sent);
     if (!op->finished) op->t_pushed = Clock::now();
     ReleaseCreditLocked(*op, part);
     op->sending--;
@@ -363,8 +402,20 @@ void WorkerImpl::FinishLocked(Op& op, const Status& s) {
     counters_->push_pulls.fetch_add(1, std::memory_order_relaxed);
     counters_->bytes_reduced.fetch_add(op.data.size(), std::memory_order_relaxed);
   }
-  ops_.erase(op.id);  // callers hold a reference to `op`
+  UntrackOpLocked(op.id);  // callers hold a reference to `op`
   Complete(op, s);
+  // Its parts' vector goes back to its tensor, for the next op: nothing reads an ended op's
+  // parts, unless the transport may still report on one (a failed job's forced end).
+  if (op.tensor && op.sending == 0 && op.receiving == 0) {
+    if (op.parts.capacity() > op.tensor->spare_parts.capacity()) {
+      op.parts.clear();
+      op.tensor->spare_parts.swap(op.parts);
+    }
+    if (op.held.capacity() > op.tensor->spare_held.capacity()) {
+      op.held.clear();
+      op.tensor->spare_held.swap(op.held);
+    }
+  }
   if (op.started) {
     op.tensor->busy = false;
     StartNextLocked(*op.tensor);

@@ -10,12 +10,13 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "control/layout.h"
@@ -33,6 +34,46 @@ struct Counters {
       bytes_copied_results{0}, servers_lost{0}, partitions_recovered{0};
 };
 
+// A first-in first-out queue in a vector that keeps its capacity: it starts over at its front
+// once emptied, and moves what is left to the front once half of it has been taken. A
+// std::deque allocates its map and a block as it is constructed, and a block each time its end
+// crosses into a new one (an allocation per op, or per 32 ops, for these queues).
+template <typename T>
+class VectorFifo {
+ public:
+  bool empty() const { return head_ == items_.size(); }
+  size_t size() const { return items_.size() - head_; }
+  const T& front() const { return items_[head_]; }
+  void push_back(T v) { items_.push_back(std::move(v)); }
+  void clear() {
+    items_.clear();
+    head_ = 0;
+  }
+  void swap(VectorFifo& other) {
+    items_.swap(other.items_);
+    std::swap(head_, other.head_);
+  }
+  size_t capacity() const { return items_.capacity(); }
+  void pop_front() {
+    items_[head_] = T();  // what it holds (an op) goes now, not when the queue empties
+    if (++head_ == items_.size()) {
+      items_.clear();
+      head_ = 0;
+    } else if (head_ >= kCompactAfter && 2 * head_ >= items_.size()) {
+      items_.erase(items_.begin(), items_.begin() + static_cast<std::ptrdiff_t>(head_));
+      head_ = 0;
+    }
+  }
+
+ private:
+  static constexpr size_t kCompactAfter = 32;
+  std::vector<T> items_;
+  size_t head_ = 0;
+};
+
+// Where each partition of an op stands (Op::parts). kSent holds bytes-in-flight credit until
+// the push has left; kPushed waits for its pull.
+enum class PartStage : uint8_t { kQueued, kSent, kPushed, kDone };
 
 struct TensorState {
   uint64_t key = 0;
@@ -84,7 +125,11 @@ struct TensorState {
   // Per partition: the server (id + 1) whose reply is being written into results[p]; 0: none.
   std::vector<uint32_t> receiving_from;
   bool busy = false;                       // an op of this tensor is in flight
-  std::deque<std::shared_ptr<Op>> queue;   // ops waiting for the plan or for the busy one
+  // The running op's `parts` came from here and go back when it ends (FinishLocked): one op of
+  // a tensor runs at a time, and its vector keeps its capacity for the next.
+  std::vector<PartStage> spare_parts;
+  VectorFifo<std::pair<uint64_t, uint32_t>> spare_held;  // likewise for its `held`
+  VectorFifo<std::shared_ptr<Op>> queue;   // ops waiting for the plan or for the busy one
   // Fusion. For a member: the fused tensors that contain it, whose ops fail when its plan does
   // (its shape differs on another worker). For a fused tensor: its members, for errors, and
   // the failure of a member's plan, which fails every op of it.
@@ -94,6 +139,63 @@ struct TensorState {
 };
 
 struct Op;
+
+// Memory for ops (each with its shared_ptr's control block: std::allocate_shared), kept when an
+// op ends for the next one, so that starting an op allocates nothing in the steady state. Any
+// thread gives memory back (the last reference to an op may be a handle's), hence the lock:
+// once per op, never per partition. Shared by the worker and every op it made, so it outlives
+// them all.
+class OpMemory {
+ public:
+  OpMemory() = default;
+  OpMemory(const OpMemory&) = delete;
+  OpMemory& operator=(const OpMemory&) = delete;
+  ~OpMemory() {
+    for (void* p : free_) ::operator delete(p);
+  }
+  void* Take(size_t bytes) {
+    {
+      std::lock_guard lock(mu_);
+      if (block_ == 0) block_ = bytes;
+      if (bytes == block_ && !free_.empty()) {
+        void* p = free_.back();
+        free_.pop_back();
+        return p;
+      }
+    }
+    return ::operator new(bytes);
+  }
+  void Give(void* p, size_t bytes) {
+    {
+      std::lock_guard lock(mu_);
+      if (bytes == block_ && free_.size() < kMaxFree) {
+        free_.push_back(p);
+        return;
+      }
+    }
+    ::operator delete(p);
+  }
+
+ private:
+  static constexpr size_t kMaxFree = 1024;
+  std::mutex mu_;
+  size_t block_ = 0;  // the one size it keeps (an op's, with its control block)
+  std::vector<void*> free_;
+};
+
+template <typename T>
+struct OpAllocator {
+  using value_type = T;
+  explicit OpAllocator(std::shared_ptr<OpMemory> m) : memory(std::move(m)) {}
+  template <typename U>
+  OpAllocator(const OpAllocator<U>& other) : memory(other.memory) {}  // NOLINT: rebinding
+  T* allocate(size_t n) { return static_cast<T*>(memory->Take(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) { memory->Give(p, n * sizeof(T)); }
+  template <typename U>
+  bool operator==(const OpAllocator<U>& other) const { return memory == other.memory; }
+  std::shared_ptr<OpMemory> memory;
+};
+
 
 // What an op still waits for, for the message of a Wait() that times out: the worker's
 // DescribePending under its lock, while the worker lives (Detach() at its end).
@@ -136,16 +238,15 @@ struct Op {
   bool host_done = false;
   Status host_status;
   std::atomic<uint64_t> round{0};  // atomic: Wait() reads it (for its message) without mu_
-  // kSent holds bytes-in-flight credit until the push has left; kPushed waits for its pull.
-  enum class Part : uint8_t { kQueued, kSent, kPushed, kDone };
-  std::vector<Part> parts;
+  using Part = PartStage;
+  std::vector<Part> parts;  // emptied when the op ends (its tensor keeps the vector)
   uint32_t outstanding = 0;  // partitions not yet answered (pulled, or refused by the server)
   // WorkerOptions::max_bytes_ahead: the op's limit (the option times the servers its partitions
   // lie on), the bytes sent (or let back into the queue to be sent) and not yet answered, and
   // the partitions held back meanwhile, in order (seq, partition).
   uint64_t max_ahead = 0;
   uint64_t bytes_ahead = 0;
-  std::deque<std::pair<uint64_t, uint32_t>> held;
+  VectorFifo<std::pair<uint64_t, uint32_t>> held;
   uint32_t sending = 0;      // pushes the transport may still be reading from `data`
   uint32_t receiving = 0;    // pulls being written into `data` right now
   // The first error. The op still pushes and collects every partition, so each server's round

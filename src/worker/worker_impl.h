@@ -109,14 +109,23 @@ class WorkerImpl final : public Worker {
   internal::StateMutex& state_mutex_for_testing() { return mu_; }
 
  private:
+  // A push in the lane's hands: what its completion (PushDone) needs. Kept in a free list
+  // under mu_ (taken where the push is pumped, given back in PushDone, both under mu_ anyway),
+  // so that the send's callback captures two words, which std::function keeps inline: a push
+  // allocates nothing.
+  struct PushSent {
+    std::shared_ptr<Op> op;
+    uint32_t part = 0;
+    uint32_t server = 0;  // the server it went to
+  };
   struct Outgoing {
     transport::PeerId peer;
     wire::Header header;
     std::span<const std::byte> payload;
-    std::shared_ptr<Op> op;  // null for a kRecover, whose payload `owned` holds
+    PushSent* sent = nullptr;  // null for a kRecover, whose payload `owned` holds
     std::shared_ptr<const std::vector<std::byte>> owned;
-    uint32_t server = 0;     // whose peer is `peer`
   };
+  PushSent* NewPushSentLocked(std::shared_ptr<Op> op, uint32_t part, uint32_t server);
 
   // How one group layout (its members, in order) is cut into operations: fused tensors, each
   // the members of one dtype that fill a fusion buffer, and members that go on their own.
@@ -198,8 +207,8 @@ class WorkerImpl final : public Worker {
   // 9 ms before its partitions 1 and 5).
   // Pushes one issuer hands to the lane, and the issue requests they answer (push_queue.cc).
   struct IssueBatch {
-    std::vector<Outgoing> items;
-    uint32_t requests = 0;  // 0: this thread is not the issuer
+    std::vector<Outgoing>* items = nullptr;  // issuing_, while this thread is the issuer
+    uint32_t requests = 0;                   // 0: this thread is not the issuer
   };
   void Issue(IssueBatch batch);
   // Under mu_, after PumpLocked: counts this section's pushes as one issue request; when no
@@ -211,7 +220,7 @@ class WorkerImpl final : public Worker {
   // its pulls must never hold the credit that the other workers' rounds need. Which partitions
   // a worker pushes first depends on its own timing, so credit held until the pull can make two
   // workers each wait on partitions only the other can still send.
-  void PushDone(const std::shared_ptr<Op>& op, uint32_t part, uint32_t server, const Status& s);
+  void PushDone(PushSent* sent, const Status& s);
   // The kPush of `part` of `op` (its bytes: PartBytes).
   wire::Header PushHeader(const Op& op, uint32_t part, uint64_t bytes) const;
 
@@ -444,6 +453,14 @@ class WorkerImpl final : public Worker {
   Clock::time_point pending_since_;
   std::unordered_map<uint64_t, std::shared_ptr<TensorState>> tensors_;
   std::unordered_map<uint64_t, std::shared_ptr<Op>> ops_;  // by id; in flight
+  // ops_'s nodes, kept when an op ends for the next one (a node per op otherwise).
+  using OpsNode = decltype(ops_)::node_type;
+  static constexpr size_t kMaxFreeOpNodes = 1024;
+  std::vector<OpsNode> free_op_nodes_;
+  // Where ops are made (state.h OpMemory): shared with every op, which may outlive the worker.
+  const std::shared_ptr<internal::OpMemory> op_memory_ = std::make_shared<internal::OpMemory>();
+  void TrackOpLocked(const std::shared_ptr<Op>& op);  // into ops_
+  void UntrackOpLocked(uint64_t id);                  // out of ops_ (the op lives on elsewhere)
   std::map<std::pair<uint64_t, uint32_t>, std::vector<std::byte>> error_text_;
   std::priority_queue<Pending> pending_;
   uint64_t next_op_id_ = 1, next_seq_ = 0, bytes_in_flight_ = 0;
@@ -451,6 +468,12 @@ class WorkerImpl final : public Worker {
   tuning::Choice tuning_;
   uint64_t max_bytes_in_flight_ = 0, max_bytes_ahead_ = 0;
   std::vector<Outgoing> to_issue_;  // pumped, not yet handed to the push lane (Issue)
+  // The issuer's batch: swapped with to_issue_, so both keep their capacity (no allocation per
+  // batch). Only the issuer touches it outside mu_ (issue_requests_ makes one at a time).
+  std::vector<Outgoing> issuing_;
+  // PushSent records: every one made (for the destructor), and those free for the next push.
+  std::vector<std::unique_ptr<PushSent>> push_sent_all_;
+  std::vector<PushSent*> push_sent_free_;
   bool pumped_ = false;             // PumpLocked queued pushes this critical section
   // Requests to issue not yet answered; nonzero while a thread is in Issue() (push_queue.cc).
   std::atomic<uint32_t> issue_requests_{0};

@@ -34,4 +34,6 @@ def test_server_path_measures_one_cell():
     counted, messages = (float(x) for x in cells[6].split("/"))
     assert counted == int(counted) and counted >= 0 and messages > 0, cells
     assert abs(counted / messages - allocs) < 0.0006, cells  # the per-message column is that ratio
-    assert cells[7] == "-", cells  # --no-perftest
+    wcounted, wmessages = (float(x) for x in cells[7].split("/"))
+    assert wcounted == int(wcounted) and wcounted >= 0 and wmessages == messages, cells
+    assert cells[8] == "-", cells  # --no-perftest

@@ -42,7 +42,13 @@ void Job::Start(const JobConfig& config) {
   }
 
   config_ = config;
-  fabric_ = transport::CreateInprocFabric();
+  if (config.ucx) {
+    Result<std::unique_ptr<transport::Fabric>> ucx = transport::CreateUcxFabric();
+    ASSERT_TRUE(ucx.ok()) << ucx.status().ToString();
+    fabric_ = std::move(*ucx);
+  } else {
+    fabric_ = transport::CreateInprocFabric();
+  }
   SchedulerOptions so;
   so.port = 0;
   so.num_workers = config.workers;

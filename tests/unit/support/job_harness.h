@@ -68,6 +68,9 @@ struct JobConfig {
   // Likewise for each server's (by start index).
   std::function<void(size_t index, ServerOptions&)> per_server;
   bool server_failover = true;  // SchedulerOptions::server_failover
+  // The members talk over UCX (TCP loopback, in this process) instead of the inproc fabric,
+  // which copies each frame into allocations of its own.
+  bool ucx = false;
   // Standby servers (ServerOptions::standby), started with the others but not among the
   // scheduler's `servers`: start indices servers .. servers + standby_servers - 1.
   uint32_t standby_servers = 0;
