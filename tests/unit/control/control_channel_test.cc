@@ -10,44 +10,22 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "unit/support/allocation_counter.h"
 #include "wire/frame.h"
-
-// Allocations made by the thread that counts them (AllocationsBy), for the idle-wait test.
-namespace {
-thread_local bool t_counting = false;
-thread_local size_t t_allocations = 0;
-void* Allocate(std::size_t n) {
-  if (t_counting) ++t_allocations;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-}  // namespace
-
-void* operator new(std::size_t n) { return Allocate(n); }
-void* operator new[](std::size_t n) { return Allocate(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 namespace gradlink::transport {
 namespace {
 
+// What fn() allocates on this thread (this binary counts: unit/support/allocation_counter.h).
 template <typename Fn>
-size_t AllocationsBy(Fn&& fn) {
-  t_allocations = 0;
-  t_counting = true;
-  fn();
-  t_counting = false;
-  return t_allocations;
+uint64_t AllocationsBy(Fn&& fn) {
+  return test::AllocationsBy(std::forward<Fn>(fn)).count;
 }
 
 using namespace std::chrono_literals;

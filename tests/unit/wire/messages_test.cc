@@ -16,43 +16,18 @@
 #include <string>
 #include <vector>
 
+#include "unit/support/allocation_counter.h"
 #include "wire/codec.h"
 
-// ---- Allocation tracking ----------------------------------------------------------------------
-// Replaces the global allocator of this test binary to record the largest single allocation made
-// while tracking is on: the decoders must refuse huge counts before they allocate for them.
-namespace {
-std::atomic<bool> g_tracking{false};
-std::atomic<size_t> g_largest{0};
-
-void* Allocate(std::size_t n) {
-  if (g_tracking.load(std::memory_order_relaxed)) {
-    size_t prev = g_largest.load(std::memory_order_relaxed);
-    while (n > prev && !g_largest.compare_exchange_weak(prev, n)) {
-    }
-  }
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-}  // namespace
-
-void* operator new(std::size_t n) { return Allocate(n); }
-void* operator new[](std::size_t n) { return Allocate(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+// The decoders must refuse huge counts before they allocate for them: this binary counts its
+// allocations (unit/support/allocation_counter.h).
 
 namespace gradlink::wire {
 namespace {
 
 // Largest single allocation made by fn().
 size_t LargestAllocation(const std::function<void()>& fn) {
-  g_largest = 0;
-  g_tracking = true;
-  fn();
-  g_tracking = false;
-  return g_largest.load();
+  return test::AllocationsBy(fn).largest;
 }
 
 std::vector<std::byte> Bytes(std::initializer_list<int> v) {

@@ -12,31 +12,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <new>
 #include <string>
 #include <vector>
 
 #include "gradlink/worker.h"
+#include "unit/support/allocation_counter.h"
 #include "unit/support/job_harness.h"
 #include "worker/state.h"
-
-namespace {
-thread_local bool t_counting = false;
-thread_local uint64_t t_allocations = 0;
-void* Allocate(std::size_t n) {
-  if (t_counting) ++t_allocations;
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-}  // namespace
-
-void* operator new(std::size_t n) { return Allocate(n); }
-void* operator new[](std::size_t n) { return Allocate(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 namespace gradlink {
 namespace {
@@ -89,13 +71,13 @@ TEST_P(AllocationCountTest, CallersAllocateNothingPerOperation) {
     std::vector<float>& d = data[r];
     for (int k = first; k < first + rounds; ++k) {
       for (uint64_t i = 0; i < kCount; ++i) d[i] = static_cast<float>((i + r + k) % 13);
-      t_allocations = 0;
-      t_counting = count != nullptr;
-      const Status s = job.worker(r)
-                           .PushPull(handles[r], std::as_writable_bytes(std::span<float>(d)))
-                           .Wait(In(kOpTimeout));
-      t_counting = false;
-      if (count != nullptr) *count += t_allocations;
+      Status s;
+      const test::Allocations a = test::AllocationsBy([&] {
+        s = job.worker(r)
+                .PushPull(handles[r], std::as_writable_bytes(std::span<float>(d)))
+                .Wait(In(kOpTimeout));
+      });
+      if (count != nullptr) *count += a.count;
       ASSERT_TRUE(s.ok()) << s.ToString();
       for (uint64_t i = 0; i < kCount; i += 997) {  // the sum over both ranks, by hand
         const float want = static_cast<float>((i + k) % 13) + static_cast<float>((i + 1 + k) % 13);
