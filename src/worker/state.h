@@ -196,7 +196,6 @@ struct OpAllocator {
   std::shared_ptr<OpMemory> memory;
 };
 
-
 // What an op still waits for, for the message of a Wait() that times out: the worker's
 // DescribePending under its lock, while the worker lives (Detach() at its end).
 class PendingDescriber {
