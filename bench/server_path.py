@@ -96,33 +96,31 @@ class Job:
             # Drained from here on, so that its log never fills the pipe.
             threading.Thread(target=sched.stdout.read, daemon=True).start()
             addr = "%s:%s" % (m.group(1), m.group(2))
-            counts = []
+            counts, wcounts = [], []  # the allocation counters' files: servers', workers'
+
+            def counted(files, name):
+                # The environment of a process whose allocations are counted into tmp/name.
+                penv = dict(env)
+                if self.preload:
+                    files.append(os.path.join(self.tmp, name))
+                    penv["LD_PRELOAD"] = self.preload
+                    penv["ALLOC_COUNT_FILE"] = files[-1]
+                return penv
+
             servers = []
             for i in range(self.servers):
-                senv = dict(env)
-                if self.preload:
-                    counts.append(os.path.join(self.tmp, "allocs.%d" % i))
-                    senv["LD_PRELOAD"] = self.preload
-                    senv["ALLOC_COUNT_FILE"] = counts[-1]
                 p = subprocess.Popen([self.server_bin, "--scheduler", addr],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env=senv)
+                                     env=counted(counts, "allocs.%d" % i))
                 servers.append(p)
                 procs.append(p)
             cpu = {p.pid: 0.0 for p in servers}
             bench = [os.path.join(a.bin_dir, "gradlink-bench"), "--scheduler", addr,
                      "--local-arena", "0", "-b", str(self.size), "-e", str(self.size),
                      "-n", str(self.iters), "--warmup", "1"]
-            wcounts = []
-            workers = []
-            for i in range(self.workers):
-                wenv = dict(env)
-                if self.preload:
-                    wcounts.append(os.path.join(self.tmp, "allocs.w%d" % i))
-                    wenv["LD_PRELOAD"] = self.preload
-                    wenv["ALLOC_COUNT_FILE"] = wcounts[-1]
-                workers.append(subprocess.Popen(bench, stdout=subprocess.PIPE,
-                                                stderr=subprocess.PIPE, text=True, env=wenv))
+            workers = [subprocess.Popen(bench, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True, env=counted(wcounts, "allocs.w%d" % i))
+                       for i in range(self.workers)]
             procs += workers
             outs = []
             started = time.monotonic()

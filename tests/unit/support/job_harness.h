@@ -76,6 +76,31 @@ struct JobConfig {
   uint32_t standby_servers = 0;
 };
 
+// The settings the data path's per-partition figures are taken under (lock_count_test,
+// allocation_count_test): whole operations in flight at once (the caller pumps every
+// partition), then tight credit and a tight lead (the lanes pump as credit and lead come back,
+// and take turns issuing).
+struct PathLimits {
+  const char* name;
+  uint64_t max_bytes_in_flight;
+  uint64_t max_bytes_ahead;
+};
+inline std::vector<PathLimits> DataPathLimits(uint64_t partition_bytes) {
+  return {{"Unlimited", 32 << 20, 0},
+          {"TightCredit", 4 * partition_bytes, 0},
+          {"TightLead", 32 << 20, 2 * partition_bytes}};
+}
+// 2 workers and 1 server with partitions of `partition_bytes` under `limits`.
+inline JobConfig DataPathJob(uint64_t partition_bytes, const PathLimits& limits) {
+  JobConfig config;
+  config.workers = 2;
+  config.servers = 1;
+  config.partition_bytes = partition_bytes;
+  config.max_bytes_in_flight = limits.max_bytes_in_flight;
+  config.max_bytes_ahead = limits.max_bytes_ahead;
+  return config;
+}
+
 class Job {
  public:
   Job() = default;

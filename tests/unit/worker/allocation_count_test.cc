@@ -40,27 +40,14 @@ constexpr int kBatches = 3;
 constexpr int kRounds = 20;  // per batch
 constexpr uint64_t kMaxPerBatch = kRounds / 2;
 
-struct Limits {
-  const char* name;
-  uint64_t max_bytes_in_flight;
-  uint64_t max_bytes_ahead;
-};
-
-class AllocationCountTest : public ::testing::TestWithParam<Limits> {};
+class AllocationCountTest : public ::testing::TestWithParam<test::PathLimits> {};
 
 INSTANTIATE_TEST_SUITE_P(Limits, AllocationCountTest,
-                         ::testing::Values(Limits{"Unlimited", 32 << 20, 0},
-                                           Limits{"TightCredit", 4 * kPartitionBytes, 0},
-                                           Limits{"TightLead", 32 << 20, 2 * kPartitionBytes}),
+                         ::testing::ValuesIn(test::DataPathLimits(kPartitionBytes)),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST_P(AllocationCountTest, CallersAllocateNothingPerOperation) {
-  JobConfig config;
-  config.workers = 2;
-  config.servers = 1;
-  config.partition_bytes = kPartitionBytes;
-  config.max_bytes_in_flight = GetParam().max_bytes_in_flight;
-  config.max_bytes_ahead = GetParam().max_bytes_ahead;
+  JobConfig config = test::DataPathJob(kPartitionBytes, GetParam());
   config.ucx = true;
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(config));

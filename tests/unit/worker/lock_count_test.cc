@@ -42,29 +42,14 @@ internal::StateMutex& StateLockOf(Worker& w) {
   return dynamic_cast<WorkerImpl&>(w).state_mutex_for_testing();
 }
 
-struct Limits {
-  const char* name;
-  uint64_t max_bytes_in_flight;
-  uint64_t max_bytes_ahead;
-};
+class LockCountTest : public ::testing::TestWithParam<test::PathLimits> {};
 
-class LockCountTest : public ::testing::TestWithParam<Limits> {};
-
-// Whole operations in flight at once (the caller pumps every partition), and tight limits
-// (the lanes pump as credit and lead come back, and take turns issuing).
 INSTANTIATE_TEST_SUITE_P(Limits, LockCountTest,
-                         ::testing::Values(Limits{"Unlimited", 32 << 20, 0},
-                                           Limits{"TightCredit", 4 * kPartitionBytes, 0},
-                                           Limits{"TightLead", 32 << 20, 2 * kPartitionBytes}),
+                         ::testing::ValuesIn(test::DataPathLimits(kPartitionBytes)),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST_P(LockCountTest, StateLockAtMostOncePerPartitionPerThread) {
-  JobConfig config;
-  config.workers = 2;
-  config.servers = 1;
-  config.partition_bytes = kPartitionBytes;
-  config.max_bytes_in_flight = GetParam().max_bytes_in_flight;
-  config.max_bytes_ahead = GetParam().max_bytes_ahead;
+  const JobConfig config = test::DataPathJob(kPartitionBytes, GetParam());
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(config));
   std::vector<TensorHandle> handles(2);
