@@ -22,12 +22,6 @@
 namespace gradlink::transport {
 namespace {
 
-// What fn() allocates on this thread (this binary counts: unit/support/allocation_counter.h).
-template <typename Fn>
-uint64_t AllocationsBy(Fn&& fn) {
-  return test::AllocationsBy(std::forward<Fn>(fn)).count;
-}
-
 using namespace std::chrono_literals;
 
 Clock::time_point In(Clock::duration d) { return Clock::now() + d; }
@@ -269,14 +263,15 @@ TEST_F(ControlChannelTest, CloseWakesABlockedReceive) {
 TEST_F(ControlChannelTest, WaitReadableIsFalseAtTheDeadlineAndAllocatesNothing) {
   bool readable = false;
   const auto started = Clock::now();
-  EXPECT_EQ(AllocationsBy([&] {
+  EXPECT_EQ(test::AllocationsBy([&] {
               for (int i = 0; i < 5; ++i) readable |= channel_->WaitReadable(In(2ms));
-            }),
+            }).count,
             0u);
   EXPECT_FALSE(readable);
   EXPECT_GE(Clock::now() - started, 10ms);
   Status timed_out;
-  EXPECT_GT(AllocationsBy([&] { timed_out = channel_->Receive(In(2ms)).status(); }), 0u);
+  EXPECT_GT(test::AllocationsBy([&] { timed_out = channel_->Receive(In(2ms)).status(); }).count,
+            0u);
   EXPECT_EQ(timed_out.code(), Code::kTimeout) << timed_out.ToString();
 }
 

@@ -5,14 +5,11 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <limits>
-#include <new>
 #include <string>
 #include <vector>
 
