@@ -266,8 +266,10 @@ class Worker {
   // divides by the ranks that pushed; a key first declared meanwhile is planned without it;
   // a barrier counts it as arrived; other collectives that need it fail with
   // kInvalidArgument naming it. Afterwards every rank goes on in step, the joined ones included.
-  // kInvalidArgument when the job sums on hosts first (hierarchical aggregation: set
-  // WorkerOptions::hierarchical = false); kTimeout at the deadline.
+  // Where hosts sum first (hierarchical aggregation), this worker meanwhile still pushes its
+  // share of its host's partial sums, which hold the others' tensors only, and a host sits
+  // rounds out once all its workers have joined; a key first declared meanwhile is
+  // aggregated flat. kTimeout at the deadline.
   virtual Result<uint32_t> Join(Clock::time_point deadline) = 0;
 
   // Leaves the job cleanly; pending operations fail with kAborted. Idempotent.

@@ -123,8 +123,13 @@ Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
     if (m == topology::Mode::kFlat) decl.mode = topology::Mode::kFlat;
     if (m != topology::Mode::kFlat && m != static_cast<topology::Mode>(d0.mode)) modes_differ = true;
   }
-  // Hosts sum first only for sums: a host stage has no min, max or routing.
-  if (!hosts_.hierarchical() || !decl.spec.is_sum()) decl.mode = topology::Mode::kFlat;
+  // Hosts sum first only for sums: a host stage has no min, max or routing. Nor for a key
+  // planned without a rank that has joined (Worker::Join): it has no host channel for it, and
+  // may be the one to push some of its host's partitions.
+  if (!hosts_.hierarchical() || !decl.spec.is_sum() ||
+      decl.by_rank.size() < opts_.num_workers) {
+    decl.mode = topology::Mode::kFlat;
+  }
   if (decl.mode == topology::Mode::kFlat) modes_differ = false;
   // Partitions are cut in what travels (fp32 for a 16-bit tensor's host partials), so that the
   // tuned partition size is the bytes on the wire.

@@ -36,6 +36,15 @@ PartitionState::PartitionState(uint64_t key, uint32_t partition, std::string nam
   flags_.assign(num_part_, 0);
   gone_.assign(num_part_, false);
   joined_.assign(num_part_, false);
+  ranks_.assign(num_part_, 0);
+  if (!host_of_.empty()) {
+    host_ranks_.assign(num_workers_, 0);
+    host_joined_.assign(num_workers_, 0);
+    rank_joined_.assign(host_of_.size(), false);
+    for (uint32_t h : host_of_) {
+      if (h < num_workers_) ++host_ranks_[h];
+    }
+  }
   staging_.resize(num_workers_);
   left_ = participants_;
   for (uint32_t i = 0; i < num_part_; ++i) {
@@ -84,8 +93,16 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
     return ProtocolError(Describe() + ": rank " + std::to_string(sender) + " pushed round " +
                          std::to_string(h.round) + " twice");
   }
+  const uint32_t most = rank < host_ranks_.size() ? host_ranks_[rank] : 0;
+  if (h.ranks > most) {
+    return ProtocolError(Describe() + ": rank " + std::to_string(sender) + " pushed a sum of " +
+                         std::to_string(h.ranks) + " ranks" +
+                         (most == 0 ? std::string(", which only a host's partial sum names")
+                                    : " for a host of " + std::to_string(most)));
+  }
   cookie_[rank] = h.cookie;
   flags_[rank] = h.flags;
+  ranks_[rank] = h.ranks;
   if (h.dtype != static_cast<uint8_t>(dtype_) || h.count != expected) {
     const std::string got =
         IsValidDataType(h.dtype) ? std::string(DataTypeName(static_cast<DataType>(h.dtype)))
@@ -193,7 +210,24 @@ void PartitionState::ApplyJoinedLocked() {
 
 bool PartitionState::SetJoined(uint32_t worker, bool joined) {
   std::lock_guard<std::mutex> lock(mu_);
-  const int32_t index = IndexOf(worker);
+  if (host_of_.empty()) return SetJoinedLocked(IndexOf(worker), joined);
+  // Summed per host first: the host sits a round out only once all its workers have joined;
+  // until then its pusher (joined or not) pushes what the others summed, naming how many.
+  if (worker >= rank_joined_.size() || host_of_[worker] >= num_workers_ ||
+      rank_joined_[worker] == joined) {
+    return false;
+  }
+  const uint32_t host = host_of_[worker];
+  rank_joined_[worker] = joined;
+  if (joined) {
+    if (++host_joined_[host] < host_ranks_[host]) return false;
+    return SetJoinedLocked(static_cast<int32_t>(host), true);
+  }
+  --host_joined_[host];
+  return SetJoinedLocked(static_cast<int32_t>(host), false);
+}
+
+bool PartitionState::SetJoinedLocked(int32_t index, bool joined) {
   if (index < 0 || joined_[index] == joined) return false;
   if (joined) {
     joined_[index] = true;
@@ -427,14 +461,22 @@ std::optional<Completion> PartitionState::Progress() {
   sent_cookies_[slot].assign(cookie_.begin(), cookie_.end());
   c.cookies = sent_cookies_[slot];
   uint32_t absent = 0, first_present = 0;
+  // The ranks an average leaves out: those that sat the round out, whole (an absent
+  // participant: a worker, or a host all of whose workers joined) or in part (a host's partial
+  // that sums fewer than its workers, ranks_).
+  uint32_t left_out = 0;
   if (joined_count_ != 0) {  // else no allocation: `absent` stays empty
     c.absent.assign(num_part_, false);
     for (uint32_t i = 0; i < num_part_; ++i) {
       // Sat the round out, or failed it only by having joined: no reply either way.
       c.absent[i] = stage_[i] == Stage::kAbsent || (joined_[i] && stage_[i] == Stage::kFailed);
       absent += c.absent[i] ? 1 : 0;
+      if (c.absent[i] && i < num_workers_) left_out += Weight(i);
     }
     while (first_present + 1 < num_part_ && c.absent[first_present]) ++first_present;
+  }
+  for (uint32_t i = 0; i < num_workers_; ++i) {
+    if (ranks_[i] != 0 && (c.absent.empty() || !c.absent[i])) left_out += Weight(i) - ranks_[i];
   }
   const auto sat_out = [&](uint32_t i) { return !c.absent.empty() && c.absent[i]; };
   if (!failure_.empty()) {
@@ -465,8 +507,9 @@ std::optional<Completion> PartitionState::Progress() {
     }
   }
   if (c.status.ok()) {
-    // An average divides by the ranks that pushed: those that sat the round out are not in it.
-    const uint32_t divisor = (flags_[first_present] & wire::kFlagAverage) ? divisor_ - absent : 1;
+    // An average divides by the ranks summed: those that sat the round out are not in it.
+    const uint32_t divisor =
+        (flags_[first_present] & wire::kFlagAverage) ? divisor_ - left_out : 1;
     if (routing_.copy) {
       c.result = acc;  // the contributor's push, as it came
     } else if (acc_bytes_ == wire_bytes_) {

@@ -114,8 +114,10 @@ class PartitionState {
   // Worker `rank` has joined (Worker::Join: it ran out of data) or, with `joined` false, every
   // rank has and the job goes on. While joined, a sum's rounds go on without it: it sits each
   // out (a contribution of zeros; an average divides by the ranks that pushed), and gets no
-  // reply. Other collectives' rounds fail with kInvalidArgument naming it. Runs on the owner
-  // thread; returns true when the caller should run Progress().
+  // reply. Other collectives' rounds fail with kInvalidArgument naming it. Summed per host
+  // first, a host sits out once all its workers have joined; until then its partial sums the
+  // others (its push names how many: Header::ranks). Runs on the owner thread; returns true
+  // when the caller should run Progress().
   bool SetJoined(uint32_t rank, bool joined);
 
   // Failover: this server takes over the partition from a lost one (OnAssign with
@@ -174,10 +176,13 @@ class PartitionState {
   // With mu_ held, at the start of a round or a join: joined participants that have not pushed
   // sit a sum's round out (kAbsent); in another collective they fail it.
   void ApplyJoinedLocked();
+  // SetJoined() for participant `index` (-1: none).
+  bool SetJoinedLocked(int32_t index, bool joined);
   bool SumsWithoutAbsent() const {
-    return routing_.op == ReduceOp::kSum && !routing_.copy && routing_.requesters.empty() &&
-           host_of_.empty();
+    return routing_.op == ReduceOp::kSum && !routing_.copy && routing_.requesters.empty();
   }
+  // The workers contributor `i`'s push sums when none sat out: 1, or its host's workers.
+  uint32_t Weight(uint32_t i) const { return host_ranks_.empty() ? 1 : host_ranks_[i]; }
   // Sizes `buf` to `bytes` (from the pool, if any, when it is empty) and counts it in held_;
   // Give() hands it back to the pool (without one, it stays).
   void Take(std::vector<std::byte>& buf, size_t bytes);
@@ -208,11 +213,16 @@ class PartitionState {
   std::vector<uint64_t> cookie_;
   std::vector<uint64_t> sent_cookies_[2];  // per slot: cookie_ as its round completed
   std::vector<uint16_t> flags_;
+  std::vector<uint16_t> ranks_;    // per contributor: its push's Header::ranks (0: all)
   std::string failure_;            // why the current round fails; empty: it does not
   Code failure_code_ = Code::kOk;
   std::vector<bool> gone_;         // left the job
   std::vector<bool> joined_;       // joined (SetJoined), per participant
   uint32_t joined_count_ = 0;      // how many are
+  // Summed per host first (host_of_ set): per contributor (host), its workers and how many
+  // of them have joined; per rank, whether it has.
+  std::vector<uint32_t> host_ranks_, host_joined_;
+  std::vector<bool> rank_joined_;
   bool acc_started_ = false;       // the accumulator holds this round's first contributions
   Clock::time_point last_landed_{};  // this round's latest push payload (EndPush)
   uint32_t next_ = 0;              // ranks [0, next_) are in the accumulator

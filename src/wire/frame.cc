@@ -30,7 +30,7 @@ enum Offset : size_t {
   kOffPartition = 24,
   kOffDtype = 28,
   kOffCode = 29,
-  kOffServerTime = 30,  // u16: kPullResponse's server time, else zero
+  kOffTypeWord = 30,  // u16: kPullResponse's server time, kPush's ranks, else zero
   kOffRound = 32,
   kOffCount = 40,
   kOffPayload = 48,
@@ -68,7 +68,9 @@ HeaderBytes EncodeHeader(const Header& h) {
   Put<uint32_t>(p + kOffPartition, h.partition);
   Put<uint8_t>(p + kOffDtype, h.dtype);
   Put<uint8_t>(p + kOffCode, h.code);
-  Put<uint16_t>(p + kOffServerTime, h.server_time);
+  Put<uint16_t>(p + kOffTypeWord, h.type == MsgType::kPullResponse ? h.server_time
+                                  : h.type == MsgType::kPush       ? h.ranks
+                                                                   : uint16_t{0});
   Put<uint64_t>(p + kOffRound, h.round);
   Put<uint64_t>(p + kOffCount, h.count);
   Put<uint64_t>(p + kOffPayload, h.payload_bytes);
@@ -103,10 +105,12 @@ Result<Header> DecodeHeader(std::span<const std::byte> bytes) {
   }
   const uint8_t type = Get<uint8_t>(p + kOffType);
   if (!IsKnownType(type)) return ProtocolError("unknown message type " + std::to_string(type));
-  const uint16_t server_time = Get<uint16_t>(p + kOffServerTime);
-  if (server_time != 0 && type != static_cast<uint8_t>(MsgType::kPullResponse)) {
-    return ProtocolError("server time " + std::to_string(server_time) + " on a frame of type " +
-                         std::to_string(type) + " (only a pull response has one)");
+  const uint16_t type_word = Get<uint16_t>(p + kOffTypeWord);
+  const bool pull = type == static_cast<uint8_t>(MsgType::kPullResponse);
+  const bool push = type == static_cast<uint8_t>(MsgType::kPush);
+  if (type_word != 0 && !pull && !push) {
+    return ProtocolError("bytes 30-31 hold " + std::to_string(type_word) + " on a frame of type " +
+                         std::to_string(type) + " (only a pull response or a push uses them)");
   }
 
   Header h;
@@ -122,7 +126,8 @@ Result<Header> DecodeHeader(std::span<const std::byte> bytes) {
   h.count = Get<uint64_t>(p + kOffCount);
   h.payload_bytes = Get<uint64_t>(p + kOffPayload);
   h.cookie = Get<uint64_t>(p + kOffCookie);
-  h.server_time = server_time;
+  h.server_time = pull ? type_word : 0;
+  h.ranks = push ? type_word : 0;
 
   if ((h.flags & ~kKnownFlags) != 0) return ProtocolError("unknown flags " + std::to_string(h.flags));
   if (h.code > kMaxCode) return ProtocolError("status code out of range: " + std::to_string(h.code));

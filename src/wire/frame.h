@@ -109,8 +109,12 @@ struct Header {
   uint8_t dtype = 0;        // DataType on data frames, 0 on control frames
   uint8_t code = 0;         // Code on kAbort / kDataError, else 0
   // kPullResponse: the server's own time on the round, from its last push landing to the
-  // reply being sent (EncodeServerTime); 0 on every other frame.
+  // reply being sent (EncodeServerTime). Same bytes as `ranks`; 0 on every other frame.
   uint16_t server_time = 0;
+  // kPush of a host's partial sum: how many of the host's workers it sums, when some sat the
+  // round out (they had joined: Worker::Join); 0: all of them. Same bytes as `server_time`; 0
+  // on every other frame.
+  uint16_t ranks = 0;
   uint64_t round = 0;       // round number on data frames
   uint64_t count = 0;       // elements in the payload (data frames)
   uint64_t payload_bytes = 0;

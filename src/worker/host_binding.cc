@@ -131,6 +131,7 @@ void WorkerImpl::StartHostLocked(TensorState& t, const std::shared_ptr<Op>& op) 
   op->outstanding = t.pushed_here;
   op->partial.assign(t.parts.size(), {});
   op->push_flags.assign(t.parts.size(), 0);
+  op->push_ranks.assign(t.parts.size(), 0);
   op->max_ahead = LeadLimit(max_bytes_ahead_, t.servers_spanned);
   TrackOpLocked(op);
   LocalReduce::Job job = SegmentJob(t, *op);
@@ -138,22 +139,26 @@ void WorkerImpl::StartHostLocked(TensorState& t, const std::shared_ptr<Op>& op) 
   job.wire = t.wire;
   job.parts = t.parts;
   job.pusher = t.pusher;
-  job.summed = [this, op](uint32_t part, std::span<std::byte> partial, uint16_t flags) {
-    HostSummed(op, part, partial, flags);
-  };
+  job.sits_out = op->sits_out;
+  job.summed = [this, op](uint32_t part, std::span<std::byte> partial, uint16_t flags,
+                          uint32_t ranks) { HostSummed(op, part, partial, flags, ranks); };
   job.done = [this, op](const Status& s, Clock::time_point first, Clock::time_point last,
                         Clock::time_point arrived) { HostDone(op, s, first, last, arrived); };
   local_->Start(std::move(job));
 }
 
 void WorkerImpl::HostSummed(const std::shared_ptr<Op>& op, uint32_t part,
-                            std::span<std::byte> partial, uint16_t flags) {
+                            std::span<std::byte> partial, uint16_t flags, uint32_t ranks) {
   IssueBatch batch;
   {
     std::lock_guard lock(mu_);
     if (op->finished || op->abandoned) return;
     op->partial[part] = partial;
     op->push_flags[part] = flags;
+    // Fewer than the host's workers (some joined): the servers divide an average by the ranks
+    // summed, so the push says how many.
+    const size_t host_ranks = hosts_.ranks_on[hosts_.host_of[rank_]].size();
+    op->push_ranks[part] = ranks < host_ranks ? static_cast<uint16_t>(ranks) : 0;
     pending_.push(Pending{op->options.priority, next_seq_++, op, part});
     PumpLocked();
     TakeIssueLocked(&batch);
@@ -181,6 +186,58 @@ void WorkerImpl::HostDone(const std::shared_ptr<Op>& op, const Status& s, Clock:
     if (op->outstanding != 0) op->abandoned = true;
   }
   TryFinishLocked(*op);
+}
+
+void WorkerImpl::StartSatOutRoundsLocked(std::vector<SatOutWatch>* watch) {
+  watch->clear();
+  for (const auto& [key, ts] : tensors_) {
+    TensorState& t = *ts;
+    if (!t.planned || !t.plan_status.ok() || t.mode == topology::Mode::kFlat || !t.host ||
+        t.pushed_here == 0 || t.parts.empty()) {
+      continue;
+    }
+    const auto parts = static_cast<uint32_t>(t.parts.size());
+    if (t.busy || !t.queue.empty()) continue;  // a round it runs for the others: it ends first
+    if (!local_->RoundStarted(*t.host, t.next_round, parts)) {
+      watch->push_back({*t.host, t.next_round, parts});
+      continue;
+    }
+    auto op = std::allocate_shared<Op>(internal::OpAllocator<Op>(op_memory_));
+    op->t_call = Clock::now();
+    op->timeout = opts_.operation_timeout;
+    op->describer = describer_;
+    op->local = local_;
+    op->tensor = ts;
+    op->sits_out = true;
+    op->id = next_op_id_++;
+    op->round = t.next_round++;
+    StartHostLocked(t, op);
+  }
+}
+
+Status WorkerImpl::SitOutUntilReleased(Clock::time_point deadline) {
+  std::vector<SatOutWatch> watch;
+  std::unique_lock lock(mu_);
+  while (!join_released_ && failure_.ok()) {
+    if (Clock::now() >= deadline) {
+      return Timeout("join() on rank " + std::to_string(rank_) +
+                     ": not every worker had joined by the deadline");
+    }
+    StartSatOutRoundsLocked(&watch);
+    lock.unlock();
+    local_->Kick();
+    // Asleep on the segment's bell, which the host's workers ring as they post and which the
+    // release rings; a plan that arrives meanwhile is seen within the slice.
+    const auto begun = [&] {
+      if (join_released_signal_.load(std::memory_order_acquire)) return true;
+      return std::any_of(watch.begin(), watch.end(), [&](const SatOutWatch& w) {
+        return local_->RoundStarted(w.channel, w.round, w.parts);
+      });
+    };
+    local_->Wait(begun, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
+    lock.lock();
+  }
+  return join_released_ ? Status::Ok() : failure_;
 }
 
 }  // namespace gradlink

@@ -184,6 +184,7 @@ struct LocalReduce::Running {
   size_t next_own = 0;
   std::vector<bool> copied;
   uint64_t copy_from = 0, copies = 0;
+  bool began = false;  // host jobs: AdvanceHost has seen it once
   Status failure;
   bool abandoned = false;  // a rank it needs has left: it ends now, with `failure`
   Clock::time_point t_first_post, t_last_post, t_arrived;
@@ -770,7 +771,20 @@ bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
 }
 
 bool LocalReduce::Over(const Running& r) {
-  return r.job.host ? r.copies >= r.job.parts.size() : r.next_sum >= r.job.channel.chunks;
+  if (!r.job.host) return r.next_sum >= r.job.channel.chunks;
+  // A worker that has joined copies nothing out: it is done once it has handed on its sums.
+  return r.job.sits_out ? r.next_own >= r.own.size() : r.copies >= r.job.parts.size();
+}
+
+bool LocalReduce::RoundStarted(const HostChannel& c, uint64_t round, uint32_t parts) const {
+  const auto* head = reinterpret_cast<const HostHead*>(seg_->arena() + c.offset);
+  const uint64_t first = round * parts + 1;  // partition 0 of `round`
+  for (uint32_t j = 0; j < opts_.ranks; ++j) {
+    if (j != opts_.rank && head->rank[j].posted.load(std::memory_order_acquire) >= first) {
+      return true;
+    }
+  }
+  return false;
 }
 
 Result<std::optional<LocalReduce::HostChannel>> LocalReduce::BindHost(uint64_t key, DataType dtype,
@@ -838,7 +852,42 @@ bool LocalReduce::AdvanceHost(Running& r, uint64_t max_sums) {
     r.abandoned = true;
     return true;
   };
+  // Rank j has joined (Worker::Join) and did not post partition n: it sits it out. Its flag is
+  // read first: once set, its counters no longer move (it joined with no job of its own left,
+  // every entry it had to copy copied).
+  auto sits_out = [&](uint32_t j, uint64_t n) {
+    return seg_->joined[j].load(std::memory_order_acquire) != 0 &&
+           head->rank[j].posted.load(std::memory_order_acquire) < n;
+  };
+  auto has_joined = [&](uint32_t j) {
+    return seg_->joined[j].load(std::memory_order_acquire) != 0;
+  };
   bool moved = false;
+  if (!r.began) {
+    r.began = true;
+    if (job.sits_out) {
+      r.next_post = parts;  // it pushes the others' partials, posting nothing
+    } else {
+      // Rounds of this key this worker sat out (it had joined) left its copy marks behind, and
+      // rounds its whole host sat out left the slots' marks behind. Every partition before
+      // this round was summed and needs no copy from this worker any more: every rank had
+      // ended its part of them when this one began (it had ended its own last round, or all
+      // had joined), and a partition of this round is summed only once this rank posts it.
+      const uint64_t before = job.round * parts;
+      for (uint32_t e = 0; e < ch.entries; ++e) {
+        std::atomic<uint64_t>& mark = head->entry[e].copied[me];
+        if (mark.load(std::memory_order_relaxed) < before) {
+          mark.store(before, std::memory_order_release);
+        }
+      }
+      for (uint32_t s = 0; s < ch.slots; ++s) {
+        uint64_t mark = head->in_free[s].load(std::memory_order_acquire);
+        while (mark < before &&
+               !head->in_free[s].compare_exchange_weak(mark, before, std::memory_order_acq_rel)) {
+        }
+      }
+    }
+  }
 
   // Post: the next partition into its input slot, once its last user was summed.
   while (r.next_post < parts) {
@@ -870,29 +919,46 @@ bool LocalReduce::AdvanceHost(Running& r, uint64_t max_sums) {
     const uint32_t part = r.own[r.next_own];
     const uint64_t n = number(part);
     // Not yet: a rank has not posted it, or not copied out what its entry held. Then on to the
-    // copies (ours may be what the entry waits for).
+    // copies (ours may be what the entry waits for). The ranks in the sum, in local-rank order:
+    // all but those that joined and sat it out.
     std::optional<uint32_t> waits_for;
     HostEntry& e = head->entry[entry_of(n)];
+    std::array<uint32_t, kMaxRanks> in_sum;
+    uint32_t n_in = 0;
     for (uint32_t j = 0; j < ranks && !waits_for; ++j) {
-      if (head->rank[j].posted.load(std::memory_order_acquire) < n ||
-          (n > ch.entries && e.copied[j].load(std::memory_order_acquire) < n - ch.entries)) {
+      if (n > ch.entries && !has_joined(j) &&
+          e.copied[j].load(std::memory_order_acquire) < n - ch.entries) {
         waits_for = j;
+      } else if (!sits_out(j, n)) {
+        if (head->rank[j].posted.load(std::memory_order_acquire) < n) {
+          waits_for = j;
+        } else {
+          in_sum[n_in++] = j;
+        }
       }
     }
     if (waits_for) {
       if (left(*waits_for)) return true;
       break;
     }
+    if (n_in == 0) {  // a round starts only with a post (RoundStarted): never
+      r.failure = Internal(job.what + " partition " + std::to_string(part) + " round " +
+                           std::to_string(job.round) + ": every worker of the host sat it out");
+      r.abandoned = true;
+      return true;
+    }
     const uint32_t s = slot_of(n);
-    const uint32_t avg0 = head->rank[0].average[s].load(std::memory_order_relaxed);
+    const uint32_t first = in_sum[0];
+    const uint32_t avg0 = head->rank[first].average[s].load(std::memory_order_relaxed);
     uint16_t flags = avg0 ? wire::kFlagAverage : 0;
-    for (uint32_t j = 1; j < ranks; ++j) {
+    for (uint32_t k = 1; k < n_in; ++k) {
+      const uint32_t j = in_sum[k];
       const uint32_t avg = head->rank[j].average[s].load(std::memory_order_relaxed);
       if (avg == avg0) continue;
       flags |= wire::kFlagHostDisagrees;
       if (r.failure.ok()) {
         r.failure = Mismatch(job.what + " round " + std::to_string(job.round) + ": rank " +
-                             std::to_string(JobRank(0)) + " " + (avg0 ? "averages" : "sums") +
+                             std::to_string(JobRank(first)) + " " + (avg0 ? "averages" : "sums") +
                              " but rank " + std::to_string(JobRank(j)) + " " +
                              (avg ? "averages" : "sums"));
       }
@@ -910,11 +976,13 @@ bool LocalReduce::AdvanceHost(Running& r, uint64_t max_sums) {
       }
       acc = scratch_.data();
     }
-    if (ranks == 1) {
-      reduce::Load(job.dtype, acc, input(0, n), count);
+    if (n_in == 1) {
+      reduce::Load(job.dtype, acc, input(in_sum[0], n), count);
     } else {
-      reduce::SumTwo(job.dtype, acc, input(0, n), input(1, n), count);
-      for (uint32_t j = 2; j < ranks; ++j) reduce::Accumulate(job.dtype, acc, input(j, n), count);
+      reduce::SumTwo(job.dtype, acc, input(in_sum[0], n), input(in_sum[1], n), count);
+      for (uint32_t k = 2; k < n_in; ++k) {
+        reduce::Accumulate(job.dtype, acc, input(in_sum[k], n), count);
+      }
     }
     if (acc != out) reduce::Store(job.dtype, out, acc, count, 1);
     busy.reset();
@@ -922,9 +990,10 @@ bool LocalReduce::AdvanceHost(Running& r, uint64_t max_sums) {
     if (ranks > 1) RingPeers();
     ++r.next_own;
     moved = true;
-    job.summed(part, std::span<std::byte>(out, count * wsize), flags);
+    job.summed(part, std::span<std::byte>(out, count * wsize), flags, n_in);
   }
 
+  if (job.sits_out) return moved;  // it copies nothing out
   // Copy out: every sum that came back, in whatever order the servers answered. Only the
   // entries' depth can be outstanding: a partition that far ahead waits for our copy.
   const uint64_t end = std::min<uint64_t>(parts, r.copy_from + ch.entries);

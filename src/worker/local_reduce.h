@@ -110,8 +110,15 @@ class LocalReduce {
     std::vector<uint32_t> pusher;                // per partition: the local rank that pushes it
     // Called on the driving thread once this worker's partition `part` is summed into `partial`
     // (`wire` dtype), which must then be pushed, and its sum pulled into the same bytes, then
-    // Publish()ed. `flags`: the push's (kFlagHostDisagrees when the host's workers disagree).
-    std::function<void(uint32_t part, std::span<std::byte> partial, uint16_t flags)> summed;
+    // Publish()ed. `flags`: the push's (kFlagHostDisagrees when the host's workers disagree);
+    // `ranks`: the local workers summed in it (fewer than the host's when some had joined).
+    std::function<void(uint32_t part, std::span<std::byte> partial, uint16_t flags,
+                       uint32_t ranks)>
+        summed;
+    // This worker has joined (Worker::Join) and runs the round only for the others: it posts
+    // nothing and copies nothing out, but sums and hands on the partitions it pushes for the
+    // host (`data` is empty). Over once those are handed on.
+    bool sits_out = false;
   };
 
   // Creates (rank 0) or opens the segment and returns once every rank has opened it; null (and
@@ -152,9 +159,13 @@ class LocalReduce {
   // Wakes this worker's threads asleep in Wait() (an operation ended elsewhere).
   void Wake() { Ring(opts_.rank); }
   // Join (Worker::Join): this worker, with no job left, sits out the others' chunks from now on;
-  // ClearJoined (every rank has joined, none is summing): every rank takes part again.
+  // ClearJoined (every rank has joined, none is summing): every rank takes part again. On a
+  // host channel a joined worker still pushes its partitions for the others (Job::sits_out).
   void SetJoined();
   void ClearJoined();
+  // Whether another worker has posted partition 0 of round `round` of the host channel `c` (of
+  // a key of `parts` partitions): the round has begun on the host. Any thread; takes no lock.
+  bool RoundStarted(const HostChannel& c, uint64_t round, uint32_t parts) const;
   // The job failed: every job (queued or later) ends with `s`. Takes no lock a driver holds.
   void Fail(const Status& s);
   // Ends every job (with the failure given to Fail(), else kAborted) and joins the background

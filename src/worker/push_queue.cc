@@ -217,6 +217,7 @@ wire::Header WorkerImpl::PushHeader(const Op& op, uint32_t part, uint64_t bytes)
   wire::Header h;
   h.type = MsgType::kPush;
   h.flags = op.host ? op.push_flags[part] : (op.options.average ? wire::kFlagAverage : 0);
+  h.ranks = op.host ? op.push_ranks[part] : 0;
   h.job = job_hash_;
   h.sender = rank_;
   h.key = t.key;
@@ -403,7 +404,7 @@ void WorkerImpl::FinishLocked(Op& op, const Status& s) {
   if (op.finished) return;
   op.finished = true;
   op.t_done = Clock::now();
-  if (s.ok() && !op.owned) {  // fused ops count when their members are unpacked
+  if (s.ok() && !op.owned && !op.sits_out) {  // fused ops count when their members are unpacked
     counters_->push_pulls.fetch_add(1, std::memory_order_relaxed);
     counters_->bytes_reduced.fetch_add(op.data.size(), std::memory_order_relaxed);
   }

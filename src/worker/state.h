@@ -234,6 +234,10 @@ struct Op {
   bool host = false;
   std::vector<std::span<std::byte>> partial;
   std::vector<uint16_t> push_flags;
+  std::vector<uint16_t> push_ranks;  // per partition: its push's wire::Header::ranks
+  // This worker has joined (Worker::Join) and runs the round only to push its share of the
+  // host's partials for the others (LocalReduce::Job::sits_out): no data, no caller.
+  bool sits_out = false;
   bool host_done = false;
   Status host_status;
   std::atomic<uint64_t> round{0};  // atomic: Wait() reads it (for its message) without mu_

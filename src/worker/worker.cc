@@ -351,18 +351,13 @@ Status WorkerImpl::Barrier(Clock::time_point deadline) {
 }
 
 Result<uint32_t> WorkerImpl::Join(Clock::time_point deadline) {
-  if (host_path_) {
-    return InvalidArgument("join() on rank " + std::to_string(rank_) +
-                           ": this job sums on each host first (hierarchical aggregation), "
-                           "where a rank cannot sit rounds out; join() needs "
-                           "WorkerOptions::hierarchical = false (GRADLINK_HIERARCHICAL=0)");
-  }
   {
     std::lock_guard lock(mu_);
     if (joining_) return InvalidArgument("join() on rank " + std::to_string(rank_) +
                                          ": another join() of this worker is in progress");
     joining_ = true;
     join_released_ = false;
+    join_released_signal_.store(false, std::memory_order_release);
   }
   struct Unjoin {
     WorkerImpl* w;
@@ -415,6 +410,11 @@ Result<uint32_t> WorkerImpl::Join(Clock::time_point deadline) {
     gen = channel_gen_.load();
   }
   GL_RETURN_IF_ERROR(SendControl(gen, h, wire::Encode(msg), deadline));
+  if (host_path_) {
+    GL_RETURN_IF_ERROR(SitOutUntilReleased(deadline));
+    std::lock_guard lock(mu_);
+    return join_last_;
+  }
   std::unique_lock lock(mu_);
   if (!cv_.wait_until(lock, deadline, [&] { return join_released_ || !failure_.ok(); })) {
     return Timeout("join() on rank " + std::to_string(rank_) +

@@ -384,7 +384,18 @@ class WorkerImpl final : public Worker {
   void StartHostLocked(TensorState& t, const std::shared_ptr<Op>& op);
   // On the driving thread: this worker's partition `part` of the host's sum is ready to push.
   void HostSummed(const std::shared_ptr<Op>& op, uint32_t part, std::span<std::byte> partial,
-                  uint16_t flags);
+                  uint16_t flags, uint32_t ranks);
+  // Join() on a host path: until every rank has joined, runs the rounds the host's other
+  // workers begin on keys this worker pushes partitions of, with nothing of its own
+  // (LocalReduce::Job::sits_out), so that its share of the host's partials still goes out.
+  Status SitOutUntilReleased(Clock::time_point deadline);
+  // Under mu_: starts those rounds that have begun; returns the keys still to watch.
+  struct SatOutWatch {
+    LocalReduce::HostChannel channel;
+    uint64_t round;
+    uint32_t parts;
+  };
+  void StartSatOutRoundsLocked(std::vector<SatOutWatch>* watch);
   // The pulled sum of `part` (or its failure) is in the host channel: the host's workers copy it.
   void PublishLocked(Op& op, uint32_t part, Code code);
   void HostDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,
@@ -483,6 +494,7 @@ class WorkerImpl final : public Worker {
   // Join(): in progress; released (every rank joined) with the rank that joined last; the next
   // round of keys this worker had not declared when it sat their rounds out (for Declare).
   bool joining_ = false, join_released_ = false;
+  std::atomic<bool> join_released_signal_{false};  // join_released_, read outside mu_
   uint32_t join_last_ = 0;
   std::unordered_map<uint64_t, uint64_t> resume_rounds_;
 

@@ -46,6 +46,13 @@ def test_horovod_join_with_uneven_batches(run_job, env):
     expect_ok(run_job(3, 2, "hvd_join.py", env=env), "HVD JOIN", 3)
 
 
+def test_horovod_join_on_hosts_summing_first(run_job):
+    """Ranks 0 and 2 share an emulated host, rank 1 has its own: hosts sum first. Rank 0 joins
+    while rank 2 still trains (rank 0 keeps pushing its share of their host's partials), then
+    rank 1 (its host sits out whole). The job checks that hosts summed first."""
+    expect_ok(run_job(3, 2, "hvd_join.py", env={"JOIN_TEST_HOSTS": "0,1,0"}), "HVD JOIN", 3)
+
+
 def test_horovod_allgather_reducescatter_alltoall(run_job):
     expect_ok(run_job(3, 2, "hvd_gather.py"), "HVD GATHER", 3)
 

@@ -128,8 +128,8 @@ def join(device=-1):
     contributed) until every rank has joined; returns the rank that joined last. `device` is
     accepted for Horovod's signature (tensors here are on the CPU). Differences from Horovod:
     allgather, broadcast, alltoall, reducescatter, Min/Max/Product and process-set
-    collectives raise InvalidArgumentError while a rank has joined, and join() raises in a
-    job that sums on each host first (set GRADLINK_HIERARCHICAL=0)."""
+    collectives raise InvalidArgumentError while a rank has joined. Where hosts sum first, a
+    joined rank keeps pushing its share of its host's partial sums until the release."""
     del device
     return _core.join()
 

@@ -3,7 +3,8 @@ with DistributedOptimizer until its data runs out, then joins. Each step's avera
 the mean over the ranks that still had a batch, so the model must equal a single-process run
 that averages exactly those ranks' losses at each step. After the join, the model of the rank
 that joined last is broadcast (Horovod's pattern) and one more step has every rank again
-(asserts inside)."""
+(asserts inside). JOIN_TEST_HOSTS=h0,h1,...: rank r counts as host h_r (GRADLINK_HOST), so
+that hosts with several workers sum first (hierarchical aggregation)."""
 
 import os
 import sys
@@ -16,6 +17,9 @@ import common  # noqa: E402
 import gradlink.torch as hvd  # noqa: E402
 
 torch.set_num_threads(1)
+if os.environ.get("JOIN_TEST_HOSTS"):
+    hosts = os.environ["JOIN_TEST_HOSTS"].split(",")
+    os.environ["GRADLINK_HOST"] = "emulated-host-" + hosts[int(os.environ["GRADLINK_RANK"])]
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 steps = [2 + r for r in range(size)]  # batches per rank: uneven
@@ -65,6 +69,9 @@ for step in range(steps[rank]):
     assert count.tolist() == [len(present(step))] * 3, (step, count)
 # This rank's model took its own steps, each averaged over the ranks present.
 expect_equal(model.state_dict(), reference(steps[rank]), "before join")
+if os.environ.get("JOIN_TEST_HOSTS"):
+    from gradlink.torch import _core  # noqa: E402
+    assert _core.stats()["in_force"]["hierarchy"], _core.stats()["in_force"]
 last = hvd.join()
 assert last == size - 1, last
 # Horovod's pattern: the rank that joined last has the model trained on every batch.

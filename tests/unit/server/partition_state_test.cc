@@ -869,6 +869,80 @@ TEST(PartitionStateTest, AJoinedRankSitsRoundsOut) {
   EXPECT_EQ(FromBytes<float>(d2.result), (std::vector<float>{111.75f, 222.5f, 334}));
 }
 
+// Summed per host first (hosts {0, 0, 1, 1, 1}, pushed by ranks 0 and 2): a host's partial that
+// leaves joined workers out says how many it sums (Header::ranks), and an average divides by
+// the ranks summed over all hosts; a host sits out only once all its workers have joined; a
+// partial naming more workers than its host has, or a flat push naming any, is refused.
+TEST(PartitionStateTest, HostPartialsLeaveJoinedWorkersOut) {
+  PartitionState st(kKey, 0, "h", DataType::kFloat32, 2, {0, 2}, 5, {0, 0, 1, 1, 1});
+  const float host0[2] = {3, 6}, host1[2] = {12, 24};
+  auto push = [&](uint32_t sender, uint64_t round, uint16_t ranks, const float* data) {
+    wire::Header h;
+    h.type = wire::MsgType::kPush;
+    h.flags = wire::kFlagAverage;
+    h.key = kKey;
+    h.sender = sender;
+    h.round = round;
+    h.dtype = static_cast<uint8_t>(DataType::kFloat32);
+    h.count = 2;
+    h.payload_bytes = 8;
+    h.ranks = ranks;
+    bool run = false;
+    Result<std::span<std::byte>> span = st.BeginPush(h, &run);
+    if (!span.ok()) return span.status();
+    std::memcpy(span->data(), data, 8);
+    st.EndPush(sender, true);
+    return Status::Ok();
+  };
+  auto round = [&](uint64_t r, std::vector<std::pair<uint32_t, uint16_t>> pushes) {
+    for (const auto& [sender, ranks] : pushes) {
+      EXPECT_TRUE(push(sender, r, ranks, sender == 0 ? host0 : host1).ok()) << r;
+    }
+    std::optional<Completion> c = st.Progress();
+    EXPECT_TRUE(c.has_value()) << "round " << r;
+    std::vector<float> out;
+    if (!c) return std::make_pair(out, std::vector<bool>());
+    EXPECT_TRUE(c->status.ok()) << c->status.ToString();
+    out = FromBytes<float>(c->result);
+    const uint32_t replies = static_cast<uint32_t>(
+        c->absent.empty() ? 2 : std::count(c->absent.begin(), c->absent.end(), false));
+    for (uint32_t i = 0; i < replies; ++i) st.SendDone(c->slot);
+    return std::make_pair(out, c->absent);
+  };
+  EXPECT_EQ(round(0, {{0, 0}, {2, 0}}).first, (std::vector<float>{15.0f / 5, 30.0f / 5}));
+  // Ranks 1 (host 0) and 3 (host 1) join: both hosts still push, for 1 and 2 workers.
+  EXPECT_FALSE(st.SetJoined(1, true));
+  EXPECT_FALSE(st.SetJoined(3, true));
+  EXPECT_EQ(push(0, 1, 3, host0).code(), Code::kProtocolError);  // host 0 has 2 workers
+  auto [r1, absent1] = round(1, {{2, 2}, {0, 1}});
+  EXPECT_EQ(r1, (std::vector<float>{15.0f / 3, 30.0f / 3}));
+  EXPECT_TRUE(absent1.empty());
+  // Rank 0 joins too: host 0 has no worker left, and sits out.
+  EXPECT_TRUE(st.SetJoined(0, true));
+  EXPECT_EQ(push(0, 2, 0, host0).code(), Code::kProtocolError);
+  auto [r2, absent2] = round(2, {{2, 2}});
+  EXPECT_EQ(r2, (std::vector<float>{12.0f / 2, 24.0f / 2}));
+  EXPECT_EQ(absent2, (std::vector<bool>{true, false}));
+  // The join is over: every worker again.
+  for (uint32_t r : {0u, 1u, 3u}) EXPECT_FALSE(st.SetJoined(r, false));
+  EXPECT_EQ(round(3, {{2, 0}, {0, 0}}).first, (std::vector<float>{15.0f / 5, 30.0f / 5}));
+  // A flat partition has no host partials.
+  PartitionState flat(kKey, 1, "f", DataType::kFloat32, 2, 3);
+  wire::Header h;
+  h.type = wire::MsgType::kPush;
+  h.key = kKey;
+  h.partition = 1;
+  h.dtype = static_cast<uint8_t>(DataType::kFloat32);
+  h.count = 2;
+  h.payload_bytes = 8;
+  h.ranks = 1;
+  bool run = false;
+  Result<std::span<std::byte>> refused = flat.BeginPush(h, &run);
+  EXPECT_EQ(refused.status().code(), Code::kProtocolError);
+  EXPECT_NE(refused.status().message().find("only a host's partial sum"), std::string::npos)
+      << refused.status().ToString();
+}
+
 // A collective other than a sum cannot leave a rank out: its round fails naming the joined rank,
 // and the failure is forgotten once the join is over.
 TEST(PartitionStateRoutingTest, AJoinedRankFailsARelayUntilTheJoinIsOver) {

@@ -75,7 +75,7 @@ uint64_t GetLe(const HeaderBytes& b, size_t off, size_t n) {
 // Field offsets of docs/wire_format.md, restated here so a layout change fails a test.
 constexpr size_t kOffMagic = 0, kOffVersion = 4, kOffType = 5, kOffFlags = 6, kOffJob = 8,
                  kOffSender = 12, kOffKey = 16, kOffPartition = 24, kOffDtype = 28, kOffCode = 29,
-                 kOffServerTime = 30, kOffRound = 32, kOffCount = 40, kOffPayload = 48,
+                 kOffTypeWord = 30, kOffRound = 32, kOffCount = 40, kOffPayload = 48,
                  kOffCookie = 56;
 
 void ExpectProtocolError(const Result<Header>& r, const std::string& what) {
@@ -202,7 +202,7 @@ TEST(FrameTest, ByteLayoutIsLittleEndianAtDocumentedOffsets) {
   EXPECT_EQ(GetLe(b, kOffPartition, 4), h.partition);
   EXPECT_EQ(GetLe(b, kOffDtype, 1), h.dtype);
   EXPECT_EQ(GetLe(b, kOffCode, 1), h.code);
-  EXPECT_EQ(GetLe(b, kOffServerTime, 2), 0u);
+  EXPECT_EQ(GetLe(b, kOffTypeWord, 2), 0u);
   EXPECT_EQ(GetLe(b, kOffRound, 8), h.round);
   EXPECT_EQ(GetLe(b, kOffCount, 8), h.count);
   EXPECT_EQ(GetLe(b, kOffPayload, 8), h.payload_bytes);
@@ -271,21 +271,42 @@ TEST(FrameTest, RejectsUnknownTypes) {
   }
 }
 
-TEST(FrameTest, ServerTimeOnlyOnPullResponses) {
+// Bytes 30-31: a pull response's server time, a push's ranks (of a host partial), zero on every
+// other frame; each decodes into its own field only.
+TEST(FrameTest, TypeWordOnlyOnPullResponsesAndPushes) {
   for (size_t i = 0; i < 2; ++i) {
     for (uint8_t v : {uint8_t{1}, uint8_t{0x80}, uint8_t{0xFF}}) {
-      HeaderBytes b = EncodeHeader(SamplePush());
-      b[kOffServerTime + i] = std::byte{v};
-      ExpectProtocolError(DecodeHeader(b), "server time byte " + std::to_string(i));
+      for (MsgType t : {MsgType::kDataError, MsgType::kRecover}) {
+        Header h = SamplePush();
+        h.type = t;
+        h.flags = 0;
+        h.count = 0;
+        h.payload_bytes = 0;
+        HeaderBytes b = EncodeHeader(h);
+        b[kOffTypeWord + i] = std::byte{v};
+        ExpectProtocolError(DecodeHeader(b), "type word byte " + std::to_string(i));
+      }
+      HeaderBytes b = EncodeHeader(SampleControl());
+      b[kOffTypeWord + i] = std::byte{v};
+      ExpectProtocolError(DecodeHeader(b), "type word byte " + std::to_string(i) + " (control)");
     }
   }
   Header h = SamplePush();
   h.type = MsgType::kPullResponse;
   h.flags = 0;
   h.server_time = EncodeServerTime(123456);
+  h.ranks = 7;  // not a push's: not encoded
   auto d = DecodeHeader(EncodeHeader(h));
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->server_time, h.server_time);
+  EXPECT_EQ(d->ranks, 0);
+  Header p = SamplePush();
+  p.ranks = 3;
+  p.server_time = 9;  // not a pull response's: not encoded
+  d = DecodeHeader(EncodeHeader(p));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->ranks, 3);
+  EXPECT_EQ(d->server_time, 0);
 }
 
 TEST(FrameTest, ServerTimeCodes) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,12 +50,28 @@ std::vector<uint32_t> Present(uint64_t k) {
   return in;
 }
 
-// What the servers' rank-order reducers give: fp32 summed in fp32, divided by the ranks summed;
-// int32 summed exactly, divided with truncation toward zero.
-float ExpectedAverage(const std::vector<uint32_t>& in, uint64_t k, uint64_t i) {
-  float acc = Value(in[0], k, i);
-  for (size_t j = 1; j < in.size(); ++j) acc += Value(in[j], k, i);
-  return acc / static_cast<float>(in.size());
+// What the servers' reducers give over the ranks in `in`: fp32 summed in fp32, divided by the
+// ranks summed; int32 summed exactly, divided with truncation toward zero. The order: rank
+// order (`host_of` empty: flat), or, where hosts sum first, each host's ranks in rank order
+// into an fp32 partial, then the hosts' partials in order of each host's lowest rank.
+float ExpectedAverage(const std::vector<uint32_t>& in, uint64_t k, uint64_t i,
+                      const std::vector<uint32_t>& host_of = {}) {
+  std::vector<uint32_t> hosts;  // in order of their lowest rank
+  for (uint32_t r = 0; r < kWorkers; ++r) {
+    const uint32_t h = host_of.empty() ? r : host_of[r];
+    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
+  }
+  std::vector<std::optional<float>> partial(hosts.size());
+  for (uint32_t r : in) {
+    const size_t h = std::find(hosts.begin(), hosts.end(), host_of.empty() ? r : host_of[r]) -
+                     hosts.begin();
+    partial[h] = partial[h] ? *partial[h] + Value(r, k, i) : Value(r, k, i);
+  }
+  std::optional<float> acc;
+  for (const std::optional<float>& p : partial) {
+    if (p) acc = acc ? *acc + *p : *p;
+  }
+  return *acc / static_cast<float>(in.size());
 }
 int32_t ExpectedSum(const std::vector<uint32_t>& in, uint64_t k, uint64_t i) {
   int64_t acc = 0;
@@ -63,8 +80,9 @@ int32_t ExpectedSum(const std::vector<uint32_t>& in, uint64_t k, uint64_t i) {
 }
 
 // One round of the averaged fp32 tensor and the summed int32 one on `rank`, checked.
+// `host_of`: the hosts that sum first, for a key summed so (empty: flat).
 void RunRound(Worker& w, const TensorHandle& avg, const TensorHandle& sum, uint64_t k,
-              const std::vector<uint32_t>& in) {
+              const std::vector<uint32_t>& in, const std::vector<uint32_t>& host_of = {}) {
   const uint32_t rank = w.rank();
   std::vector<float> a(kElems);
   std::vector<int32_t> b(kElems);
@@ -74,11 +92,12 @@ void RunRound(Worker& w, const TensorHandle& avg, const TensorHandle& sum, uint6
   }
   PushPullHandle ha = w.PushPull(avg, std::as_writable_bytes(std::span(a)), {.average = true});
   PushPullHandle hb = w.PushPull(sum, std::as_writable_bytes(std::span(b)));
-  ASSERT_TRUE(ha.Wait(In(kOpTimeout)).ok()) << "rank " << rank << " round " << k;
-  ASSERT_TRUE(hb.Wait(In(kOpTimeout)).ok()) << "rank " << rank << " round " << k;
+  const Status sa = ha.Wait(In(kOpTimeout)), sb = hb.Wait(In(kOpTimeout));
+  ASSERT_TRUE(sa.ok()) << "rank " << rank << " round " << k << ": " << sa.ToString();
+  ASSERT_TRUE(sb.ok()) << "rank " << rank << " round " << k << ": " << sb.ToString();
   uint64_t wrong = 0;
   for (uint64_t i = 0; i < kElems; ++i) {
-    const float want = ExpectedAverage(in, k, i);
+    const float want = ExpectedAverage(in, k, i, host_of);
     if (std::memcmp(&a[i], &want, sizeof(float)) != 0 || b[i] != ExpectedSum(in, k, i)) {
       if (wrong++ == 0) {
         ADD_FAILURE() << "rank " << rank << " round " << k << " element " << i << ": average "
@@ -93,8 +112,10 @@ void RunRound(Worker& w, const TensorHandle& avg, const TensorHandle& sum, uint6
 // `lose_server` (a start index): that server is stopped once ranks 0 and 1 have joined, before
 // rank 2's round 5 (round 4 needed their joins recorded): its partitions move while two ranks
 // sit out, and the rest of the job (rank 2's rounds, the release, the rounds in step, the
-// second join) runs on the servers left.
-void RunUnevenJob(const JobConfig& config, int lose_server = -1) {
+// second join) runs on the servers left. `host_of`: the emulated host of each rank, whose
+// workers sum first (the job's keys; a key first declared while ranks have joined is flat).
+void RunUnevenJob(const JobConfig& config, int lose_server = -1,
+                  const std::vector<uint32_t>& host_of = {}) {
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(config));
   OnEveryWorker(kWorkers, [&](uint32_t rank) {
@@ -106,7 +127,7 @@ void RunUnevenJob(const JobConfig& config, int lose_server = -1) {
       if (lose_server >= 0 && rank == kWorkers - 1 && k == 5) {
         job.server(static_cast<uint32_t>(lose_server)).Stop();
       }
-      ASSERT_NO_FATAL_FAILURE(RunRound(w, *avg, *sum, k, Present(k)));
+      ASSERT_NO_FATAL_FAILURE(RunRound(w, *avg, *sum, k, Present(k), host_of));
     }
     // The last rank also runs a tensor nobody else has declared: planned without the others.
     if (rank == kWorkers - 1) {
@@ -123,7 +144,7 @@ void RunUnevenJob(const JobConfig& config, int lose_server = -1) {
     // Everyone in step again: the next round of every tensor sums all three ranks, the late
     // ones included (ranks 0 and 1 declare them now and resume at their round).
     const std::vector<uint32_t> all = {0, 1, 2};
-    ASSERT_NO_FATAL_FAILURE(RunRound(w, *avg, *sum, kRounds[kWorkers - 1], all));
+    ASSERT_NO_FATAL_FAILURE(RunRound(w, *avg, *sum, kRounds[kWorkers - 1], all, host_of));
     auto late_avg = w.Declare("late.avg", DataType::kFloat32, kElems);
     auto late_sum = w.Declare("late.sum", DataType::kInt32, kElems);
     ASSERT_TRUE(late_avg.ok() && late_sum.ok());
@@ -134,6 +155,9 @@ void RunUnevenJob(const JobConfig& config, int lose_server = -1) {
     EXPECT_TRUE(again.ok()) << "rank " << rank << ": " << again.status().ToString();
     if (config.local_arena_bytes != 0) {
       EXPECT_GT(w.Stats().bytes_copied_local, 0u) << "rank " << rank << ": not the same-host path";
+    }
+    if (!host_of.empty()) {
+      EXPECT_NE(w.Stats().in_force.hierarchy, "") << "rank " << rank << ": not summed per host";
     }
     if (lose_server >= 0) {
       EXPECT_EQ(w.Stats().servers_lost, 1u) << "rank " << rank;
@@ -178,6 +202,29 @@ TEST(JoinTest, UnevenRoundsOnTheSameHostPath) {
   config.local_arena_bytes = 16 << 20;
   config.local_chunk_bytes = 64 << 10;
   RunUnevenJob(config);
+}
+
+// Hosts summing first (the default where a job spans hosts, some with several workers): ranks
+// 0 and 2 share a host, rank 1 is alone on another. Rank 0 joins first: it still pushes its
+// share of its host's partials, which hold rank 2's tensors only; then rank 1 joins, and its
+// host sits rounds out whole. Every round is the hosts' order over the ranks that pushed it
+// (an average divides by them), which differs from the rank order on these inputs.
+TEST(JoinTest, UnevenRoundsOnHostsSummingFirst) {
+  const std::vector<uint32_t> host_of = {0, 1, 0};
+  uint64_t differ = 0;
+  for (uint64_t i = 0; i < kElems; ++i) {
+    const float hosts = ExpectedAverage({0, 1, 2}, 0, i, host_of);
+    const float ranks = ExpectedAverage({0, 1, 2}, 0, i);
+    differ += std::memcmp(&hosts, &ranks, sizeof(float)) != 0 ? 1 : 0;
+  }
+  ASSERT_GT(differ, 0u) << "the two orders agree on these inputs: the test could not tell them apart";
+  JobConfig config = ServersConfig();
+  config.partition_bytes = 4096;  // 49 partitions: more than a host channel's 32 entries
+  config.local_arena_bytes = 32 << 20;
+  config.per_worker = [host_of](uint32_t rank, WorkerOptions& o) {
+    o.host_name = "host-" + std::to_string(host_of[rank]) + "/" + std::to_string(rank);
+  };
+  RunUnevenJob(config, /*lose_server=*/-1, host_of);
 }
 
 // A barrier counts a joined rank as arrived: the others' barriers do not wait for it, and the
