@@ -198,7 +198,7 @@ void WorkerImpl::StartSatOutRoundsLocked(std::vector<SatOutWatch>* watch) {
     }
     const auto parts = static_cast<uint32_t>(t.parts.size());
     if (t.busy || !t.queue.empty()) continue;  // a round it runs for the others: it ends first
-    if (!local_->RoundStarted(*t.host, t.next_round, parts)) {
+    if (!local_->BegunWithoutMe(*t.host, t.next_round, parts)) {
       watch->push_back({*t.host, t.next_round, parts});
       continue;
     }
@@ -231,7 +231,7 @@ Status WorkerImpl::SitOutUntilReleased(Clock::time_point deadline) {
     const auto begun = [&] {
       if (join_released_signal_.load(std::memory_order_acquire)) return true;
       return std::any_of(watch.begin(), watch.end(), [&](const SatOutWatch& w) {
-        return local_->RoundStarted(w.channel, w.round, w.parts);
+        return local_->BegunWithoutMe(w.channel, w.round, w.parts);
       });
     };
     local_->Wait(begun, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));

@@ -529,6 +529,7 @@ bool LocalReduce::Wait(const std::function<bool()>& done, Clock::time_point dead
 void LocalReduce::SetJoined() {
   seg_->joined[opts_.rank].store(1, std::memory_order_release);
   RingPeers();  // a peer asleep waiting for this worker's chunk sums without it now
+  Ring(opts_.rank);  // and this worker's Join(), for rounds begun without it
 }
 
 void LocalReduce::ClearJoined() {
@@ -776,15 +777,15 @@ bool LocalReduce::Over(const Running& r) {
   return r.job.sits_out ? r.next_own >= r.own.size() : r.copies >= r.job.parts.size();
 }
 
-bool LocalReduce::RoundStarted(const HostChannel& c, uint64_t round, uint32_t parts) const {
+bool LocalReduce::BegunWithoutMe(const HostChannel& c, uint64_t round, uint32_t parts) const {
   const auto* head = reinterpret_cast<const HostHead*>(seg_->arena() + c.offset);
   const uint64_t first = round * parts + 1;  // partition 0 of `round`
-  for (uint32_t j = 0; j < opts_.ranks; ++j) {
-    if (j != opts_.rank && head->rank[j].posted.load(std::memory_order_acquire) >= first) {
-      return true;
-    }
+  bool posted = false;
+  for (uint32_t j = 0; j < opts_.ranks && !posted; ++j) {
+    posted = j != opts_.rank && head->rank[j].posted.load(std::memory_order_acquire) >= first;
   }
-  return false;
+  // After the post: a release's clearing of the flags, which came before it, is seen here.
+  return posted && seg_->joined[opts_.rank].load(std::memory_order_acquire) != 0;
 }
 
 Result<std::optional<LocalReduce::HostChannel>> LocalReduce::BindHost(uint64_t key, DataType dtype,
@@ -941,7 +942,7 @@ bool LocalReduce::AdvanceHost(Running& r, uint64_t max_sums) {
       if (left(*waits_for)) return true;
       break;
     }
-    if (n_in == 0) {  // a round starts only with a post (RoundStarted): never
+    if (n_in == 0) {  // a round is run sat out only once begun by a post (BegunWithoutMe)
       r.failure = Internal(job.what + " partition " + std::to_string(part) + " round " +
                            std::to_string(job.round) + ": every worker of the host sat it out");
       r.abandoned = true;

@@ -163,9 +163,12 @@ class LocalReduce {
   // host channel a joined worker still pushes its partitions for the others (Job::sits_out).
   void SetJoined();
   void ClearJoined();
-  // Whether another worker has posted partition 0 of round `round` of the host channel `c` (of
-  // a key of `parts` partitions): the round has begun on the host. Any thread; takes no lock.
-  bool RoundStarted(const HostChannel& c, uint64_t round, uint32_t parts) const;
+  // Whether round `round` of the host channel `c` (of a key of `parts` partitions) has begun
+  // on the host without this worker, which has joined: another worker posted its partition 0
+  // while this worker's flag was still set. A release clears every flag before any worker
+  // posts again, so a post of the next epoch is never taken for one to sit out. Any thread;
+  // takes no lock.
+  bool BegunWithoutMe(const HostChannel& c, uint64_t round, uint32_t parts) const;
   // The job failed: every job (queued or later) ends with `s`. Takes no lock a driver holds.
   void Fail(const Status& s);
   // Ends every job (with the failure given to Fail(), else kAborted) and joins the background

@@ -209,6 +209,16 @@ TEST(JoinTest, UnevenRoundsOnTheSameHostPath) {
 // share of its host's partials, which hold rank 2's tensors only; then rank 1 joins, and its
 // host sits rounds out whole. Every round is the hosts' order over the ranks that pushed it
 // (an average divides by them), which differs from the rank order on these inputs.
+JobConfig HostsConfig(const std::vector<uint32_t>& host_of) {
+  JobConfig config = ServersConfig();
+  config.partition_bytes = 4096;  // 49 partitions: more than a host channel's 32 entries
+  config.local_arena_bytes = 32 << 20;
+  config.per_worker = [host_of](uint32_t rank, WorkerOptions& o) {
+    o.host_name = "host-" + std::to_string(host_of[rank]) + "/" + std::to_string(rank);
+  };
+  return config;
+}
+
 TEST(JoinTest, UnevenRoundsOnHostsSummingFirst) {
   const std::vector<uint32_t> host_of = {0, 1, 0};
   uint64_t differ = 0;
@@ -218,13 +228,17 @@ TEST(JoinTest, UnevenRoundsOnHostsSummingFirst) {
     differ += std::memcmp(&hosts, &ranks, sizeof(float)) != 0 ? 1 : 0;
   }
   ASSERT_GT(differ, 0u) << "the two orders agree on these inputs: the test could not tell them apart";
-  JobConfig config = ServersConfig();
-  config.partition_bytes = 4096;  // 49 partitions: more than a host channel's 32 entries
-  config.local_arena_bytes = 32 << 20;
-  config.per_worker = [host_of](uint32_t rank, WorkerOptions& o) {
-    o.host_name = "host-" + std::to_string(host_of[rank]) + "/" + std::to_string(rank);
-  };
-  RunUnevenJob(config, /*lose_server=*/-1, host_of);
+  RunUnevenJob(HostsConfig(host_of), /*lose_server=*/-1, host_of);
+}
+
+// The same with a server lost while ranks 0 and 1 have joined: rank 0, joined, reports and
+// re-pushes its host's partials for the partitions that move, and host 1, sitting out whole,
+// reports where its rounds stand.
+TEST(JoinTest, AServerLostWhileHostsSumFirstAndRanksHaveJoined) {
+  const std::vector<uint32_t> host_of = {0, 1, 0};
+  JobConfig config = HostsConfig(host_of);
+  config.servers = 3;
+  RunUnevenJob(config, /*lose_server=*/1, host_of);
 }
 
 // A barrier counts a joined rank as arrived: the others' barriers do not wait for it, and the
