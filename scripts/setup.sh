@@ -38,6 +38,8 @@ fi
 # The UCX gradlink links (cached in GRADLINK_UCX_PREFIX; built once, about 3 minutes).
 scripts_dir="$(cd "$(dirname "$0")" && pwd)"
 "$scripts_dir/ucx/build.sh"
+# torch 2.x's headers, for make test's build check of the backend's torch 2.x variant.
+"$scripts_dir/torch2_headers.sh"
 
 # The project's virtual environment: Debian's interpreter, seeing Debian's packages.
 cd "$(dirname "$0")/.."
