@@ -53,6 +53,35 @@ def test_horovod_join_on_hosts_summing_first(run_job):
     expect_ok(run_job(3, 2, "hvd_join.py", env={"JOIN_TEST_HOSTS": "0,1,0"}), "HVD JOIN", 3)
 
 
+@PATHS
+def test_staging_pipeline_with_the_cpu_copy_engine(run_job, env):
+    """The pipeline CUDA tensors take (gradlink/torch/_staging.py), run on host tensors with its
+    CPU copy engine: bit-identical to unstaged pushes, chunk order, buffer reuse, failures."""
+    env = dict(env, STAGING_DEVICE="cpu", GRADLINK_STAGING_CHUNK_BYTES="4096")
+    expect_ok(run_job(2, 2, "staging.py", env=env), "STAGING", 2)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_distributed_optimizer_through_the_staging_pipeline(run_job, tmp_path, kind):
+    """Every gradient through the staging pipeline (GRADLINK_STAGE_HOST=1, 1 KiB chunks): the
+    same parameters as single-process training on the global batch."""
+    env = dict(SERVERS, GRADLINK_STAGE_HOST="1", GRADLINK_STAGING_CHUNK_BYTES="1024")
+    # (--bucket-bytes 0: staged gradients go one by one, unfused; the job checks that.)
+    job = run_job(2, 2, ["train_equiv.py", "--opt", kind, "--steps", "4", "--passes", "1",
+                         "--bucket-bytes", "0", "--out", str(tmp_path)], env=env)
+    assert job.rc == 0, job.explain()
+    for r in range(2):
+        staged = [int(line.split()[-1]) for line in job.lines("[worker %d]" % r)
+                  if line.startswith("staging buffers ")]
+        assert staged and staged[0] > 0, job.explain()  # the gradients were staged
+    ref = common.reference(kind, 4, size=2, passes=1)
+    for r in range(2):
+        got = torch.load(tmp_path / ("rank%d.pt" % r))
+        for name, want in ref.items():
+            torch.testing.assert_close(got[name], want, rtol=1e-9, atol=1e-12,
+                                       msg=lambda m: "rank %d %s: %s" % (r, name, m))
+
+
 def test_horovod_allgather_reducescatter_alltoall(run_job):
     expect_ok(run_job(3, 2, "hvd_gather.py"), "HVD GATHER", 3)
 

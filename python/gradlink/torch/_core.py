@@ -14,7 +14,7 @@ import torch
 import gradlink
 from gradlink import InvalidArgumentError
 
-from . import _timeline
+from . import _staging, _timeline
 
 # torch dtype -> gradlink dtype name (the types the servers can sum).
 DTYPES = {
@@ -42,6 +42,7 @@ class _Context:
         self.noname = itertools.count()
         self.lock = threading.Lock()
         self.completer = None
+        self.stager = None  # _staging.Stager: device tensors (and GRADLINK_STAGE_HOST=1)
 
     def declare(self, name, dtype, count, shape=None):
         t = self.tensors.get(name)
@@ -291,6 +292,8 @@ def shutdown():
     finally:
         if ctx.completer is not None:
             ctx.completer.stop()
+        if ctx.stager is not None:
+            ctx.stager.stop()
 
 
 class _Pending:
@@ -341,15 +344,54 @@ class PushPullHandle(_Pending):
         return self.tensor
 
 
-def _check_tensor(tensor, what):
+def _check_tensor(tensor, what, device_ok=False):
+    """`device_ok`: the operation stages CUDA tensors through host memory (sums over every
+    worker: push_pull, grouped_push_pull and what is built on them); the others take CPU
+    tensors only."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError("%s: expected a torch.Tensor, got %s" % (what, type(tensor).__name__))
-    if tensor.device.type != "cpu":
+    if tensor.device.type != "cpu" and not (device_ok and tensor.device.type == "cuda"):
         raise InvalidArgumentError(
-            "%s: %s tensors are not supported yet, only CPU tensors: copy to the CPU "
-            "(t.cpu()), push_pull, and copy back" % (what, tensor.device.type))
+            "%s: %s tensors are not supported here (%s): copy to the CPU (t.cpu()), run it, "
+            "and copy back" % (what, tensor.device.type,
+                               "sums and averages over every worker take CUDA tensors"
+                               if tensor.device.type == "cuda" else "CPU and CUDA tensors are"))
     if tensor.is_sparse:
         raise InvalidArgumentError("%s: sparse tensors are not supported" % what)
+
+
+def _staged(tensor):
+    """Whether `tensor` goes through host buffers (_staging.py): a CUDA tensor, or any with
+    GRADLINK_STAGE_HOST=1."""
+    return tensor.device.type != "cpu" or _staging.stage_host_tensors()
+
+
+def _stage(tensor, name, average, priority):
+    """Starts a staged push_pull of `tensor` in place (_staging.py)."""
+    ctx = _require()
+    if DTYPES.get(tensor.dtype) is None:
+        raise InvalidArgumentError(
+            "push_pull of '%s': dtype %s cannot be summed (supported: %s)"
+            % (name, tensor.dtype, ", ".join(str(d) for d in DTYPES)))
+    with ctx.lock:
+        if ctx.stager is None:
+            ctx.stager = _staging.Stager()
+        stager = ctx.stager
+    d = tensor.detach()
+    buf = d if d.is_contiguous() else d.contiguous()
+    op = _staging.StagedOp(tensor, buf.reshape(-1), name, average, priority,
+                           stager.engine(tensor), stager.pool, start, ctx.timeout,
+                           finish=None if buf is d else (lambda: d.copy_(buf)))
+    stager.submit(op)
+    return op
+
+
+def staging_stats():
+    """The staging pool's counters: host buffers allocated and reused (0s before any staged
+    operation)."""
+    ctx = _require()
+    pool = ctx.stager.pool if ctx.stager is not None else None
+    return {"allocated": pool.allocated if pool else 0, "reused": pool.reused if pool else 0}
 
 
 def start(tensor, buf, name, average, priority, finish=None):
@@ -436,10 +478,13 @@ def push_pull_async(tensor, average=True, name=None, priority=0):
     calls must be made in the same order on every worker, and each one creates a new key: pass
     a name for anything called every step. Higher `priority` is sent first.
     """
-    _check_tensor(tensor, "push_pull")
+    _check_tensor(tensor, "push_pull", device_ok=True)
     ctx = _require()
     if name is None:
         name = "push_pull.noname.%d" % next(ctx.noname)
+    if _staged(tensor):
+        with torch.no_grad():
+            return _stage(tensor, name, average, priority)
     with torch.no_grad():
         if tensor.is_contiguous():
             return start(tensor, tensor.detach(), name, average, priority)
@@ -515,7 +560,7 @@ def grouped_push_pull_async(tensors, average=True, name=None, priority=0, names=
     ctx = _require()
     tensors = list(tensors)
     for i, t in enumerate(tensors):
-        _check_tensor(t, "grouped_push_pull (member %d)" % i)
+        _check_tensor(t, "grouped_push_pull (member %d)" % i, device_ok=True)
     if names is None:
         if name is None:
             name = "grouped_push_pull.noname.%d" % next(ctx.noname)
@@ -525,6 +570,18 @@ def grouped_push_pull_async(tensors, average=True, name=None, priority=0, names=
         if len(names) != len(tensors):
             raise InvalidArgumentError("grouped_push_pull: %d tensors but %d names"
                                        % (len(tensors), len(names)))
+    if any(_staged(t) for t in tensors):
+        # Staged members go one by one (each in chunks, under its own name), the rest as a group.
+        with torch.no_grad():
+            staged = [_stage(t, n, average, priority) if _staged(t) else None
+                      for t, n in zip(tensors, names)]
+            rest = [i for i, op in enumerate(staged) if op is None]
+            group = None
+            if rest:
+                group = grouped_push_pull_async([tensors[i] for i in rest], average=average,
+                                                priority=priority,
+                                                names=[names[i] for i in rest])
+        return _staging.StagedGroup(tensors, staged, group)
     bufs, finish = [], []
     with torch.no_grad():
         for t in tensors:

@@ -235,9 +235,14 @@ class _AllreduceHandle:
 def _start(tensor, out, average, name, op, prescale_factor, postscale_factor, process_set,
            compression, what):
     """Starts the allreduce of `tensor` into `out` (the same tensor: in place)."""
-    _core._check_tensor(tensor, what)
+    _core._check_tensor(tensor, what, device_ok=True)
     group, _, _ = _members(process_set, what)
     op = _resolve_op(average, op, what)
+    if tensor.device.type != "cpu" and (op in _NATIVE_OPS or group is not None):
+        raise InvalidArgumentError(
+            "%s: op=%s%s of a %s tensor: only sums and averages over every worker take device "
+            "tensors (copy it to the CPU)" % (what, op.name, " in a process set" if group else "",
+                                              tensor.device.type))
     ctx = _core._require()
     if name is None:
         name = "allreduce.noname.%d" % next(ctx.noname)
@@ -317,7 +322,7 @@ def _grouped(tensors, in_place, average, name, op, prescale_factor, postscale_fa
         # Sums and averages over every worker go as one fused group (grouped_push_pull):
         # small members share fusion buffers, as in Horovod.
         for i, t in enumerate(tensors):
-            _core._check_tensor(t, "%s (member %d)" % (what, i))
+            _core._check_tensor(t, "%s (member %d)" % (what, i), device_ok=True)
         with torch.no_grad():
             outs = [t if in_place else t.detach().clone() for t in tensors]
             wires = [compression.compress(o.detach()) for o in outs]

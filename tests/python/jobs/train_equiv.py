@@ -43,5 +43,7 @@ for step in range(a.steps):
 fused = gl.stats()["fused_ops"]
 assert (fused > 0) == (a.bucket_bytes != 0), fused
 print("fused ops %d" % fused)
+# Host buffers of the staging pipeline (GRADLINK_STAGE_HOST=1 sends every gradient through it).
+print("staging buffers %d" % gl._core.staging_stats()["allocated"])
 torch.save(model.state_dict(), os.path.join(a.out, "rank%d.pt" % rank))
 gl.shutdown()
