@@ -269,7 +269,8 @@ class Worker {
   // Where hosts sum first (hierarchical aggregation), this worker meanwhile still pushes its
   // share of its host's partial sums, which hold the others' tensors only, and a host sits
   // rounds out once all its workers have joined; a key first declared meanwhile is
-  // aggregated flat. kTimeout at the deadline.
+  // aggregated flat. kTimeout at the deadline: the join stands (on a host path this worker goes
+  // on pushing in the background), and the next Join() returns its release, or waits for it.
   virtual Result<uint32_t> Join(Clock::time_point deadline) = 0;
 
   // Leaves the job cleanly; pending operations fail with kAborted. Idempotent.

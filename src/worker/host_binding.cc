@@ -197,8 +197,9 @@ void WorkerImpl::StartSatOutRoundsLocked(std::vector<SatOutWatch>* watch) {
       continue;
     }
     const auto parts = static_cast<uint32_t>(t.parts.size());
-    if (t.busy || !t.queue.empty()) continue;  // a round it runs for the others: it ends first
-    if (!local_->BegunWithoutMe(*t.host, t.next_round, parts)) {
+    // Busy: the round it runs for the others ends first (by the time they begin the next one,
+    // it has: they begin it once every sum of this one is in, this worker's published too).
+    if (t.busy || !t.queue.empty() || !local_->BegunWithoutMe(*t.host, t.next_round, parts)) {
       watch->push_back({*t.host, t.next_round, parts});
       continue;
     }
@@ -218,10 +219,18 @@ void WorkerImpl::StartSatOutRoundsLocked(std::vector<SatOutWatch>* watch) {
 Status WorkerImpl::SitOutUntilReleased(Clock::time_point deadline) {
   std::vector<SatOutWatch> watch;
   std::unique_lock lock(mu_);
-  while (!join_released_ && failure_.ok()) {
+  while (!join_released_ && failure_.ok() && !shut_down_.load()) {
     if (Clock::now() >= deadline) {
+      // The host's other workers still need this one's pushes: a thread goes on with them
+      // until the release (or the job's end), and the caller gets its timeout.
+      if (!sit_out_.joinable()) {
+        sit_out_ = std::thread([this] {
+          SitOutUntilReleased(Clock::time_point::max()).IgnoreError();
+        });
+      }
       return Timeout("join() on rank " + std::to_string(rank_) +
-                     ": not every worker had joined by the deadline");
+                     ": not every worker had joined by the deadline (this worker goes on "
+                     "pushing its share of its host's sums in the background until they have)");
     }
     StartSatOutRoundsLocked(&watch);
     lock.unlock();
@@ -237,7 +246,9 @@ Status WorkerImpl::SitOutUntilReleased(Clock::time_point deadline) {
     local_->Wait(begun, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
     lock.lock();
   }
-  return join_released_ ? Status::Ok() : failure_;
+  if (join_released_) return Status::Ok();
+  if (!failure_.ok()) return failure_;
+  return Aborted("join() on rank " + std::to_string(rank_) + ": the worker was shut down");
 }
 
 }  // namespace gradlink

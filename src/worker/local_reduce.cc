@@ -112,8 +112,13 @@ struct LocalReduce::Segment {
   // left waiting reports the cause (the scheduler lost, a server lost), not just the departure.
   char why_gone[kMaxRanks][192] = {};
   // Set by a worker that joined (Worker::Join): it posts nothing until every rank has, and sits
-  // out every chunk it has not posted; cleared, for every rank, once all have joined.
+  // out every chunk it has not posted. Each join is one epoch: a flag holds the epoch its worker
+  // joined in (the releases it had seen, plus one), and counts only while that epoch is not
+  // released (`released`, raised by the first worker to see each release). So a worker that
+  // learns of its own join late, after another worker of the host saw the release and posted
+  // again, sets a flag that no longer counts.
   std::atomic<uint32_t> joined[kMaxRanks];
+  std::atomic<uint32_t> released{0};
   char no_room[256] = {};  // with kMagicNoRoom: why worker 0 could not reserve the arena
   TableEntry table[kTableSize];
 
@@ -526,14 +531,25 @@ bool LocalReduce::Wait(const std::function<bool()>& done, Clock::time_point dead
   return ok;
 }
 
+bool LocalReduce::HasJoined(uint32_t j) const {
+  const uint32_t epoch = seg_->joined[j].load(std::memory_order_acquire);
+  return epoch != 0 && epoch > seg_->released.load(std::memory_order_acquire);
+}
+
 void LocalReduce::SetJoined() {
-  seg_->joined[opts_.rank].store(1, std::memory_order_release);
+  seg_->joined[opts_.rank].store(releases_seen_ + 1, std::memory_order_release);
   RingPeers();  // a peer asleep waiting for this worker's chunk sums without it now
   Ring(opts_.rank);  // and this worker's Join(), for rounds begun without it
 }
 
 void LocalReduce::ClearJoined() {
-  for (uint32_t j = 0; j < opts_.ranks; ++j) seg_->joined[j].store(0, std::memory_order_release);
+  ++releases_seen_;
+  uint32_t released = seg_->released.load(std::memory_order_acquire);
+  while (released < releases_seen_ &&
+         !seg_->released.compare_exchange_weak(released, releases_seen_,
+                                               std::memory_order_acq_rel)) {
+  }
+  seg_->joined[opts_.rank].store(0, std::memory_order_release);
 }
 
 void LocalReduce::Fail(const Status& s) {
@@ -677,8 +693,7 @@ bool LocalReduce::Advance(Running& r, uint64_t max_sums) {
   // Rank j has joined and did not post chunk `seq`: it sits the chunk out. Its flag is read
   // first: once set, its counters no longer move.
   auto sits_out = [&](uint32_t j, uint64_t seq) {
-    return seg_->joined[j].load(std::memory_order_acquire) != 0 &&
-           state[j].posted.load(std::memory_order_acquire) < seq;
+    return HasJoined(j) && state[j].posted.load(std::memory_order_acquire) < seq;
   };
   // This worker sat rounds of the tensor out (or never used it) while it had joined: its
   // counters catch up with the round it resumes at, as if it had posted and consumed them.
@@ -785,7 +800,7 @@ bool LocalReduce::BegunWithoutMe(const HostChannel& c, uint64_t round, uint32_t 
     posted = j != opts_.rank && head->rank[j].posted.load(std::memory_order_acquire) >= first;
   }
   // After the post: a release's clearing of the flags, which came before it, is seen here.
-  return posted && seg_->joined[opts_.rank].load(std::memory_order_acquire) != 0;
+  return posted && HasJoined(opts_.rank);
 }
 
 Result<std::optional<LocalReduce::HostChannel>> LocalReduce::BindHost(uint64_t key, DataType dtype,
@@ -857,12 +872,9 @@ bool LocalReduce::AdvanceHost(Running& r, uint64_t max_sums) {
   // read first: once set, its counters no longer move (it joined with no job of its own left,
   // every entry it had to copy copied).
   auto sits_out = [&](uint32_t j, uint64_t n) {
-    return seg_->joined[j].load(std::memory_order_acquire) != 0 &&
-           head->rank[j].posted.load(std::memory_order_acquire) < n;
+    return HasJoined(j) && head->rank[j].posted.load(std::memory_order_acquire) < n;
   };
-  auto has_joined = [&](uint32_t j) {
-    return seg_->joined[j].load(std::memory_order_acquire) != 0;
-  };
+  auto has_joined = [&](uint32_t j) { return HasJoined(j); };
   bool moved = false;
   if (!r.began) {
     r.began = true;

@@ -161,6 +161,7 @@ class LocalReduce {
   // Join (Worker::Join): this worker, with no job left, sits out the others' chunks from now on;
   // ClearJoined (every rank has joined, none is summing): every rank takes part again. On a
   // host channel a joined worker still pushes its partitions for the others (Job::sits_out).
+  // Control thread only (both).
   void SetJoined();
   void ClearJoined();
   // Whether round `round` of the host channel `c` (of a key of `parts` partitions) has begun
@@ -212,8 +213,12 @@ class LocalReduce {
   void SleepOnBell(uint32_t seen, Clock::time_point until);
   void Background();
 
+  // Whether worker j has joined and its join's epoch is not yet released (Segment::joined).
+  bool HasJoined(uint32_t j) const;
+
   const Options opts_;
   Segment* const seg_;
+  uint32_t releases_seen_ = 0;  // join releases this worker saw (SetJoined, ClearJoined)
   const uint64_t mapped_bytes_;
   std::vector<std::byte> scratch_;  // fp32 accumulator for fp16/bf16 chunks; drive_mu_
 

@@ -351,13 +351,22 @@ Status WorkerImpl::Barrier(Clock::time_point deadline) {
 }
 
 Result<uint32_t> WorkerImpl::Join(Clock::time_point deadline) {
+  bool resume = false;
   {
     std::lock_guard lock(mu_);
     if (joining_) return InvalidArgument("join() on rank " + std::to_string(rank_) +
                                          ": another join() of this worker is in progress");
+    // An earlier join() that timed out stands (the scheduler has this rank as joined): this
+    // one takes its release, come meanwhile, or waits for it.
+    if (join_timed_out_) {
+      join_timed_out_ = false;
+      if (join_released_) return join_last_;
+      resume = true;
+    } else {
+      join_released_ = false;
+      join_released_signal_.store(false, std::memory_order_release);
+    }
     joining_ = true;
-    join_released_ = false;
-    join_released_signal_.store(false, std::memory_order_release);
   }
   struct Unjoin {
     WorkerImpl* w;
@@ -366,6 +375,26 @@ Result<uint32_t> WorkerImpl::Join(Clock::time_point deadline) {
       w->joining_ = false;
     }
   } unjoin{this};
+  if (!resume) GL_RETURN_IF_ERROR(AnnounceJoin(deadline));
+  Status released;
+  if (host_path_) {
+    released = SitOutUntilReleased(deadline);
+  } else {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [&] { return join_released_ || !failure_.ok(); })) {
+      released = Timeout("join() on rank " + std::to_string(rank_) +
+                         ": not every worker had joined by the deadline");
+    } else if (!join_released_) {
+      released = failure_;
+    }
+  }
+  std::lock_guard lock(mu_);
+  if (released.code() == Code::kTimeout) join_timed_out_ = true;
+  if (!released.ok()) return released;
+  return join_last_;
+}
+
+Status WorkerImpl::AnnounceJoin(Clock::time_point deadline) {
   // This worker's own operations first: they end as the others push their rounds.
   wire::JoinMsg msg;
   for (;;) {
@@ -409,19 +438,7 @@ Result<uint32_t> WorkerImpl::Join(Clock::time_point deadline) {
     }
     gen = channel_gen_.load();
   }
-  GL_RETURN_IF_ERROR(SendControl(gen, h, wire::Encode(msg), deadline));
-  if (host_path_) {
-    GL_RETURN_IF_ERROR(SitOutUntilReleased(deadline));
-    std::lock_guard lock(mu_);
-    return join_last_;
-  }
-  std::unique_lock lock(mu_);
-  if (!cv_.wait_until(lock, deadline, [&] { return join_released_ || !failure_.ok(); })) {
-    return Timeout("join() on rank " + std::to_string(rank_) +
-                   ": not every worker had joined by the deadline");
-  }
-  if (!join_released_) return failure_;
-  return join_last_;
+  return SendControl(gen, h, wire::Encode(msg), deadline);
 }
 
 Status WorkerImpl::Shutdown(Clock::time_point deadline) {
@@ -459,6 +476,7 @@ Status WorkerImpl::Shutdown(Clock::time_point deadline) {
                   << " result copies they may still write";
   }
   FailAll(Aborted("worker " + std::to_string(rank_) + " shut down"), /*force=*/true);
+  if (sit_out_.joinable()) sit_out_.join();  // sees the failure within its 100 ms slice
   // Ends the same-host ops (the driving thread is the only one touching their buffers).
   if (local_) local_->Stop();
   return Status::Ok();

@@ -389,6 +389,8 @@ class WorkerImpl final : public Worker {
   // workers begin on keys this worker pushes partitions of, with nothing of its own
   // (LocalReduce::Job::sits_out), so that its share of the host's partials still goes out.
   Status SitOutUntilReleased(Clock::time_point deadline);
+  // Join(): waits for this worker's own operations to end, then tells the scheduler (kJoin).
+  Status AnnounceJoin(Clock::time_point deadline);
   // Under mu_: starts those rounds that have begun; returns the keys still to watch.
   struct SatOutWatch {
     LocalReduce::HostChannel channel;
@@ -495,6 +497,12 @@ class WorkerImpl final : public Worker {
   // round of keys this worker had not declared when it sat their rounds out (for Declare).
   bool joining_ = false, join_released_ = false;
   std::atomic<bool> join_released_signal_{false};  // join_released_, read outside mu_
+  // A join() timed out after its kJoin was sent: the join stands, and the next join() takes
+  // its release (or waits for it) instead of joining again.
+  bool join_timed_out_ = false;
+  // Join() on a host path that timed out: goes on running the sat-out rounds until the release
+  // (SitOutUntilReleased); joined in Shutdown().
+  std::thread sit_out_;
   uint32_t join_last_ = 0;
   std::unordered_map<uint64_t, uint64_t> resume_rounds_;
 

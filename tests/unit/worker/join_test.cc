@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gradlink/worker.h"
@@ -239,6 +241,45 @@ TEST(JoinTest, AServerLostWhileHostsSumFirstAndRanksHaveJoined) {
   JobConfig config = HostsConfig(host_of);
   config.servers = 3;
   RunUnevenJob(config, /*lose_server=*/1, host_of);
+}
+
+// A join() that times out on a host path stands: the worker goes on pushing its share of its
+// host's partials in the background (rank 2, on its host, keeps getting its sums), and a second
+// join() waits for the same release instead of joining twice.
+TEST(JoinTest, AJoinThatTimesOutOnAHostGoesOnPushingAndResumes) {
+  const std::vector<uint32_t> host_of = {0, 1, 0};
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(HostsConfig(host_of)));
+  std::atomic<bool> rounds_done{false};  // rank 2's rounds 1-4, before its join
+  OnEveryWorker(kWorkers, [&](uint32_t rank) {
+    Worker& w = job.worker(rank);
+    auto avg = w.Declare("grad.avg", DataType::kFloat32, kElems);
+    auto sum = w.Declare("grad.sum", DataType::kInt32, kElems);
+    ASSERT_TRUE(avg.ok() && sum.ok());
+    ASSERT_NO_FATAL_FAILURE(RunRound(w, *avg, *sum, 0, {0, 1, 2}, host_of));
+    if (rank == 0) {
+      Result<uint32_t> early = w.Join(In(300ms));
+      EXPECT_EQ(early.status().code(), Code::kTimeout) << early.status().ToString();
+      // Rank 2's rounds end without this rank in join(): its pushes went on in the background.
+      const auto until = In(10s);
+      while (!rounds_done.load() && Clock::now() < until) std::this_thread::sleep_for(10ms);
+      EXPECT_TRUE(rounds_done.load()) << "rank 2's rounds did not end while rank 0 was out of join()";
+      Result<uint32_t> again = w.Join(In(kOpTimeout));
+      ASSERT_TRUE(again.ok()) << again.status().ToString();
+      EXPECT_EQ(*again, 2u);
+    } else if (rank == 1) {
+      ASSERT_TRUE(w.Join(In(kOpTimeout)).ok());
+    } else {
+      for (uint64_t k = 1; k <= 4; ++k) {  // 600 ms: past rank 0's first deadline
+        std::this_thread::sleep_for(150ms);
+        ASSERT_NO_FATAL_FAILURE(RunRound(w, *avg, *sum, k, {2}, host_of));
+      }
+      rounds_done = true;
+      ASSERT_TRUE(w.Join(In(kOpTimeout)).ok());
+    }
+    ASSERT_NO_FATAL_FAILURE(RunRound(w, *avg, *sum, 5, {0, 1, 2}, host_of));
+  });
+  job.FinishCleanly();
 }
 
 // A barrier counts a joined rank as arrived: the others' barriers do not wait for it, and the
