@@ -572,6 +572,11 @@ def grouped_push_pull_async(tensors, average=True, name=None, priority=0, names=
                                        % (len(tensors), len(names)))
     if any(_staged(t) for t in tensors):
         # Staged members go one by one (each in chunks, under its own name), the rest as a group.
+        for t, n in zip(tensors, names):  # every member checked before any starts
+            if DTYPES.get(t.dtype) is None:
+                raise InvalidArgumentError(
+                    "grouped_push_pull of '%s': dtype %s cannot be summed (supported: %s)"
+                    % (n, t.dtype, ", ".join(str(d) for d in DTYPES)))
         with torch.no_grad():
             staged = [_stage(t, n, average, priority) if _staged(t) else None
                       for t, n in zip(tensors, names)]

@@ -84,6 +84,8 @@ def ddp_hook(state, bucket):
     # index is needed first by the next forward pass.
     handle = _core.push_pull_async(buf, average=state.average, name=name,
                                    priority=bucket.index())
-    fut = torch.futures.Future()
+    # A CUDA bucket's future records an event on the completing thread's stream (which waits
+    # for the copies back: _staging.py) that DDP's stream then waits for.
+    fut = torch.futures.Future(devices=[buf.device]) if buf.is_cuda else torch.futures.Future()
     _core.completer().submit(handle, fut.set_result, fut.set_exception)
     return fut

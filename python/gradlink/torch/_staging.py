@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from gradlink import InvalidArgumentError, TimeoutError  # noqa: A004 - gradlink's TimeoutError
+from gradlink import AbortedError, InvalidArgumentError, TimeoutError  # noqa: A004
 
 _DEFAULT_CHUNK_BYTES = 4 << 20
 
@@ -261,6 +261,14 @@ class StagedOp:
         if self._failure is None:
             self._failure = e
 
+    def abort(self, e):
+        """Ends the op with `e` now (the stager stopped, or met an error of its own); chunks
+        still in flight keep their buffers, which are never reused."""
+        self._fail(e)
+        if not self._done.is_set():
+            self._finished = time.monotonic()
+            self._done.set()
+
     @property
     def done(self):
         return self._done.is_set()
@@ -314,9 +322,10 @@ class StagedGroup:
 
     def wait(self, timeout=None):
         failure = None
+        deadline = None if timeout is None else time.monotonic() + timeout
         for p in self._parts:  # every part, so that none is left running
             try:
-                p.wait(timeout)
+                p.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
             except Exception as e:  # noqa: BLE001 - the first is raised
                 failure = failure or e
         if failure is not None:
@@ -361,6 +370,9 @@ class Stager:
 
     def submit(self, op):
         with self._cv:
+            if self._stop or not self._thread.is_alive():
+                raise AbortedError("push_pull of '%s': gradlink's stager has stopped (%s)"
+                                   % (op.name, self._why or "shut down"))
             self._ops.append(op)
             self._cv.notify()
 
@@ -371,7 +383,22 @@ class Stager:
         if threading.current_thread() is not self._thread:
             self._thread.join(10)
 
+    _why = None
+
     def _run(self):
+        try:
+            self._loop()
+        except BaseException as e:  # noqa: B902 - every pending op learns of it
+            self._why = "its thread failed: %r" % (e,)
+        finally:
+            with self._cv:
+                self._stop = True
+                ops, self._ops = self._ops, []
+            for op in ops:
+                op.abort(AbortedError("push_pull of '%s': gradlink's stager stopped (%s)"
+                                      % (op.name, self._why or "shut down")))
+
+    def _loop(self):
         idle = 0
         while True:
             with self._cv:
@@ -382,13 +409,23 @@ class Stager:
                 ops = list(self._ops)
             moved = False
             for op in ops:
-                moved = op.advance() or moved
+                try:
+                    moved = op.advance() or moved
+                except Exception as e:  # noqa: BLE001 - a copy engine's error (CUDA) ends the op
+                    op.abort(e)
             with self._cv:
                 for op in ops:
                     if op.done:
                         self._ops.remove(op)
                         self._draining.append(op)
-                self._draining = [op for op in self._draining if not op.recycle()]
+                keep = []
+                for op in self._draining:
+                    try:
+                        if not op.recycle():
+                            keep.append(op)
+                    except Exception:  # noqa: BLE001 - its buffers are not reused
+                        pass
+                self._draining = keep
             # Events and handles are polled: spin while things move, then back off to 1 ms.
             idle = 0 if moved else min(idle + 1, 20)
             if idle:

@@ -121,5 +121,18 @@ except gradlink.MismatchError as e:
 else:
     raise AssertionError("no MismatchError for ranks that disagree on averaging")
 
+# A chunk whose key cannot be declared (its name taken by another shape): the staged op fails
+# with that error, the other chunks end, nothing hangs.
+staged(False)
+gl.push_pull(torch.zeros(5), average=False, name="clash#0/3")
+staged(True)
+t = values(torch.float32, 3 * CHUNK // 4, 12).to(DEVICE)  # 3 chunks
+try:
+    gl.push_pull(t, average=False, name="clash")
+except gradlink.GradlinkError as e:
+    assert "clash#0/3" in str(e), e
+else:
+    raise AssertionError("no error for a chunk whose key was declared with another shape")
+
 print("STAGING OK rank %d" % rank)
 gl.shutdown()
