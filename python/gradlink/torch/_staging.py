@@ -106,25 +106,23 @@ class CudaCopyEngine:
         ev.record(torch.cuda.current_stream(tensor.device))
         return ev
 
-    def to_host(self, dst, src, after):
-        with torch.cuda.stream(self.d2h):
+    def _copy(self, stream, dst, src, after=None):
+        with torch.cuda.stream(stream):
             if after is not None:
-                self.d2h.wait_event(after)
+                stream.wait_event(after)
             dst.copy_(src, non_blocking=True)
             ev = torch.cuda.Event()
-            ev.record(self.d2h)
-        # The caching allocator must not hand the tensor's memory to another stream's work
-        # before this copy has read it.
-        src.record_stream(self.d2h)
+            ev.record(stream)
+        # The caching allocator must not hand the device tensor's memory to another stream's
+        # work before this copy has run.
+        (src if src.is_cuda else dst).record_stream(stream)
         return ev
 
+    def to_host(self, dst, src, after):
+        return self._copy(self.d2h, dst, src, after)
+
     def to_device(self, dst, src):
-        with torch.cuda.stream(self.h2d):
-            dst.copy_(src, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(self.h2d)
-        dst.record_stream(self.h2d)
-        return ev
+        return self._copy(self.h2d, dst, src)
 
     def host_buffer(self, numel, dtype):
         return torch.empty(numel, dtype=dtype, pin_memory=True)

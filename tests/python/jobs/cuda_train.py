@@ -31,15 +31,18 @@ def check(model, what):
                                    msg=lambda m: "%s rank %d %s: %s" % (what, rank, name, m))
 
 
+def train(model, opt):
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = common.shard(common.global_batch(step, 0, size), rank, size)
+        common.loss_fn(model(x.to(dev)), y.to(dev)).backward()
+        opt.step()
+
+
 # DistributedOptimizer.
 model = common.make_model().to(dev)
-opt = gl.DistributedOptimizer(common.make_optimizer("sgd", model.parameters()),
-                              named_parameters=model.named_parameters())
-for step in range(STEPS):
-    opt.zero_grad()
-    x, y = common.shard(common.global_batch(step, 0, size), rank, size)
-    common.loss_fn(model(x.to(dev)), y.to(dev)).backward()
-    opt.step()
+train(model, gl.DistributedOptimizer(common.make_optimizer("sgd", model.parameters()),
+                                     named_parameters=model.named_parameters()))
 check(model, "DistributedOptimizer")
 
 # DDP with gradlink's hook.
@@ -47,12 +50,7 @@ dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % os.environ["C
                         rank=rank, world_size=size)
 ddp = DDP(common.make_model().to(dev), device_ids=[0])
 ddp.register_comm_hook(None, gl.ddp_hook)
-opt = common.make_optimizer("sgd", ddp.parameters())
-for step in range(STEPS):
-    opt.zero_grad()
-    x, y = common.shard(common.global_batch(step, 0, size), rank, size)
-    common.loss_fn(ddp(x.to(dev)), y.to(dev)).backward()
-    opt.step()
+train(ddp, common.make_optimizer("sgd", ddp.parameters()))
 check(ddp, "DDP hook")
 print("CUDA TRAIN OK rank %d" % rank)
 gl.shutdown()
