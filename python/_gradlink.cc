@@ -256,6 +256,7 @@ class PyWorker {
     in_force["single_lane"] = f.single_lane;
     in_force["host"] = f.host;
     in_force["ucx"] = f.ucx;
+    in_force["device_memory"] = f.device_memory;
     in_force["chosen"] = f.chosen;
     d["in_force"] = in_force;
     return d;

@@ -158,6 +158,10 @@ struct WorkerStats {
     bool single_lane = false;
     std::string host;
     std::vector<std::string> ucx;
+    // Memory beyond the host's that the transport could move itself (UCX's memory types:
+    // "cuda", ...); empty with Debian's UCX. gradlink hands it host memory either way (device
+    // tensors are staged through host buffers).
+    std::vector<std::string> device_memory;
     // Which of partition_bytes, max_bytes_in_flight and max_bytes_ahead gradlink chose (they
     // were not set), and why; empty when all three were set.
     std::string chosen;

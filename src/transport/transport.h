@@ -160,6 +160,10 @@ class Fabric {
   // The transport's settings in force that are not its defaults ("NAME='value'"), for the
   // worker's stats and log: for UCX the UCX_* variables set and those gradlink set itself.
   virtual std::vector<std::string> settings() const { return {}; }
+  // Memory beyond host memory the transport can move itself ("cuda", "rocm", ...; UCX built
+  // with those transports); empty: host memory only, which is what gradlink hands it (device
+  // tensors are staged through host buffers: python/gradlink/torch/_staging.py).
+  virtual std::vector<std::string> device_memory() const { return {}; }
 };
 
 // UCX (ucp active messages): shared memory, TCP and RDMA from one code path; honours UCX_TLS.

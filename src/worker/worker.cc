@@ -130,6 +130,9 @@ Status WorkerImpl::Init() {
   f.single_lane = opts_.single_lane;
   f.host = reg.host;
   f.ucx = fabric_->settings();
+  f.device_memory = fabric_->device_memory();
+  std::string device;
+  for (const std::string& m : f.device_memory) device += (device.empty() ? "" : ", ") + m;
   std::string ucx;
   for (const std::string& v : f.ucx) ucx += " " + v;
   GL_LOG(kInfo) << "worker " << rank_ << " in force: partition_bytes " << f.partition_bytes
@@ -140,7 +143,8 @@ Status WorkerImpl::Init() {
                 << (f.same_host_path ? "on" : "off") << ", hierarchy "
                 << (f.hierarchy.empty() ? "off" : f.hierarchy) << ", "
                 << (f.single_lane ? "one lane" : "two lanes") << ", host " << f.host
-                << ", UCX:" << (ucx.empty() ? " its defaults" : ucx)
+                << ", UCX:" << (ucx.empty() ? " its defaults" : ucx) << ", device memory "
+                << (device.empty() ? std::string("none (host only)") : device)
                 << (f.chosen.empty() ? "" : "; " + f.chosen);
   return Status::Ok();
 }

@@ -45,7 +45,10 @@ def test_prefixes_and_environment(run_job, tmp_path):
         assert "ucx True True True" in job.lines("[worker %d]" % r), job.explain()
         assert "env %d 3 2 %d 3 %d" % (r, r, r) in job.lines("[worker %d]" % r), job.explain()
         assert "to stderr" in job.lines("[worker %d]" % r)
-        assert "no newline at the end" in job.lines("[worker %d]" % r)
+        # The unterminated last line comes out whole; a line UCX logs as the lanes close (a
+        # connection refused by a peer already gone: rc stays 0) may follow it on that line.
+        assert any(line.startswith("no newline at the end")
+                   for line in job.lines("[worker %d]" % r)), job.explain()
     assert any("listening on" in line for line in job.lines("[scheduler]")), job.explain()
 
 

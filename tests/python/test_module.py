@@ -89,9 +89,12 @@ def test_torch_api_before_init_and_device_checks(gradlink):
         gl.rank()
     with pytest.raises(gradlink.InvalidArgumentError, match="init"):
         gl.push_pull(torch.ones(3), name="x")
-    # Tensors not on the CPU (CUDA, here the 'meta' device) are refused with a clear message.
-    with pytest.raises(gradlink.InvalidArgumentError, match="only CPU"):
+    # Tensors neither on the CPU nor CUDA (here the 'meta' device) are refused with a clear
+    # message; so are CUDA tensors where only CPU ones are taken (allgather).
+    with pytest.raises(gradlink.InvalidArgumentError, match="meta tensors are not supported"):
         gl.push_pull(torch.ones(3, device="meta"), name="x")
+    with pytest.raises(gradlink.InvalidArgumentError, match="meta tensors are not supported"):
+        gl.allgather(torch.ones(3, device="meta"), name="x")
     with pytest.raises(TypeError):
         gl.push_pull([1.0, 2.0], name="x")
 

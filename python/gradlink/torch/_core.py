@@ -387,11 +387,18 @@ def _stage(tensor, name, average, priority):
 
 
 def staging_stats():
-    """The staging pool's counters: host buffers allocated and reused (0s before any staged
-    operation)."""
+    """Device tensors' path: `path`, which one ran (the transport moves host memory; its own
+    device memory types, from UCX, in `device_memory`: gradlink stages through host buffers
+    whatever they are), and the staging pool's host buffers `allocated` and `reused`."""
     ctx = _require()
     pool = ctx.stager.pool if ctx.stager is not None else None
-    return {"allocated": pool.allocated if pool else 0, "reused": pool.reused if pool else 0}
+    device = list(ctx.worker.stats()["in_force"].get("device_memory", []))
+    return {"path": "pinned host staging (%s)" % (
+                "the transport moves host memory only" if not device else
+                "the transport could move %s memory itself; gradlink hands it host memory"
+                % "/".join(device)),
+            "device_memory": device,
+            "allocated": pool.allocated if pool else 0, "reused": pool.reused if pool else 0}
 
 
 def start(tensor, buf, name, average, priority, finish=None):

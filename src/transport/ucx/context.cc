@@ -56,6 +56,18 @@ class UcxFabric final : public Fabric {
   }
   std::string_view kind() const override { return "ucx"; }
   std::vector<std::string> settings() const override { return settings_; }
+  std::vector<std::string> device_memory() const override {
+    ucp_context_attr_t attr{};
+    attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+    std::vector<std::string> out;
+    if (ucp_context_query(context_->context, &attr) != UCS_OK) return out;
+    for (int t = 0; t < UCS_MEMORY_TYPE_LAST; ++t) {
+      if (t != UCS_MEMORY_TYPE_HOST && (attr.memory_types & (uint64_t{1} << t)) != 0) {
+        out.emplace_back(ucs_memory_type_names[t]);
+      }
+    }
+    return out;
+  }
 
  private:
   std::shared_ptr<UcxContext> context_;

@@ -69,6 +69,7 @@ for step in range(2):
             assert h.pushed == list(range(chunks)), h.pushed  # in chunk order
             assert same_bits(t, want), (tag, step, (t.cpu().double() - want.double()).abs().max())
     stats = _core.staging_stats()
+    assert stats["path"].startswith("pinned host staging"), stats
     if step == 0:
         first = stats
         assert first["allocated"] > 0, first
