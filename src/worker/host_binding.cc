@@ -223,9 +223,12 @@ Status WorkerImpl::SitOutUntilReleased(Clock::time_point deadline) {
     if (Clock::now() >= deadline) {
       // The host's other workers still need this one's pushes: a thread goes on with them
       // until the release (or the job's end), and the caller gets its timeout.
-      if (!sit_out_.joinable()) {
+      if (!sit_out_running_.load()) {
+        if (sit_out_.joinable()) sit_out_.join();  // an earlier join's, over
+        sit_out_running_ = true;
         sit_out_ = std::thread([this] {
           SitOutUntilReleased(Clock::time_point::max()).IgnoreError();
+          sit_out_running_ = false;
         });
       }
       return Timeout("join() on rank " + std::to_string(rank_) +

@@ -799,7 +799,8 @@ bool LocalReduce::BegunWithoutMe(const HostChannel& c, uint64_t round, uint32_t 
   for (uint32_t j = 0; j < opts_.ranks && !posted; ++j) {
     posted = j != opts_.rank && head->rank[j].posted.load(std::memory_order_acquire) >= first;
   }
-  // After the post: a release's clearing of the flags, which came before it, is seen here.
+  // After the post: a release (the epoch it ends), which came before any post of the next
+  // epoch, is seen here.
   return posted && HasJoined(opts_.rank);
 }
 
@@ -874,7 +875,6 @@ bool LocalReduce::AdvanceHost(Running& r, uint64_t max_sums) {
   auto sits_out = [&](uint32_t j, uint64_t n) {
     return HasJoined(j) && head->rank[j].posted.load(std::memory_order_acquire) < n;
   };
-  auto has_joined = [&](uint32_t j) { return HasJoined(j); };
   bool moved = false;
   if (!r.began) {
     r.began = true;
@@ -939,7 +939,7 @@ bool LocalReduce::AdvanceHost(Running& r, uint64_t max_sums) {
     std::array<uint32_t, kMaxRanks> in_sum;
     uint32_t n_in = 0;
     for (uint32_t j = 0; j < ranks && !waits_for; ++j) {
-      if (n > ch.entries && !has_joined(j) &&
+      if (n > ch.entries && !HasJoined(j) &&
           e.copied[j].load(std::memory_order_acquire) < n - ch.entries) {
         waits_for = j;
       } else if (!sits_out(j, n)) {

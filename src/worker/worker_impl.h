@@ -503,6 +503,7 @@ class WorkerImpl final : public Worker {
   // Join() on a host path that timed out: goes on running the sat-out rounds until the release
   // (SitOutUntilReleased); joined in Shutdown().
   std::thread sit_out_;
+  std::atomic<bool> sit_out_running_{false};
   uint32_t join_last_ = 0;
   std::unordered_map<uint64_t, uint64_t> resume_rounds_;
 
