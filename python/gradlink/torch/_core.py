@@ -366,13 +366,17 @@ def _staged(tensor):
     return tensor.device.type != "cpu" or _staging.stage_host_tensors()
 
 
+def _check_summable(tensor, what, name):
+    if DTYPES.get(tensor.dtype) is None:
+        raise InvalidArgumentError(
+            "%s of '%s': dtype %s cannot be summed (supported: %s)"
+            % (what, name, tensor.dtype, ", ".join(str(d) for d in DTYPES)))
+
+
 def _stage(tensor, name, average, priority):
     """Starts a staged push_pull of `tensor` in place (_staging.py)."""
     ctx = _require()
-    if DTYPES.get(tensor.dtype) is None:
-        raise InvalidArgumentError(
-            "push_pull of '%s': dtype %s cannot be summed (supported: %s)"
-            % (name, tensor.dtype, ", ".join(str(d) for d in DTYPES)))
+    _check_summable(tensor, "push_pull", name)
     with ctx.lock:
         if ctx.stager is None:
             ctx.stager = _staging.Stager()
@@ -580,10 +584,7 @@ def grouped_push_pull_async(tensors, average=True, name=None, priority=0, names=
     if any(_staged(t) for t in tensors):
         # Staged members go one by one (each in chunks, under its own name), the rest as a group.
         for t, n in zip(tensors, names):  # every member checked before any starts
-            if DTYPES.get(t.dtype) is None:
-                raise InvalidArgumentError(
-                    "grouped_push_pull of '%s': dtype %s cannot be summed (supported: %s)"
-                    % (n, t.dtype, ", ".join(str(d) for d in DTYPES)))
+            _check_summable(t, "grouped_push_pull", n)
         with torch.no_grad():
             staged = [_stage(t, n, average, priority) if _staged(t) else None
                       for t, n in zip(tensors, names)]
