@@ -534,7 +534,6 @@ Status WorkerImpl::OnJoinRelease(const transport::Frame& f) {
   barrier_released_ = std::max(barrier_released_, release.barriers);
   join_last_ = static_cast<uint32_t>(f.header.count);
   join_released_ = true;
-  join_released_signal_.store(true, std::memory_order_release);
   cv_.notify_all();
   if (local_) local_->Wake();  // a joined worker of a host path waits on the segment
   return Status::Ok();

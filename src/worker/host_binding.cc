@@ -203,12 +203,7 @@ void WorkerImpl::StartSatOutRoundsLocked(std::vector<SatOutWatch>* watch) {
       watch->push_back({*t.host, t.next_round, parts});
       continue;
     }
-    auto op = std::allocate_shared<Op>(internal::OpAllocator<Op>(op_memory_));
-    op->t_call = Clock::now();
-    op->timeout = opts_.operation_timeout;
-    op->describer = describer_;
-    op->local = local_;
-    op->tensor = ts;
+    std::shared_ptr<Op> op = NewOp(ts);
     op->sits_out = true;
     op->id = next_op_id_++;
     op->round = t.next_round++;
@@ -241,7 +236,7 @@ Status WorkerImpl::SitOutUntilReleased(Clock::time_point deadline) {
     // Asleep on the segment's bell, which the host's workers ring as they post and which the
     // release rings; a plan that arrives meanwhile is seen within the slice.
     const auto begun = [&] {
-      if (join_released_signal_.load(std::memory_order_acquire)) return true;
+      if (join_released_) return true;
       return std::any_of(watch.begin(), watch.end(), [&](const SatOutWatch& w) {
         return local_->BegunWithoutMe(w.channel, w.round, w.parts);
       });

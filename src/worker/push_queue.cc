@@ -63,15 +63,20 @@ std::shared_ptr<Op> WorkerImpl::StartCollective(const TensorHandle& tensor,
   return StartOp(tensor, output, options, nullptr, input);
 }
 
-std::shared_ptr<Op> WorkerImpl::StartOp(const TensorHandle& tensor, std::span<std::byte> data,
-                            const PushPullOptions& options, std::shared_ptr<std::byte> owned,
-                            std::span<const std::byte> input) {
+std::shared_ptr<Op> WorkerImpl::NewOp(std::shared_ptr<TensorState> tensor) {
   auto op = std::allocate_shared<Op>(internal::OpAllocator<Op>(op_memory_));
   op->t_call = Clock::now();
   op->timeout = opts_.operation_timeout;
   op->describer = describer_;
   op->local = local_;
-  op->tensor = tensor.state_;
+  op->tensor = std::move(tensor);
+  return op;
+}
+
+std::shared_ptr<Op> WorkerImpl::StartOp(const TensorHandle& tensor, std::span<std::byte> data,
+                            const PushPullOptions& options, std::shared_ptr<std::byte> owned,
+                            std::span<const std::byte> input) {
+  std::shared_ptr<Op> op = NewOp(tensor.state_);
   op->data = data;
   op->options = options;
   op->owned = std::move(owned);

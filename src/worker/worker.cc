@@ -368,7 +368,6 @@ Result<uint32_t> WorkerImpl::Join(Clock::time_point deadline) {
       resume = true;
     } else {
       join_released_ = false;
-      join_released_signal_.store(false, std::memory_order_release);
     }
     joining_ = true;
   }

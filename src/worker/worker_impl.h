@@ -175,6 +175,9 @@ class WorkerImpl final : public Worker {
   // another shape): f's key will never be planned, so its ops fail now with t's error.
   void MemberFailedLocked(TensorState& f, const TensorState& t);
 
+  // A new op on `tensor` (from op_memory_), with what every op carries: its call time, timeout,
+  // describer and this worker's segment.
+  std::shared_ptr<Op> NewOp(std::shared_ptr<TensorState> tensor);
   // Starts a PushPull of `data` into `tensor`; `owned` is a fusion buffer that `data` lies in.
   // `input`: what a collective other than the sum pushes (a sum pushes `data`).
   std::shared_ptr<Op> StartOp(const TensorHandle& tensor, std::span<std::byte> data,
@@ -495,8 +498,8 @@ class WorkerImpl final : public Worker {
   bool reconnecting_ = false;
   // Join(): in progress; released (every rank joined) with the rank that joined last; the next
   // round of keys this worker had not declared when it sat their rounds out (for Declare).
-  bool joining_ = false, join_released_ = false;
-  std::atomic<bool> join_released_signal_{false};  // join_released_, read outside mu_
+  bool joining_ = false;
+  std::atomic<bool> join_released_{false};  // written under mu_; read without it too (host path)
   // A join() timed out after its kJoin was sent: the join stands, and the next join() takes
   // its release (or waits for it) instead of joining again.
   bool join_timed_out_ = false;

@@ -267,10 +267,6 @@ class StagedOp:
             self._finished = time.monotonic()
             self._done.set()
 
-    @property
-    def done(self):
-        return self._done.is_set()
-
     def poll(self):
         return self._done.is_set()
 
@@ -413,7 +409,7 @@ class Stager:
                     op.abort(e)
             with self._cv:
                 for op in ops:
-                    if op.done:
+                    if op.poll():
                         self._ops.remove(op)
                         self._draining.append(op)
                 keep = []
