@@ -64,12 +64,17 @@ def rank_main(a):
     for size in a.sizes:
         count = size // 4
         per = count // n
+        # What an iteration needs that is not the operation (an in-place op's fresh input) is
+        # made before the barrier and the clock; an out-of-place op's new output is its own.
+        prepare = lambda: None
         if a.op == "broadcast":
             want = vals(0, count, 1)
             mine = vals(r, count, 1)
 
-            def run():
-                t = mine.clone()
+            def prepare():  # in place: a fresh copy each iteration, made before the clock
+                return mine.clone()
+
+            def run(t):
                 if a.backend == "gradlink":
                     hvd.broadcast_(t, 0, name="b%d" % size)
                 else:
@@ -79,7 +84,7 @@ def rank_main(a):
             want = torch.cat([vals(q, per, 2) for q in range(n)])
             mine = vals(r, per, 2)
 
-            def run():
+            def run(_):
                 if a.backend == "gradlink":
                     return hvd.allgather(mine, name="g%d" % size)
                 out = [torch.empty(per) for _ in range(n)]
@@ -90,10 +95,12 @@ def rank_main(a):
             want = full[r * per:(r + 1) * per]
             mine = vals(r, per * n, 3)
 
-            def run():
+            def prepare():  # Gloo's all_reduce works in place
+                return None if a.backend == "gradlink" else mine.clone()
+
+            def run(t):
                 if a.backend == "gradlink":
                     return hvd.reducescatter(mine, op=hvd.Sum, name="rs%d" % size)
-                t = mine.clone()
                 dist.all_reduce(t)
                 return t[r * per:(r + 1) * per]
         else:  # alltoall: block j of rank q's input goes to rank j
@@ -101,7 +108,7 @@ def rank_main(a):
             want = torch.cat([vals(q, b * n, 4)[r * b:(r + 1) * b] for q in range(n)])
             mine = vals(r, b * n, 4)
 
-            def run():
+            def run(_):
                 if a.backend == "gradlink":
                     return hvd.alltoall(mine, name="a%d" % size)
                 out = torch.empty(b * n)
@@ -110,10 +117,11 @@ def rank_main(a):
         times = []
         moved = [0, 0]
         for it in range(a.warmup + a.iters):
+            arg = prepare()
             barrier()
             before = link_counters(a.iface)
             t0 = time.perf_counter()
-            got = run()
+            got = run(arg)
             dt = time.perf_counter() - t0
             after = link_counters(a.iface)
             if isinstance(got, list):

@@ -208,7 +208,7 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
     if (repush) r.header.flags |= wire::kFlagInputFollows;
     to_issue_.push_back(std::move(r));
     if (repush) {
-      ReleaseCreditLocked(*op, p);  // a send to the lost server may never complete
+      ReleaseCreditLocked(op, p);  // a send to the lost server may never complete
       const uint64_t bytes = PartBytes(*op, p);
       Outgoing o;
       o.peer = server_peers_[plan.server];

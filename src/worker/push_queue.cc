@@ -327,7 +327,7 @@ void WorkerImpl::PushDone(PushSent* sent, const Status& s) {
     const uint32_t part = sent->part, server = sent->server;
     push_sent_free_.push_back(sent);
     if (!op->finished) op->t_pushed = Clock::now();
-    ReleaseCreditLocked(*op, part);
+    ReleaseCreditLocked(op, part);
     op->sending--;
     if (!s.ok() && !NoteServerFailureLocked(server, s)) AbandonLocked(*op, s);
     TryFinishLocked(*op);
@@ -338,11 +338,16 @@ void WorkerImpl::PushDone(PushSent* sent, const Status& s) {
 }
 
 void WorkerImpl::AnsweredLocked(const std::shared_ptr<Op>& op, uint32_t part) {
-  ReleaseCreditLocked(*op, part);  // the pull may overtake its push's completion
+  ReleaseCreditLocked(op, part);  // the pull may overtake its push's completion
   op->parts[part] = Op::Part::kDone;
   op->outstanding--;
-  op->bytes_ahead -= PartBytes(*op, part);
+  if (!AheadUntilSent(*op->tensor, part)) op->bytes_ahead -= PartBytes(*op, part);
   ReleaseHeldLocked(op);
+}
+
+bool WorkerImpl::AheadUntilSent(const TensorState& t, uint32_t part) {
+  const layout::Role role = RoleIn(t, part);
+  return role.push && !role.pull;
 }
 
 bool WorkerImpl::OverLead(const Op& op, uint64_t bytes) {
@@ -378,10 +383,15 @@ void WorkerImpl::ReleaseHeldLocked(const std::shared_ptr<Op>& op) {
   }
 }
 
-void WorkerImpl::ReleaseCreditLocked(Op& op, uint32_t part) {
-  if (op.parts[part] != Op::Part::kSent) return;
-  op.parts[part] = Op::Part::kPushed;
-  bytes_in_flight_ -= PartBytes(op, part);
+void WorkerImpl::ReleaseCreditLocked(const std::shared_ptr<Op>& op, uint32_t part) {
+  if (op->parts[part] != Op::Part::kSent) return;
+  op->parts[part] = Op::Part::kPushed;
+  const uint64_t bytes = PartBytes(*op, part);
+  bytes_in_flight_ -= bytes;
+  if (AheadUntilSent(*op->tensor, part)) {
+    op->bytes_ahead -= bytes;
+    ReleaseHeldLocked(op);
+  }
 }
 
 void WorkerImpl::RecordFailureLocked(Op& op, const Status& s) {

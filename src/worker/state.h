@@ -245,8 +245,9 @@ struct Op {
   std::vector<Part> parts;  // emptied when the op ends (its tensor keeps the vector)
   uint32_t outstanding = 0;  // partitions not yet answered (pulled, or refused by the server)
   // WorkerOptions::max_bytes_ahead: the op's limit (the option times the servers its partitions
-  // lie on), the bytes sent (or let back into the queue to be sent) and not yet answered, and
-  // the partitions held back meanwhile, in order (seq, partition).
+  // lie on), the bytes sent (or let back into the queue to be sent) and not yet answered (or,
+  // where no data comes back, not yet sent: WorkerImpl::AheadUntilSent), and the partitions
+  // held back meanwhile, in order (seq, partition).
   uint64_t max_ahead = 0;
   uint64_t bytes_ahead = 0;
   VectorFifo<std::pair<uint64_t, uint32_t>> held;

@@ -247,7 +247,19 @@ class WorkerImpl final : public Worker {
   // their bytes count from now on, so the next answer does not let the same bytes in twice.
   void ReleaseHeldLocked(const std::shared_ptr<Op>& op);
 
-  void ReleaseCreditLocked(Op& op, uint32_t part);
+  // A push has left (or will never be answered by the server it went to): its bytes leave the
+  // window, and, where it is ahead only until sent (AheadUntilSent), the op's lead.
+  void ReleaseCreditLocked(const std::shared_ptr<Op>& op, uint32_t part);
+
+  // Whether `part` of t counts in its op's lead only until its push has left, not until its
+  // reply: a push that gets no data back (a broadcast root's, a gather's or an all-to-all
+  // block's sender, a reduce-scatter segment another rank receives). Its reply is an
+  // acknowledgement of 0 elements, which waits behind everything the server is sending this
+  // worker (one connection, one downlink): paced by it, the worker whose downlink was idle
+  // pushed alone while the others' acknowledgements queued behind its data, and an allgather's
+  // senders took turns with one of the n downlinks idle (0.75 of the bound). What it holds on
+  // the servers is still within what the scheduler admitted for the key.
+  static bool AheadUntilSent(const TensorState& t, uint32_t part);
 
   void RecordFailureLocked(Op& op, const Status& s);
 

@@ -11,6 +11,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gradlink/worker.h"
@@ -444,6 +445,36 @@ TEST(CollectiveTest, RequestsAreNeverHeldBehindTheLead) {
       }
     }
   });
+  job.FinishCleanly();
+}
+
+// A sender that gets no data back (a broadcast's root here) is ahead only until its pushes have
+// left: its acknowledgements (replies of 0 elements) wait behind whatever the server sends it,
+// and pacing by them made an allgather's senders take turns. Under a lead of two partitions,
+// the root's whole tensor reaches the server before the other rank has asked for any of it.
+TEST(CollectiveTest, ASenderThatGetsNothingBackIsAheadOnlyUntilItsPushesLeave) {
+  JobConfig c = Config(2, 1);
+  c.max_bytes_ahead = 128;  // two 64-byte partitions
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(c));
+  constexpr uint64_t kCount = 1024;  // 4 KiB: 64 partitions
+  const CollectiveSpec spec{.kind = Collective::kBroadcast, .root = 0};
+  auto root = job.worker(0).DeclareCollective("ahead.bcast", DataType::kFloat32, kCount, spec);
+  auto other = job.worker(1).DeclareCollective("ahead.bcast", DataType::kFloat32, kCount, spec);
+  ASSERT_TRUE(root.ok() && other.ok());
+  std::vector<std::byte>& sent = job.Buffer(kCount * 4);
+  test::FillTensor(DataType::kFloat32, 7, 0, 0, sent);
+  PushPullHandle pending = job.worker(0).Run(*root, sent, sent, {});
+  const auto deadline = In(kOpTimeout);
+  while (job.server(0).stats().bytes_reduced < kCount * 4 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(job.server(0).stats().bytes_reduced, kCount * 4)
+      << "the root held its pushes back until the receiver's acknowledgements";
+  std::vector<std::byte>& got = job.Buffer(kCount * 4);
+  ASSERT_TRUE(job.worker(1).Run(*other, got, got, {}).Wait(In(kOpTimeout)).ok());
+  ASSERT_TRUE(pending.Wait(In(kOpTimeout)).ok());
+  EXPECT_EQ(got, sent);
   job.FinishCleanly();
 }
 
