@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all setup build test test-arm demo bench bench-scale compare bench-reduce netcluster train-cluster fuzz soak test-asan test-tsan clean
+.PHONY: all setup build test test-arm test-torch2 demo bench bench-scale compare bench-reduce netcluster train-cluster fuzz soak test-asan test-tsan clean
 
 all: build
 
@@ -118,6 +118,12 @@ test-tsan: setup
 ARM_BENCH ?= 0
 test-arm:
 	BUILD_ARM=$(BUILD)-arm JOBS=$(JOBS) ARM_BENCH=$(ARM_BENCH) scripts/test-arm.sh
+
+# The torch.distributed backend on torch 2.6 (Debian 13's), in a chroot made by
+# scripts/torch2_chroot.sh (root; about 2.3 GB and 5 minutes the first time): its build and
+# tests/python/test_c10d.py, FSDP included. make test only compiles the torch 2.x variant.
+test-torch2: setup
+	JOBS=$(JOBS) GRADLINK_UCX_PREFIX=$(GRADLINK_UCX_PREFIX) scripts/torch2_chroot.sh
 
 # Reducer throughput against memcpy (Google Benchmark).
 bench-reduce: build

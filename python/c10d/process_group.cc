@@ -49,9 +49,11 @@ void CheckTensor(const at::Tensor& t, const std::string& what) {
   }
 }
 
-const at::Tensor& One(std::vector<at::Tensor>& tensors, const std::string& what) {
+// (`what` is a C string: a reference to the result of a call that takes a temporary
+// std::string trips GCC 14's -Wdangling-reference, an error under -Werror.)
+const at::Tensor& One(std::vector<at::Tensor>& tensors, const char* what) {
   if (tensors.size() != 1) {
-    Fail(what + ": one tensor per process (got " + std::to_string(tensors.size()) + ")");
+    Fail(std::string(what) + ": one tensor per process (got " + std::to_string(tensors.size()) + ")");
   }
   CheckTensor(tensors[0], what);
   return tensors[0];
@@ -429,29 +431,74 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::broadcast(
   return Enqueue(OpType::BROADCAST, std::move(p), tensors);
 }
 
+// One flat all-gather (every member's `in`, in rank order, into `out`) or reduce-scatter (`in`:
+// a part per member; this rank's part of the reduction into `out`), checked and converted
+// before anything starts: _allgather_base and _reduce_scatter_base, and each pair of their
+// coalesced forms (torch 2.x), which check every pair before starting any.
+struct ProcessGroupGradlink::Flat {
+  Buffer in, out;
+  OpOf op;             // a reduce-scatter's reduction
+  bool gather = true;  // an all-gather (else a reduce-scatter)
+
+  static Flat Allgather(const ProcessGroupGradlink& g, at::Tensor& output, at::Tensor& input,
+                        const std::string& what) {
+    CheckTensor(output, what);
+    CheckTensor(input, what);
+    if (output.scalar_type() != input.scalar_type()) Fail(what + ": output and input dtypes differ");
+    if (output.numel() != input.numel() * g.getSize()) {
+      Fail(what + ": an output of " + std::to_string(output.numel()) + " elements for " +
+           std::to_string(g.getSize()) + " inputs of " + std::to_string(input.numel()));
+    }
+    Flat f;
+    f.in = RouteBuffer(input);
+    f.out = RouteBuffer(output);
+    return f;
+  }
+
+  static Flat ReduceScatter(const ProcessGroupGradlink& g, at::Tensor& output, at::Tensor& input,
+                            const ::c10d::ReduceOp& reduce, const std::string& what) {
+    CheckTensor(output, what);
+    CheckTensor(input, what);
+    Flat f;
+    f.gather = false;
+    f.op = Reduction(reduce, what);
+    if (output.scalar_type() != input.scalar_type()) Fail(what + ": output and input dtypes differ");
+    if (input.numel() != output.numel() * g.getSize()) {
+      Fail(what + ": an input of " + std::to_string(input.numel()) + " elements for " +
+           std::to_string(g.getSize()) + " outputs of " + std::to_string(output.numel()));
+    }
+    f.in = ReduceBuffer(input, what);
+    f.out = ReduceBuffer(output, what);
+    return f;
+  }
+
+  bool empty() const { return gather ? in.count() == 0 : out.count() == 0; }
+
+  // Starts it on `p`, on the key of `prefix` + its signature; returns what it is, for errors.
+  std::string Start(ProcessGroupGradlink& g, Pending& p, const std::string& prefix,
+                    const std::string& what) const {
+    std::vector<uint64_t> counts(g.getSize(), gather ? in.count() : out.count());
+    const CollectiveSpec spec = gather ? g.Spec(Collective::kAllgather, ReduceOp::kSum, 0, counts)
+                                       : g.Spec(Collective::kReduceScatter, op.op, 0, counts);
+    const std::string sig =
+        prefix + (gather ? "allgather_base." : "reduce_scatter_base." + std::string(op.name) + ".") +
+        std::string(DataTypeName(in.dtype)) + "." + std::to_string(counts[0]);
+    Result<TensorHandle> key = g.Key(what, sig, in.dtype, gather ? out.count() : in.count(), &spec);
+    if (!key.ok()) Fail(key.status().ToString());
+    g.Start(p, *key, in.flat, out.flat, !gather && op.average);
+    return gather ? what + " of " + key->name()
+                  : what + " (" + std::string(op.name) + ") of " + key->name();
+  }
+};
+
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::_allgather_base(
     at::Tensor& output, at::Tensor& input, const ::c10d::AllgatherOptions& opts) {
-  CheckTensor(output, "_allgather_base");
-  CheckTensor(input, "_allgather_base");
-  if (output.scalar_type() != input.scalar_type()) Fail("_allgather_base: output and input dtypes differ");
-  if (output.numel() != input.numel() * getSize()) {
-    Fail("_allgather_base: an output of " + std::to_string(output.numel()) +
-         " elements for " + std::to_string(getSize()) + " inputs of " +
-         std::to_string(input.numel()));
-  }
-  Buffer in = RouteBuffer(input), out = RouteBuffer(output);
-  if (in.count() == 0) return Done(OpType::_ALLGATHER_BASE, {output});
-  std::vector<uint64_t> counts(getSize(), in.count());
-  const CollectiveSpec spec = Spec(Collective::kAllgather, ReduceOp::kSum, 0, counts);
-  const std::string sig = "allgather_base." + std::string(DataTypeName(in.dtype)) + "." +
-                          std::to_string(in.count());
-  Result<TensorHandle> key = Key("_allgather_base", sig, in.dtype, out.count(), &spec);
-  if (!key.ok()) Fail(key.status().ToString());
+  const Flat f = Flat::Allgather(*this, output, input, "_allgather_base");
+  if (f.empty()) return Done(OpType::_ALLGATHER_BASE, {output});
   Pending p;
-  p.what = "_allgather_base of " + key->name();
   p.deadline = Deadline(opts.timeout);
-  Start(p, *key, in.flat, out.flat, false);
-  if (out.back.defined()) p.finish = [out] { out.WriteBack(); };
+  p.what = f.Start(*this, p, "", "_allgather_base");
+  if (f.out.back.defined()) p.finish = [out = f.out] { out.WriteBack(); };
   return Enqueue(OpType::_ALLGATHER_BASE, std::move(p), {output});
 }
 
@@ -501,30 +548,74 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::allgather(
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) {
-  CheckTensor(output, "_reduce_scatter_base");
-  CheckTensor(input, "_reduce_scatter_base");
-  const OpOf op = Reduction(opts.reduceOp, "_reduce_scatter_base");
-  if (output.scalar_type() != input.scalar_type()) Fail("_reduce_scatter_base: output and input dtypes differ");
-  if (input.numel() != output.numel() * getSize()) {
-    Fail("_reduce_scatter_base: an input of " + std::to_string(input.numel()) + " elements for " +
-         std::to_string(getSize()) + " outputs of " + std::to_string(output.numel()));
-  }
-  Buffer in = ReduceBuffer(input, "_reduce_scatter_base");
-  Buffer out = ReduceBuffer(output, "_reduce_scatter_base");
-  if (out.count() == 0) return Done(OpType::_REDUCE_SCATTER_BASE, {output});
-  std::vector<uint64_t> counts(getSize(), out.count());
-  const CollectiveSpec spec = Spec(Collective::kReduceScatter, op.op, 0, counts);
-  const std::string sig = "reduce_scatter_base." + std::string(op.name) + "." +
-                          std::string(DataTypeName(in.dtype)) + "." + std::to_string(out.count());
-  Result<TensorHandle> key = Key("_reduce_scatter_base", sig, in.dtype, in.count(), &spec);
-  if (!key.ok()) Fail(key.status().ToString());
+  const Flat f = Flat::ReduceScatter(*this, output, input, opts.reduceOp, "_reduce_scatter_base");
+  if (f.empty()) return Done(OpType::_REDUCE_SCATTER_BASE, {output});
   Pending p;
-  p.what = "_reduce_scatter_base (" + std::string(op.name) + ") of " + key->name();
   p.deadline = Deadline(opts.timeout);
-  Start(p, *key, in.flat, out.flat, op.average);
-  if (out.back.defined()) p.finish = [out] { out.WriteBack(); };
+  p.what = f.Start(*this, p, "", "_reduce_scatter_base");
+  if (f.out.back.defined()) p.finish = [out = f.out] { out.WriteBack(); };
   return Enqueue(OpType::_REDUCE_SCATTER_BASE, std::move(p), {output});
 }
+
+#if TORCH_VERSION_MAJOR >= 2
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::Coalesced(
+    std::vector<at::Tensor>& outputs, const std::vector<Flat>& flats, const std::string& what,
+    std::chrono::milliseconds op_timeout) {
+  Pending p;
+  p.deadline = Deadline(op_timeout);
+  p.what = what + " of " + std::to_string(flats.size()) + " tensors";
+  std::vector<Buffer> backs;
+  try {
+    for (size_t i = 0; i < flats.size(); ++i) {
+      if (flats[i].empty()) continue;
+      const std::string one =
+          flats[i].Start(*this, p, "coalesced." + std::to_string(i) + ".", what);
+      if (p.handles.size() == 1) p.what += " (the first: " + one + ")";
+      if (flats[i].out.back.defined()) backs.push_back(flats[i].out);
+    }
+  } catch (...) {
+    // Those started may still read and write their buffers: keep them alive until shutdown.
+    if (!p.handles.empty()) {
+      std::lock_guard lock(mu_);
+      abandoned_.push_back(std::move(p));
+    }
+    throw;
+  }
+  if (p.handles.empty()) return Done(OpType::COALESCED, outputs);
+  if (!backs.empty()) p.finish = [backs] { for (const Buffer& b : backs) b.WriteBack(); };
+  return Enqueue(OpType::COALESCED, std::move(p), outputs);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::AllgatherOptions& opts) {
+  const std::string what = "allgather_into_tensor_coalesced";
+  if (outputs.size() != inputs.size()) {
+    Fail(what + ": " + std::to_string(outputs.size()) + " outputs for " +
+         std::to_string(inputs.size()) + " inputs");
+  }
+  std::vector<Flat> flats;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    flats.push_back(Flat::Allgather(*this, outputs[i], inputs[i], what));
+  }
+  return Coalesced(outputs, flats, what, opts.timeout);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::ReduceScatterOptions& opts) {
+  const std::string what = "reduce_scatter_tensor_coalesced";
+  if (outputs.size() != inputs.size()) {
+    Fail(what + ": " + std::to_string(outputs.size()) + " outputs for " +
+         std::to_string(inputs.size()) + " inputs");
+  }
+  std::vector<Flat> flats;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    flats.push_back(Flat::ReduceScatter(*this, outputs[i], inputs[i], opts.reduceOp, what));
+  }
+  return Coalesced(outputs, flats, what, opts.timeout);
+}
+#endif
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,

@@ -97,9 +97,22 @@ class ProcessGroupGradlink final : public ProcessGroupBase {
                                             std::vector<at::Tensor>& inputs,
                                             const ::c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
+#if TORCH_VERSION_MAJOR >= 2
+  // torch 2.x only: several all_gather_into_tensor / reduce_scatter_tensor calls as one Work
+  // (dist._coalescing_manager's fast path; functional collectives, hence DTensor, issue even a
+  // single one this way). Each pair runs as _allgather_base / _reduce_scatter_base would, on a
+  // key of its position in the call, all at once.
+  c10::intrusive_ptr<::c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const ::c10d::ReduceScatterOptions& opts) override;
+#endif
 
  private:
   class Work;
+  struct Flat;  // one flat all-gather or reduce-scatter, checked, before it starts
   // What one operation waits for, then does once its handles have completed (copies out of
   // staging buffers), on the completion thread.
   struct Pending {
@@ -128,6 +141,13 @@ class ProcessGroupGradlink final : public ProcessGroupBase {
   // its own, waited for here (alltoall's split sizes).
   std::vector<uint64_t> SplitMatrix(const std::vector<uint64_t>& mine, Clock::time_point deadline);
   void CompletionLoop();
+#if TORCH_VERSION_MAJOR >= 2
+  // The coalesced forms' one Work: every non-empty pair started on one Pending.
+  c10::intrusive_ptr<::c10d::Work> Coalesced(std::vector<at::Tensor>& outputs,
+                                             const std::vector<Flat>& flats,
+                                             const std::string& what,
+                                             std::chrono::milliseconds op_timeout);
+#endif
 
   std::shared_ptr<Worker> worker_;
   const std::vector<uint32_t> members_;

@@ -220,6 +220,57 @@ for op in (R.SUM, R.MAX, R.PRODUCT):
         assert torch.equal(ours, mine), ("reduce leaves a non-root alone", op)
     checked += 1
 
+# torch 2.x only: several all_gather_into_tensor / reduce_scatter_tensor calls as one Work
+# (dist._coalescing_manager's fast path: the backend's allgather_into_tensor_coalesced and
+# reduce_scatter_tensor_coalesced), and the functional collectives (DTensor's), which issue
+# even a single one that way. Against the ranks' known data and the rank-order reference.
+if int(torch.__version__.split(".")[0]) >= 2:
+    import torch.distributed._functional_collectives as funcol
+    cases = (((5, 3), torch.float32), ((7,), torch.int64), ((1, 1), torch.bfloat16),
+             ((0,), torch.float32), ((4, 2), torch.complex64))
+
+    def numel(shape):
+        n = 1
+        for d in shape:
+            n *= d
+        return n
+
+    ins = [data(rank, dt, n=numel(s), salt=20 + k).view(s) for k, (s, dt) in enumerate(cases)]
+    outs = [torch.empty((size * s[0],) + s[1:], dtype=dt) for s, dt in cases]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i, async_op=True)
+    cm.wait()
+    for k, (o, (s, dt)) in enumerate(zip(outs, cases)):
+        want = torch.cat([data(r, dt, n=numel(s), salt=20 + k).view(s) for r in range(size)])
+        assert torch.equal(o, want), ("coalesced all_gather_into_tensor", k, dt)
+    checked += 1
+    for op in (R.SUM, R.MAX, R.AVG):
+        cases = ((6, torch.float32), (9, torch.int64), (4, torch.bfloat16))
+        ins = [data(rank, dt, n=size * n, salt=25 + k) for k, (n, dt) in enumerate(cases)]
+        outs = [torch.empty(n, dtype=dt) for n, dt in cases]
+        with dist._coalescing_manager(async_ops=True) as cm:
+            for o, i in zip(outs, ins):
+                dist.reduce_scatter_tensor(o, i, op=op, async_op=True)
+        cm.wait()
+        for k, (o, (n, dt)) in enumerate(zip(outs, cases)):
+            parts = [data(r, dt, n=size * n, salt=25 + k)[rank * n:(rank + 1) * n]
+                     for r in range(size)]
+            assert torch.equal(o, reference(dt, op, parts)), \
+                ("coalesced reduce_scatter_tensor", op, k, dt)
+        checked += 1
+    x = data(rank, torch.float32, n=size * 4, salt=28)
+    everyone = [data(r, torch.float32, n=size * 4, salt=28) for r in range(size)]
+    world = dist.group.WORLD
+    got = funcol.all_gather_tensor(x, 0, world).wait()
+    assert torch.equal(got, torch.cat(everyone)), "funcol.all_gather_tensor"
+    got = funcol.reduce_scatter_tensor(x, "sum", 0, world).wait()
+    want = reference(torch.float32, R.SUM, [e[rank * 4:(rank + 1) * 4] for e in everyone])
+    assert torch.equal(got, want), "funcol.reduce_scatter_tensor"
+    got = funcol.all_reduce(x, "sum", world).wait()
+    assert torch.equal(got, reference(torch.float32, R.SUM, everyone)), "funcol.all_reduce"
+    checked += 3
+
 # Async work: wait(), is_completed(), is_success(), and the future's value.
 t = data(rank, torch.int32, salt=14)
 w = dist.all_reduce(t, async_op=True)
