@@ -11,11 +11,17 @@ Patterns (every flow carries --bytes; H hosts as needed, one process per host):
              servers)
   ps         4 workers <-> 4 servers, every pair both ways at once: a sum's pushes and pulls
   alltoall   4 hosts, each sends to the 3 others at once
+and, through relays (4 workers h0-h3, 4 relay hosts h4-h7, each a process that forwards every
+byte it receives to its destinations as it arrives: the two hops, the bytes on every link and
+the processes of gradlink's routed collectives, n = k = 4; --bytes is then the operation's S):
+  relay-broadcast  h0 sends S/4 to each relay, which forwards it to h1-h3
+  relay-allgather  each worker sends S/16 to each relay, which forwards it to the 3 others
+  relay-alltoall   each worker sends S/16 per receiver to each relay, which forwards it there
 The figure per pattern is the busiest link's rate, bytes over the time from its first to its
 last byte, as a fraction of --rate. Every run prints one table; --repeats runs each pattern
 that many times (min/median/max).
 
-Usage (root): bench/link_probe.py [--rate 1gbit] [--bytes 64M] [--repeats 3]
+Usage (root): bench/link_probe.py [--rate 1gbit] [--bytes 64M] [--repeats 3] [--patterns ...]
 """
 import argparse
 import importlib.util
@@ -79,19 +85,27 @@ def receive(port, flows, nbytes):
         print("flow %s %d %.6f %.6f" % (peer, total, first, last), flush=True)
 
 
+def connect(target):
+    ip, port = target.split(":")
+    for _ in range(200):
+        try:
+            return socket.create_connection((ip, int(port)))
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("could not connect to " + target)
+
+
 def send(targets, nbytes):
-    """Sends `nbytes` to each of `targets` (ip:port) at once, one thread per flow."""
+    """Sends `nbytes` to each of `targets` at once, one thread per flow. A target is ip:port,
+    or relay-ip:port/dest-ip:port+dest-ip:port...: the relay forwards the flow to each dest."""
     import threading
     data = memoryview(bytearray(BUF))
 
     def flow(target):
-        ip, port = target.split(":")
-        for _ in range(200):
-            try:
-                s = socket.create_connection((ip, int(port)))
-                break
-            except OSError:
-                time.sleep(0.05)
+        relay, _, dests = target.partition("/")
+        s = connect(relay)
+        if dests:
+            s.sendall((dests + "\n").encode())
         left = nbytes
         while left > 0:
             n = s.send(data[:min(BUF, left)])
@@ -103,6 +117,46 @@ def send(targets, nbytes):
     threads = [threading.Thread(target=flow, args=(t,)) for t in targets]
     for t in threads:
         t.start()
+    for t in threads:
+        t.join()
+
+
+def relay(port, flows):
+    """Accepts `flows` connections on `port`; each names its destinations in a first line and
+    is forwarded to each of them (a connection per destination) as its bytes arrive."""
+    import threading
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("0.0.0.0", port))
+    ls.listen(flows)
+    print("listening", flush=True)
+
+    def forward(c):
+        line = b""
+        while not line.endswith(b"\n"):
+            line += c.recv(1)
+        outs = [connect(d) for d in line.decode().strip().split("+")]
+        buf = bytearray(BUF)
+        view = memoryview(buf)
+        while True:
+            n = c.recv_into(buf)
+            if n == 0:
+                break
+            for o in outs:
+                o.sendall(view[:n])
+        for o in outs:
+            o.shutdown(socket.SHUT_WR)
+        for o in outs:
+            o.recv(1)
+            o.close()
+        c.sendall(b"k")
+        c.close()
+
+    threads = []
+    for _ in range(flows):
+        c, _ = ls.accept()
+        threads.append(threading.Thread(target=forward, args=(c,)))
+        threads[-1].start()
     for t in threads:
         t.join()
 
@@ -122,6 +176,48 @@ def patterns():
     }
 
 
+def relay_patterns():
+    """name -> (list of (worker, relay, [destination workers]), each stream's share of S)."""
+    workers, relays = range(4), range(4, 8)
+    return {
+        "relay-broadcast": ([(0, r, [1, 2, 3]) for r in relays], 1 / 4),
+        "relay-allgather": ([(w, r, [d for d in workers if d != w]) for w in workers
+                             for r in relays], 1 / 16),
+        "relay-alltoall": ([(w, r, [d]) for w in workers for r in relays for d in workers
+                            if d != w], 1 / 16),
+    }
+
+
+def run_relay(nc, cl, streams, nbytes):
+    """The streams through relays: each worker's flows to the relays, each relay's forwarded
+    on to the destinations; the busiest link's rate, measured at the receivers (a relay's
+    uplink or a worker's downlink: what the routed collectives' bound counts)."""
+    port, relay_port = 5301, 5302
+    me = os.path.abspath(__file__)
+    inbound = {}
+    for _, _, dests in streams:
+        for d in dests:
+            inbound[d] = inbound.get(d, 0) + 1
+    rx = {d: cl.spawn(d, "rx%d" % d, [sys.executable, me, "--receive", str(port), str(n),
+                                         str(nbytes)]) for d, n in inbound.items()}
+    per_relay = {}
+    for _, r, _ in streams:
+        per_relay[r] = per_relay.get(r, 0) + 1
+    relays = [cl.spawn(r, "relay%d" % r, [sys.executable, me, "--relay", str(relay_port), str(n)])
+              for r, n in per_relay.items()]
+    deadline = time.monotonic() + 10
+    while any("listening" not in p.out() for p in list(rx.values()) + relays):
+        if time.monotonic() > deadline:
+            raise RuntimeError("receivers or relays did not start")
+        time.sleep(0.02)
+    senders = sorted({w for w, _, _ in streams})
+    tx = [cl.spawn(w, "tx%d" % w, [sys.executable, me, "--send", str(nbytes)] +
+                   ["%s:%d/%s" % (cl.ip(r), relay_port, "+".join("%s:%d" % (cl.ip(d), port)
+                                                                  for d in dests))
+                    for x, r, dests in streams if x == w]) for w in senders]
+    return collect(cl, tx + relays, rx)
+
+
 def run_pattern(nc, cl, flows, nbytes):
     port = 5301
     receivers = sorted({r for _, r in flows})
@@ -139,8 +235,13 @@ def run_pattern(nc, cl, flows, nbytes):
         time.sleep(0.02)
     tx = [cl.spawn(s, "tx%d" % s, [sys.executable, me, "--send", str(nbytes)] +
                    ["%s:%d" % (cl.ip(r), port) for x, r in flows if x == s]) for s in senders]
+    return collect(cl, tx, rx)
+
+
+def collect(cl, others, rx):
+    """Waits for every process; the busiest link's rate in bits/s, from the receivers' flows."""
     deadline = time.monotonic() + 120
-    for p in tx + list(rx.values()):
+    for p in others + list(rx.values()):
         while p.rc() is None:
             if time.monotonic() > deadline:
                 raise RuntimeError("a flow did not end:\n" + p.tail())
@@ -167,6 +268,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--receive", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--send", nargs="+", help=argparse.SUPPRESS)
+    ap.add_argument("--relay", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--bytes", default="64M")
     ap.add_argument("--repeats", type=int, default=3)
@@ -176,21 +278,33 @@ def main():
         return receive(int(a.receive[0]), int(a.receive[1]), int(a.receive[2]))
     if a.send:
         return send(a.send[1:], int(a.send[0]))
+    if a.relay:
+        return relay(int(a.relay[0]), int(a.relay[1]))
     nc = load_netcluster()
     rate = nc.parse_rate(a.rate)
     nbytes = nc.parse_size(a.bytes)
     pats = patterns()
+    relayed = relay_patterns()
     chosen = a.patterns.split(",")
+    unknown = [p for p in chosen if p not in pats and p not in relayed]
+    if unknown:
+        ap.error("unknown pattern(s) %s; known: %s" % (", ".join(unknown),
+                                                     ", ".join(list(pats) + list(relayed))))
     results = {p: [] for p in chosen}
     with nc.Cluster(8, rate) as cl:
         for _ in range(a.repeats):
             for p in chosen:
-                results[p].append(run_pattern(nc, cl, pats[p], nbytes) / rate)
+                if p in relayed:
+                    streams, share = relayed[p]
+                    results[p].append(run_relay(nc, cl, streams, int(nbytes * share)) / rate)
+                else:
+                    results[p].append(run_pattern(nc, cl, pats[p], nbytes) / rate)
     print("| pattern | flows | of link (median, min-max) |")
     print("|---|---|---|")
     for p in chosen:
         v = results[p]
-        print("| %s | %d | %.3f (%.3f-%.3f) |" % (p, len(pats[p]), statistics.median(v), min(v),
+        flows = (sum(1 + len(d) for _, _, d in relayed[p][0]) if p in relayed else len(pats[p]))
+        print("| %s | %d | %.3f (%.3f-%.3f) |" % (p, flows, statistics.median(v), min(v),
                                                   max(v)))
     print("(plain TCP, %s per flow, %s links, %d repeats)" % (a.bytes, a.rate, a.repeats))
 

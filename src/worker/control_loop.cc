@@ -601,6 +601,12 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     t->plan_status = plan_status;
     t->parts = std::move(parts);
     t->roles = std::move(roles);
+    uint64_t pushed = 0, pulled = 0;
+    for (uint32_t p = 0; p < t->roles.size(); ++p) {
+      pushed += t->roles[p].push ? t->parts[p].count : 0;
+      pulled += t->roles[p].pull ? t->parts[p].count : 0;
+    }
+    t->acks_behind_data = pushed > 0 && pulled >= pushed;
     t->order.clear();
     for (uint32_t p = 0; p < t->roles.size(); ++p) {
       if (t->roles[p].participates()) t->order.push_back(p);

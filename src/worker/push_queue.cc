@@ -346,6 +346,7 @@ void WorkerImpl::AnsweredLocked(const std::shared_ptr<Op>& op, uint32_t part) {
 }
 
 bool WorkerImpl::AheadUntilSent(const TensorState& t, uint32_t part) {
+  if (!t.acks_behind_data) return false;
   const layout::Role role = RoleIn(t, part);
   return role.push && !role.pull;
 }

@@ -91,6 +91,10 @@ struct TensorState {
   // Once planned, for a key that is not a plain sum: this worker's role in each partition
   // (empty for a sum: every partition pushed from and pulled into its own place).
   std::vector<layout::Role> roles;
+  // Its pushes that get no data back count in their op's lead only until sent
+  // (WorkerImpl::AheadUntilSent): this worker receives at least as many bytes of the key as it
+  // pushes (an allgather's or all-to-all's, not a broadcast root's or a reduce-scatter's).
+  bool acks_behind_data = false;
   std::vector<uint32_t> order;  // the partitions it takes part in, in the order it pushes them
   uint32_t servers_spanned = 0;            // distinct servers among `parts`
   // The same-host path (LocalReduce): bound on the tensor's first op; `local` empty when

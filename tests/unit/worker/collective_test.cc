@@ -448,33 +448,55 @@ TEST(CollectiveTest, RequestsAreNeverHeldBehindTheLead) {
   job.FinishCleanly();
 }
 
-// A sender that gets no data back (a broadcast's root here) is ahead only until its pushes have
-// left: its acknowledgements (replies of 0 elements) wait behind whatever the server sends it,
-// and pacing by them made an allgather's senders take turns. Under a lead of two partitions,
-// the root's whole tensor reaches the server before the other rank has asked for any of it.
-TEST(CollectiveTest, ASenderThatGetsNothingBackIsAheadOnlyUntilItsPushesLeave) {
+// A sender that gets no data back, on a key that brings it at least as much as it sends (an
+// allgather here), is ahead only until its pushes have left: its acknowledgements (replies of
+// 0 elements) wait behind whatever the servers send it, and pacing by them made an allgather's
+// senders take turns. A broadcast's root, which receives nothing, keeps its lead. Under a lead
+// of two 64-byte partitions, with the other rank not yet asking for anything: the allgather
+// sender's whole segment reaches the server, the root's broadcast stops at its lead.
+TEST(CollectiveTest, OnlySendersThatReceiveAsMuchAreAheadOnlyUntilTheirPushesLeave) {
   JobConfig c = Config(2, 1);
-  c.max_bytes_ahead = 128;  // two 64-byte partitions
+  c.max_bytes_ahead = 128;
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(c));
-  constexpr uint64_t kCount = 1024;  // 4 KiB: 64 partitions
-  const CollectiveSpec spec{.kind = Collective::kBroadcast, .root = 0};
-  auto root = job.worker(0).DeclareCollective("ahead.bcast", DataType::kFloat32, kCount, spec);
-  auto other = job.worker(1).DeclareCollective("ahead.bcast", DataType::kFloat32, kCount, spec);
-  ASSERT_TRUE(root.ok() && other.ok());
-  std::vector<std::byte>& sent = job.Buffer(kCount * 4);
-  test::FillTensor(DataType::kFloat32, 7, 0, 0, sent);
-  PushPullHandle pending = job.worker(0).Run(*root, sent, sent, {});
-  const auto deadline = In(kOpTimeout);
-  while (job.server(0).stats().bytes_reduced < kCount * 4 && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  EXPECT_EQ(job.server(0).stats().bytes_reduced, kCount * 4)
-      << "the root held its pushes back until the receiver's acknowledgements";
+  constexpr uint64_t kCount = 512;  // per rank: 2 KiB, 32 partitions
+  const CollectiveSpec gather{.kind = Collective::kAllgather, .counts = {kCount, kCount}};
+  const CollectiveSpec bcast{.kind = Collective::kBroadcast, .root = 0};
+  auto g0 = job.worker(0).DeclareCollective("ahead.gather", DataType::kFloat32, 2 * kCount, gather);
+  auto g1 = job.worker(1).DeclareCollective("ahead.gather", DataType::kFloat32, 2 * kCount, gather);
+  auto b0 = job.worker(0).DeclareCollective("ahead.bcast", DataType::kFloat32, kCount, bcast);
+  auto b1 = job.worker(1).DeclareCollective("ahead.bcast", DataType::kFloat32, kCount, bcast);
+  ASSERT_TRUE(g0.ok() && g1.ok() && b0.ok() && b1.ok());
+  std::vector<std::byte> in[2] = {Filled(DataType::kFloat32, 7, 0, kCount),
+                                  Filled(DataType::kFloat32, 7, 1, kCount)};
+  std::vector<std::byte>& out0 = job.Buffer(2 * kCount * 4);
+  const auto landed = [&](uint64_t want) {
+    const auto deadline = In(kOpTimeout);
+    while (job.server(0).stats().bytes_reduced < want && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return job.server(0).stats().bytes_reduced;
+  };
+  PushPullHandle gathering = job.worker(0).Run(*g0, in[0], out0, {});
+  EXPECT_EQ(landed(kCount * 4), kCount * 4)
+      << "the allgather's sender held its pushes back until the other rank's acknowledgements";
+  std::vector<std::byte>& root = job.Buffer(kCount * 4);
+  test::FillTensor(DataType::kFloat32, 8, 0, 0, root);
+  PushPullHandle broadcasting = job.worker(0).Run(*b0, root, root, {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(job.server(0).stats().bytes_reduced, kCount * 4 + 128)
+      << "a broadcast root ran past its lead of two partitions";
+  std::vector<std::byte>& out1 = job.Buffer(2 * kCount * 4);
+  ASSERT_TRUE(job.worker(1).Run(*g1, in[1], out1, {}).Wait(In(kOpTimeout)).ok());
+  ASSERT_TRUE(gathering.Wait(In(kOpTimeout)).ok());
   std::vector<std::byte>& got = job.Buffer(kCount * 4);
-  ASSERT_TRUE(job.worker(1).Run(*other, got, got, {}).Wait(In(kOpTimeout)).ok());
-  ASSERT_TRUE(pending.Wait(In(kOpTimeout)).ok());
-  EXPECT_EQ(got, sent);
+  ASSERT_TRUE(job.worker(1).Run(*b1, got, got, {}).Wait(In(kOpTimeout)).ok());
+  ASSERT_TRUE(broadcasting.Wait(In(kOpTimeout)).ok());
+  std::vector<std::byte> both = in[0];
+  both.insert(both.end(), in[1].begin(), in[1].end());
+  EXPECT_EQ(out0, both);
+  EXPECT_EQ(out1, both);
+  EXPECT_EQ(got, root);
   job.FinishCleanly();
 }
 
