@@ -390,10 +390,16 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::allreduce_coalesced(
   p.what = "allreduce_coalesced (" + std::string(op.name) + ") of " +
            std::to_string(tensors.size()) + " tensors";
   p.deadline = Deadline(opts.timeout);
-  std::vector<Buffer> backs;
+  // Every tensor checked and every key declared before any starts: a bad tensor among them
+  // fails the call with nothing in flight (no sum left writing into the tensors before it).
+  std::vector<Buffer> buffers;
+  std::vector<TensorHandle> keys;
   for (size_t i = 0; i < tensors.size(); ++i) {
     CheckTensor(tensors[i], "allreduce_coalesced");
-    Buffer b = ReduceBuffer(tensors[i], "allreduce_coalesced");
+    buffers.push_back(ReduceBuffer(tensors[i], "allreduce_coalesced"));
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const Buffer& b = buffers[i];
     if (b.count() == 0) continue;
     const CollectiveSpec spec = Spec(Collective::kAllreduce, op.op);
     const std::string sig = std::string("coalesced.") + std::to_string(i) + "." +
@@ -401,7 +407,13 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::allreduce_coalesced(
                             std::string(DataTypeName(b.dtype)) + "." + std::to_string(b.count());
     Result<TensorHandle> key = Key("allreduce_coalesced", sig, b.dtype, b.count(), &spec);
     if (!key.ok()) Fail(key.status().ToString());
-    Start(p, *key, b.flat, b.flat, op.average);
+    keys.push_back(*key);
+  }
+  std::vector<Buffer> backs;
+  size_t k = 0;
+  for (const Buffer& b : buffers) {
+    if (b.count() == 0) continue;
+    Start(p, keys[k++], b.flat, b.flat, op.average);
     if (b.back.defined()) backs.push_back(b);
   }
   if (!backs.empty()) p.finish = [backs] { for (const Buffer& b : backs) b.WriteBack(); };

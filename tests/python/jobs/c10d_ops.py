@@ -9,6 +9,7 @@ argv: rank, world size, a directory for the FileStore. Prints "C10D OPS OK" at t
 import datetime
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -100,6 +101,19 @@ for t in theirs:
     dist.all_reduce(t, group=gloo)
 assert all(torch.equal(a, b) for a, b in zip(ours, theirs)), "all_reduce_coalesced"
 checked += 1
+# A tensor it cannot take, after one it can: the call fails naming it, and nothing was
+# started (no sum arrives later in the first tensor).
+first = data(rank, torch.float32, n=300, salt=5)
+before = first.clone()
+try:
+    dist.all_reduce_coalesced([first, torch.ones(3, device="meta")])
+except RuntimeError as e:
+    assert "a tensor on meta" in str(e), str(e)
+else:
+    raise AssertionError("all_reduce_coalesced of a meta tensor did not raise")
+dist.barrier()
+time.sleep(0.3)
+assert torch.equal(first, before), "all_reduce_coalesced started a sum before failing"
 
 # Routing: broadcast, all_gather, gather, scatter, all_to_all_single: every dtype bit for bit
 # (Gloo where it has the dtype; the other ranks' known data otherwise).
