@@ -598,34 +598,38 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::Coalesced(
   return Enqueue(OpType::COALESCED, std::move(p), outputs);
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::allgather_into_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-    const ::c10d::AllgatherOptions& opts) {
-  const std::string what = "allgather_into_tensor_coalesced";
+// `make`(outputs[i], inputs[i]) for each pair, once their counts agree: every pair checked
+// before any starts.
+template <typename Make>
+auto EachPair(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+              const std::string& what, Make make) {
   if (outputs.size() != inputs.size()) {
     Fail(what + ": " + std::to_string(outputs.size()) + " outputs for " +
          std::to_string(inputs.size()) + " inputs");
   }
-  std::vector<Flat> flats;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    flats.push_back(Flat::Allgather(*this, outputs[i], inputs[i], what));
-  }
-  return Coalesced(outputs, flats, what, opts.timeout);
+  std::vector<decltype(make(outputs[0], inputs[0]))> each;
+  for (size_t i = 0; i < inputs.size(); ++i) each.push_back(make(outputs[i], inputs[i]));
+  return each;
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::AllgatherOptions& opts) {
+  const std::string what = "allgather_into_tensor_coalesced";
+  return Coalesced(outputs, EachPair(outputs, inputs, what, [&](at::Tensor& out, at::Tensor& in) {
+                     return Flat::Allgather(*this, out, in, what);
+                   }),
+                   what, opts.timeout);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const ::c10d::ReduceScatterOptions& opts) {
   const std::string what = "reduce_scatter_tensor_coalesced";
-  if (outputs.size() != inputs.size()) {
-    Fail(what + ": " + std::to_string(outputs.size()) + " outputs for " +
-         std::to_string(inputs.size()) + " inputs");
-  }
-  std::vector<Flat> flats;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    flats.push_back(Flat::ReduceScatter(*this, outputs[i], inputs[i], opts.reduceOp, what));
-  }
-  return Coalesced(outputs, flats, what, opts.timeout);
+  return Coalesced(outputs, EachPair(outputs, inputs, what, [&](at::Tensor& out, at::Tensor& in) {
+                     return Flat::ReduceScatter(*this, out, in, opts.reduceOp, what);
+                   }),
+                   what, opts.timeout);
 }
 #endif
 
