@@ -134,7 +134,10 @@ def relay(port, flows):
     def forward(c):
         line = b""
         while not line.endswith(b"\n"):
-            line += c.recv(1)
+            byte = c.recv(1)
+            if not byte:
+                raise RuntimeError("a flow closed before naming its destinations")
+            line += byte
         outs = [connect(d) for d in line.decode().strip().split("+")]
         buf = bytearray(BUF)
         view = memoryview(buf)

@@ -486,9 +486,10 @@ struct ProcessGroupGradlink::Flat {
 
   bool empty() const { return gather ? in.count() == 0 : out.count() == 0; }
 
-  // Starts it on `p`, on the key of `prefix` + its signature; returns what it is, for errors.
-  std::string Start(ProcessGroupGradlink& g, Pending& p, const std::string& prefix,
-                    const std::string& what) const {
+  // Its key, of `prefix` + its signature; Fail()s, naming what, where that is refused. Every
+  // key of a call is declared before any of its operations starts.
+  TensorHandle Declare(ProcessGroupGradlink& g, const std::string& prefix,
+                       const std::string& what) const {
     std::vector<uint64_t> counts(g.getSize(), gather ? in.count() : out.count());
     const CollectiveSpec spec = gather ? g.Spec(Collective::kAllgather, ReduceOp::kSum, 0, counts)
                                        : g.Spec(Collective::kReduceScatter, op.op, 0, counts);
@@ -497,9 +498,15 @@ struct ProcessGroupGradlink::Flat {
         std::string(DataTypeName(in.dtype)) + "." + std::to_string(counts[0]);
     Result<TensorHandle> key = g.Key(what, sig, in.dtype, gather ? out.count() : in.count(), &spec);
     if (!key.ok()) Fail(key.status().ToString());
-    g.Start(p, *key, in.flat, out.flat, !gather && op.average);
-    return gather ? what + " of " + key->name()
-                  : what + " (" + std::string(op.name) + ") of " + key->name();
+    return *key;
+  }
+
+  // Starts it on `p`, on `key` (Declare's); returns what it is, for errors.
+  std::string Start(ProcessGroupGradlink& g, Pending& p, const TensorHandle& key,
+                    const std::string& what) const {
+    g.Start(p, key, in.flat, out.flat, !gather && op.average);
+    return gather ? what + " of " + key.name()
+                  : what + " (" + std::string(op.name) + ") of " + key.name();
   }
 };
 
@@ -509,7 +516,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::_allgather_base(
   if (f.empty()) return Done(OpType::_ALLGATHER_BASE, {output});
   Pending p;
   p.deadline = Deadline(opts.timeout);
-  p.what = f.Start(*this, p, "", "_allgather_base");
+  p.what = f.Start(*this, p, f.Declare(*this, "", "_allgather_base"), "_allgather_base");
   if (f.out.back.defined()) p.finish = [out = f.out] { out.WriteBack(); };
   return Enqueue(OpType::_ALLGATHER_BASE, std::move(p), {output});
 }
@@ -564,7 +571,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::_reduce_scatter_base(
   if (f.empty()) return Done(OpType::_REDUCE_SCATTER_BASE, {output});
   Pending p;
   p.deadline = Deadline(opts.timeout);
-  p.what = f.Start(*this, p, "", "_reduce_scatter_base");
+  p.what = f.Start(*this, p, f.Declare(*this, "", "_reduce_scatter_base"),
+                   "_reduce_scatter_base");
   if (f.out.back.defined()) p.finish = [out = f.out] { out.WriteBack(); };
   return Enqueue(OpType::_REDUCE_SCATTER_BASE, std::move(p), {output});
 }
@@ -576,16 +584,21 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::Coalesced(
   Pending p;
   p.deadline = Deadline(op_timeout);
   p.what = what + " of " + std::to_string(flats.size()) + " tensors";
+  // Every key first: a pair whose key is refused fails the call with nothing started.
+  std::vector<TensorHandle> keys(flats.size());
+  for (size_t i = 0; i < flats.size(); ++i) {
+    if (flats[i].empty()) continue;
+    keys[i] = flats[i].Declare(*this, "coalesced." + std::to_string(i) + ".", what);
+  }
   std::vector<Buffer> backs;
   try {
     for (size_t i = 0; i < flats.size(); ++i) {
       if (flats[i].empty()) continue;
-      const std::string one =
-          flats[i].Start(*this, p, "coalesced." + std::to_string(i) + ".", what);
+      const std::string one = flats[i].Start(*this, p, keys[i], what);
       if (p.handles.size() == 1) p.what += " (the first: " + one + ")";
       if (flats[i].out.back.defined()) backs.push_back(flats[i].out);
     }
-  } catch (...) {
+  } catch (...) {  // (out of memory: nothing else throws once the keys are declared)
     // Those started may still read and write their buffers: keep them alive until shutdown.
     if (!p.handles.empty()) {
       std::lock_guard lock(mu_);

@@ -188,7 +188,8 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
     const bool has_result =
         p < t.result_round.size() && t.result_round[p] != TensorState::kNoResult;
     const bool repush = op && !op->abandoned &&
-                        (op->parts[p] == Op::Part::kSent || op->parts[p] == Op::Part::kPushed);
+                        (op->parts[p] == Op::Part::kSent || op->parts[p] == Op::Part::kPushed ||
+                         op->parts[p] == Op::Part::kLeft);
     if (has_result) {
       r.header.flags = wire::kFlagHasResult;
       r.header.round = t.result_round[p];
@@ -208,7 +209,7 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
     if (repush) r.header.flags |= wire::kFlagInputFollows;
     to_issue_.push_back(std::move(r));
     if (repush) {
-      ReleaseCreditLocked(op, p);  // a send to the lost server may never complete
+      ReleaseCreditLocked(op, p, /*left=*/false);  // a send to the lost server may never complete
       const uint64_t bytes = PartBytes(*op, p);
       Outgoing o;
       o.peer = server_peers_[plan.server];
@@ -582,6 +583,7 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     {
       std::lock_guard lock(mu_);
       GL_RETURN_IF_ERROR(ReplanLocked(*t, std::move(parts)));
+      PumpLocked();  // what the replan let back into the queue
       TakeIssueLocked(&batch);
     }
     Issue(std::move(batch));

@@ -77,7 +77,8 @@ Result<std::span<std::byte>> WorkerImpl::OnHeaderLocked(const wire::Header& h) {
   }
   // The pull may overtake the completion of its own push (kSent) but never precede the push.
   if (h.key != t.key || h.partition >= op.parts.size() || h.round != op.round ||
-      (op.parts[h.partition] != Op::Part::kSent && op.parts[h.partition] != Op::Part::kPushed)) {
+      (op.parts[h.partition] != Op::Part::kSent && op.parts[h.partition] != Op::Part::kPushed &&
+       op.parts[h.partition] != Op::Part::kLeft)) {
     protocol_errors_++;
     return ProtocolError("pull reply does not match its push");
   }

@@ -327,7 +327,7 @@ void WorkerImpl::PushDone(PushSent* sent, const Status& s) {
     const uint32_t part = sent->part, server = sent->server;
     push_sent_free_.push_back(sent);
     if (!op->finished) op->t_pushed = Clock::now();
-    ReleaseCreditLocked(op, part);
+    ReleaseCreditLocked(op, part, /*left=*/s.ok());
     op->sending--;
     if (!s.ok() && !NoteServerFailureLocked(server, s)) AbandonLocked(*op, s);
     TryFinishLocked(*op);
@@ -338,10 +338,11 @@ void WorkerImpl::PushDone(PushSent* sent, const Status& s) {
 }
 
 void WorkerImpl::AnsweredLocked(const std::shared_ptr<Op>& op, uint32_t part) {
-  ReleaseCreditLocked(op, part);  // the pull may overtake its push's completion
+  const bool lead_back = op->parts[part] == Op::Part::kLeft;
+  ReleaseCreditLocked(op, part, /*left=*/false);  // the pull may overtake its push's completion
   op->parts[part] = Op::Part::kDone;
   op->outstanding--;
-  if (!AheadUntilSent(*op->tensor, part)) op->bytes_ahead -= PartBytes(*op, part);
+  if (!lead_back) op->bytes_ahead -= PartBytes(*op, part);
   ReleaseHeldLocked(op);
 }
 
@@ -384,14 +385,16 @@ void WorkerImpl::ReleaseHeldLocked(const std::shared_ptr<Op>& op) {
   }
 }
 
-void WorkerImpl::ReleaseCreditLocked(const std::shared_ptr<Op>& op, uint32_t part) {
+void WorkerImpl::ReleaseCreditLocked(const std::shared_ptr<Op>& op, uint32_t part, bool left) {
   if (op->parts[part] != Op::Part::kSent) return;
-  op->parts[part] = Op::Part::kPushed;
   const uint64_t bytes = PartBytes(*op, part);
   bytes_in_flight_ -= bytes;
-  if (AheadUntilSent(*op->tensor, part)) {
+  if (left && AheadUntilSent(*op->tensor, part)) {
+    op->parts[part] = Op::Part::kLeft;
     op->bytes_ahead -= bytes;
     ReleaseHeldLocked(op);
+  } else {
+    op->parts[part] = Op::Part::kPushed;
   }
 }
 

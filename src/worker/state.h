@@ -73,7 +73,10 @@ class VectorFifo {
 
 // Where each partition of an op stands (Op::parts). kSent holds bytes-in-flight credit until
 // the push has left; kPushed waits for its pull.
-enum class PartStage : uint8_t { kQueued, kSent, kPushed, kDone };
+// kPushed: its send has completed (or will not, its server lost), its window credit is back;
+// kLeft: the same for a push ahead only until sent (WorkerImpl::AheadUntilSent) that was sent
+// whole, whose lead is back too.
+enum class PartStage : uint8_t { kQueued, kSent, kPushed, kLeft, kDone };
 
 struct TensorState {
   uint64_t key = 0;

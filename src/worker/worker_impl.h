@@ -247,9 +247,11 @@ class WorkerImpl final : public Worker {
   // their bytes count from now on, so the next answer does not let the same bytes in twice.
   void ReleaseHeldLocked(const std::shared_ptr<Op>& op);
 
-  // A push has left (or will never be answered by the server it went to): its bytes leave the
-  // window, and, where it is ahead only until sent (AheadUntilSent), the op's lead.
-  void ReleaseCreditLocked(const std::shared_ptr<Op>& op, uint32_t part);
+  // A push's send has completed (`left`: whole; else failed, or its server is lost and it
+  // goes again): its bytes leave the window, and, where it left whole and is ahead only until
+  // sent (AheadUntilSent), the op's lead (kLeft). A failed one keeps its lead until answered,
+  // so that pushes failing fast at a lost server do not all pump at once.
+  void ReleaseCreditLocked(const std::shared_ptr<Op>& op, uint32_t part, bool left);
 
   // Whether `part` of t counts in its op's lead only until its push has left, not until its
   // reply: a push that gets no data back (an allgather's sender, an all-to-all block's) on a

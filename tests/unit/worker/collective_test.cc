@@ -451,52 +451,85 @@ TEST(CollectiveTest, RequestsAreNeverHeldBehindTheLead) {
 // A sender that gets no data back, on a key that brings it at least as much as it sends (an
 // allgather here), is ahead only until its pushes have left: its acknowledgements (replies of
 // 0 elements) wait behind whatever the servers send it, and pacing by them made an allgather's
-// senders take turns. A broadcast's root, which receives nothing, keeps its lead. Under a lead
-// of two 64-byte partitions, with the other rank not yet asking for anything: the allgather
-// sender's whole segment reaches the server, the root's broadcast stops at its lead.
+// senders take turns. A broadcast's root, which receives nothing, and a reduce-scatter, which
+// receives a part of what it sends, keep their lead. Under a lead of two 64-byte partitions,
+// with the other rank not yet taking part: the allgather sender's whole segment reaches the
+// server; the broadcast root and the reduce-scatter (whose first pushes are to the other
+// rank's segment) stop at their lead.
 TEST(CollectiveTest, OnlySendersThatReceiveAsMuchAreAheadOnlyUntilTheirPushesLeave) {
   JobConfig c = Config(2, 1);
   c.max_bytes_ahead = 128;
   Job job;
   ASSERT_NO_FATAL_FAILURE(job.Start(c));
   constexpr uint64_t kCount = 512;  // per rank: 2 KiB, 32 partitions
+  constexpr DataType kF32 = DataType::kFloat32;
   const CollectiveSpec gather{.kind = Collective::kAllgather, .counts = {kCount, kCount}};
   const CollectiveSpec bcast{.kind = Collective::kBroadcast, .root = 0};
-  auto g0 = job.worker(0).DeclareCollective("ahead.gather", DataType::kFloat32, 2 * kCount, gather);
-  auto g1 = job.worker(1).DeclareCollective("ahead.gather", DataType::kFloat32, 2 * kCount, gather);
-  auto b0 = job.worker(0).DeclareCollective("ahead.bcast", DataType::kFloat32, kCount, bcast);
-  auto b1 = job.worker(1).DeclareCollective("ahead.bcast", DataType::kFloat32, kCount, bcast);
-  ASSERT_TRUE(g0.ok() && g1.ok() && b0.ok() && b1.ok());
-  std::vector<std::byte> in[2] = {Filled(DataType::kFloat32, 7, 0, kCount),
-                                  Filled(DataType::kFloat32, 7, 1, kCount)};
-  std::vector<std::byte>& out0 = job.Buffer(2 * kCount * 4);
-  const auto landed = [&](uint64_t want) {
+  const CollectiveSpec scatter{.kind = Collective::kReduceScatter, .counts = {kCount, kCount}};
+  std::vector<TensorHandle> g, b, rs;
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto gr = job.worker(r).DeclareCollective("ahead.gather", kF32, 2 * kCount, gather);
+    auto br = job.worker(r).DeclareCollective("ahead.bcast", kF32, kCount, bcast);
+    auto rsr = job.worker(r).DeclareCollective("ahead.scatter", kF32, 2 * kCount, scatter);
+    ASSERT_TRUE(gr.ok() && br.ok() && rsr.ok());
+    g.push_back(*gr);
+    b.push_back(*br);
+    rs.push_back(*rsr);
+  }
+  std::vector<std::byte> in[2] = {Filled(kF32, 7, 0, kCount), Filled(kF32, 7, 1, kCount)};
+  std::vector<std::byte> rsin[2] = {Filled(kF32, 9, 0, 2 * kCount), Filled(kF32, 9, 1, 2 * kCount)};
+  const auto landed = [&](uint64_t want) {  // what the server has received, once it has `want`
     const auto deadline = In(kOpTimeout);
     while (job.server(0).stats().bytes_reduced < want && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     return job.server(0).stats().bytes_reduced;
   };
-  PushPullHandle gathering = job.worker(0).Run(*g0, in[0], out0, {});
+  const auto stays = [&](uint64_t want) {  // it gets `want` and, for a while, no more
+    landed(want);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return job.server(0).stats().bytes_reduced;
+  };
+  std::vector<std::byte>& out0 = job.Buffer(2 * kCount * 4);
+  PushPullHandle gathering = job.worker(0).Run(g[0], in[0], out0, {});
   EXPECT_EQ(landed(kCount * 4), kCount * 4)
       << "the allgather's sender held its pushes back until the other rank's acknowledgements";
   std::vector<std::byte>& root = job.Buffer(kCount * 4);
-  test::FillTensor(DataType::kFloat32, 8, 0, 0, root);
-  PushPullHandle broadcasting = job.worker(0).Run(*b0, root, root, {});
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_EQ(job.server(0).stats().bytes_reduced, kCount * 4 + 128)
+  test::FillTensor(kF32, 8, 0, 0, root);
+  PushPullHandle broadcasting = job.worker(0).Run(b[0], root, root, {});
+  EXPECT_EQ(stays(kCount * 4 + 128), kCount * 4 + 128)
       << "a broadcast root ran past its lead of two partitions";
+  std::vector<std::byte>& part1 = job.Buffer(kCount * 4);
+  PushPullHandle scattering = job.worker(1).Run(rs[1], rsin[1], part1, {});
+  EXPECT_EQ(stays(kCount * 4 + 256), kCount * 4 + 256)
+      << "a reduce-scatter ran past its lead of two partitions";
+
   std::vector<std::byte>& out1 = job.Buffer(2 * kCount * 4);
-  ASSERT_TRUE(job.worker(1).Run(*g1, in[1], out1, {}).Wait(In(kOpTimeout)).ok());
+  ASSERT_TRUE(job.worker(1).Run(g[1], in[1], out1, {}).Wait(In(kOpTimeout)).ok());
   ASSERT_TRUE(gathering.Wait(In(kOpTimeout)).ok());
   std::vector<std::byte>& got = job.Buffer(kCount * 4);
-  ASSERT_TRUE(job.worker(1).Run(*b1, got, got, {}).Wait(In(kOpTimeout)).ok());
+  ASSERT_TRUE(job.worker(1).Run(b[1], got, got, {}).Wait(In(kOpTimeout)).ok());
   ASSERT_TRUE(broadcasting.Wait(In(kOpTimeout)).ok());
+  std::vector<std::byte>& part0 = job.Buffer(kCount * 4);
+  ASSERT_TRUE(job.worker(0).Run(rs[0], rsin[0], part0, {}).Wait(In(kOpTimeout)).ok());
+  ASSERT_TRUE(scattering.Wait(In(kOpTimeout)).ok());
   std::vector<std::byte> both = in[0];
   both.insert(both.end(), in[1].begin(), in[1].end());
   EXPECT_EQ(out0, both);
   EXPECT_EQ(out1, both);
   EXPECT_EQ(got, root);
+  for (uint32_t r = 0; r < 2; ++r) {
+    const std::vector<std::byte>& part = r == 0 ? part0 : part1;
+    for (uint64_t i = 0; i < kCount; ++i) {
+      float x0, x1;
+      std::memcpy(&x0, rsin[0].data() + (r * kCount + i) * 4, 4);
+      std::memcpy(&x1, rsin[1].data() + (r * kCount + i) * 4, 4);
+      const float sum = x0 + x1;
+      ASSERT_TRUE(SameAt(part, i, std::vector<std::byte>(reinterpret_cast<const std::byte*>(&sum),
+                                                          reinterpret_cast<const std::byte*>(&sum) + 4),
+                         "reduce-scatter on rank " + std::to_string(r)));
+    }
+  }
   job.FinishCleanly();
 }
 
