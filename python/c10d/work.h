@@ -1,0 +1,41 @@
+// python/c10d/process_group.h, the Work of a process group's operation: completed by its
+// completion thread (process_group.cc) or, for one built on another, by that one's future
+// (collectives.cc).
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <exception>
+#include <vector>
+
+#include "process_group.h"
+
+namespace gradlink::c10d {
+
+class ProcessGroupGradlink::Work final : public ::c10d::Work {
+ public:
+  Work(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs)
+      : ::c10d::Work(rank, type),
+        outputs_(std::move(outputs)),
+        future_(c10::make_intrusive<at::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()))) {}
+
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<at::ivalue::Future> getFuture() override { return future_; }
+
+  // The Work first (wait() returns), then the Future (its callbacks run here).
+  void Complete(std::exception_ptr error) {
+    finish(error);
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+  }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<at::ivalue::Future> future_;
+};
+
+}  // namespace gradlink::c10d
