@@ -22,12 +22,20 @@ rank computing at once) plus the communication bound of M = the model's bytes at
 max(M/B, nM/(kB)) for the servers, 2(n-1)/n M/B for Gloo's ring (no overlap assumed, so a
 method that overlaps can beat it).
 
+--keep-heap (not a gradlink setting: the same for every method, Gloo's included) runs every rank
+with glibc's malloc keeping freed memory (MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_=16G). On a
+VM whose freed pages go back to the hypervisor (virtio-balloon free page reporting, as on the
+dev VMs of 2026-12-06), every fresh 64 MiB tensor (autograd's weight gradients, each step)
+faults its pages in again at about 0.35 GB/s: 190 ms each, 0.41 s of a 0.05 s forward and
+backward pass. With it the step is the communication it is meant to measure.
+
 Checked, or the run fails: every rank of a run ends with bit-identical parameters (sha256 of
 every parameter's bytes), and every method's final parameters agree with gloo-ddp's within
 --tolerance (max |a - b| / max |b|: the sums run in another order).
 
   bench/train_cluster [-n 4] [-k 4] [--rate 1gbit] [--mtu 1500] [--width 4096] [--layers 2]
                       [--batch 2] [--steps 5] [--warmup 1] [--repeats 3] [--methods a,b,...]
+                      [--keep-heap]
                       [--results bench/RESULTS.md | --results -] [--plot FILE]
 
 The summary replaces the `<!-- train_cluster:begin -->` section of --results (bench/results_md.py);
@@ -55,6 +63,7 @@ import results_md  # noqa: E402
 TUNED = {"GRADLINK_PARTITION_BYTES": str(128 << 10), "GRADLINK_MAX_BYTES_IN_FLIGHT": str(1 << 20),
          "GRADLINK_MAX_BYTES_AHEAD": str(256 << 10), "UCX_TCP_RCVBUF": "64k",
          "UCX_TCP_TX_SEG_SIZE": "64k"}
+KEEP_HEAP = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(16 << 30)}  # --keep-heap
 METHODS = {  # name: (train_step.py --method, extra environment, extra arguments)
     "gloo-ddp": ("gloo-ddp", {}, []),
     "gradlink-opt": ("gradlink-opt", {}, []),
@@ -86,6 +95,8 @@ def run_method(cl, a, name, run_index, save_dir):
     py = nc.python_with_torch()
     env = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": nc.IFACE,
            "PYTHONPATH": os.path.join(REPO, "python"), "PYTHONUNBUFFERED": "1"}
+    if a.keep_heap:
+        env.update(KEEP_HEAP)
     procs = []
     if name == "gradlink-ddp-colocated":
         # Nothing started here: rank 0 hosts the scheduler, each worker host a server.
@@ -134,6 +145,7 @@ def run_method(cl, a, name, run_index, save_dir):
     rec = recs[0]
     if os.environ.get("TRAIN_CLUSTER_STEPS"):
         print("steps %s: %s" % (name, [round(t, 3) for t in rec["step_s"]]))
+        print("cpu %s: %s" % (name, [round(t, 3) for t in rec.get("cpu_s", [])]))
     rec["compute_all"] = [c for r in recs for c in r["compute_s"]]
     return rec
 
@@ -178,6 +190,9 @@ def main(argv=None):
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                     help="comma-separated, of %s (default %s)" % (", ".join(METHODS),
                                                                   ",".join(DEFAULT_METHODS)))
+    ap.add_argument("--keep-heap", action="store_true",
+                    help="every rank of every method keeps freed memory (glibc malloc: %s)" %
+                    " ".join("%s=%s" % kv for kv in KEEP_HEAP.items()))
     ap.add_argument("--tolerance", type=float, default=1e-4)
     ap.add_argument("--bin", default=os.path.join(REPO, "build", "bin"))
     ap.add_argument("--results", default=os.path.join(BENCH, "RESULTS.md"))
@@ -206,6 +221,7 @@ def main(argv=None):
     started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     command = "bench/train_cluster " + " ".join(argv if argv is not None else sys.argv[1:])
     times = {x: [] for x in names}
+    cpus = {x: [] for x in names}  # rank 0's CPU seconds a step, all its threads
     compute = []
     in_force = {}  # name: rank 0's settings in force (gradlink methods)
     runs = 0
@@ -219,6 +235,7 @@ def main(argv=None):
                     rec = run_method(cl, a, name, os.getpid() % 1000 * 100 + runs, save_dir)
                     step = statistics.median(rec["step_s"])
                     times[name].append(step)
+                    cpus[name].append(statistics.median(rec["cpu_s"]))
                     compute += rec["compute_all"]
                     if "in_force" in rec:
                         in_force[name] = rec["in_force"]
@@ -240,15 +257,17 @@ def main(argv=None):
             nc.commit_id(), n, k, nc.fmt_rate(a.rate), a.mtu, started),
         "Command: `%s`. Model: %d dense layers of %d x %d and a 10-way head, fp32, M = %.1f MiB "
         "of gradients; batch %d a rank; SGD, momentum 0.9; %d timed steps after %d warm-up, "
-        "rank 0's median per run, %d repeats interleaved. Compute alone (every rank at once): "
+        "rank 0's median per run, %d repeats interleaved.%s Compute alone (every rank at once): "
         "%.3f s a step. Bound without overlap: compute + the communication bound at %s, "
         "max(M/B, nM/(kB)) = %.3f s for the servers, 2(n-1)/n M/B = %.3f s for Gloo's ring." % (
             command, a.layers, a.width, a.width, m / 2**20, a.batch, a.steps, a.warmup,
-            a.repeats, comp, nc.fmt_rate(a.rate), ps, ring),
+            a.repeats, " Every rank with %s (--keep-heap)." % " ".join(
+                "%s=%s" % kv for kv in KEEP_HEAP.items()) if a.keep_heap else "",
+            comp, nc.fmt_rate(a.rate), ps, ring),
         "",
         "| method | steps/s min / median / max | ÷ gloo-ddp | bound steps/s | of bound | "
-        "final parameters vs gloo-ddp |",
-        "|---|---|---|---|---|---|"]
+        "rank 0's CPU s a step | final parameters vs gloo-ddp |",
+        "|---|---|---|---|---|---|---|"]
     plot = []
     for name in names:
         t = times[name]
@@ -256,8 +275,9 @@ def main(argv=None):
         # Servers on the worker hosts move what the ring moves: the same bound.
         bound = comp + (ring if name in ("gloo-ddp", "gradlink-ddp-colocated") else ps)
         diff = "reference" if name == "gloo-ddp" else "%.1e (relative)" % diffs[name]
-        lines.append("| %s | %.3f / %.3f / %.3f | %.2fx | %.3f | %.2f | %s |" % (
-            name, 1 / max(t), 1 / med, 1 / min(t), ref / med, 1 / bound, bound / med, diff))
+        lines.append("| %s | %.3f / %.3f / %.3f | %.2fx | %.3f | %.2f | %.2f | %s |" % (
+            name, 1 / max(t), 1 / med, 1 / min(t), ref / med, 1 / bound, bound / med,
+            statistics.median(cpus[name]), diff))
         plot.append((name, 1 / med, 1 / max(t), 1 / min(t)))
     lines += ["", "Every rank of every run ended with bit-identical parameters (sha256). In force "
               "on rank 0: " + "; ".join(

@@ -12,13 +12,15 @@ steps by one of:
   gradlink-ddp   DDP over init_process_group("gradlink") (the torch.distributed backend): its
                  servers are the job named by GRADLINK_SCHEDULER, else one per worker host
 
-Before the job's first step each rank times --compute-steps forward/backward passes with no
+Before the job's first step each rank times --compute-steps forward/backward passes (after an
+untimed one, which allocates the gradients as the training loop's warm-up does) with no
 communication (every rank at once: the compute a step costs on this machine, contended as in
 the job). Each step: a barrier, then the step timed on each rank (zero_grad, forward,
 backward, the optimizer's step, and whatever communication the method runs inside them).
 
 Output (stdout): one JSON line {"rank", "method", "step_s": [timed steps], "compute_s":
-[no-communication passes], "digest": sha256 of every parameter's bytes after the last step,
+[no-communication passes], "cpu_s": [the process's CPU time in each timed step,
+all threads], "digest": sha256 of every parameter's bytes after the last step,
 "loss": the last step's loss}. --save FILE writes the final state_dict (rank 0, for the
 cross-method comparison).
 """
@@ -81,11 +83,12 @@ def main():
     # The compute a step costs, without communication (every rank at once).
     compute = []
     probe = make_model(a.width, a.layers)
-    for i in range(a.compute_steps):
+    for i in range(1 + a.compute_steps):  # the first untimed: it allocates the gradients
         x, y = batch(10**6 + i, a.rank, a.batch, a.width)
         t0 = time.perf_counter()
         F.cross_entropy(probe(x), y).backward()
-        compute.append(time.perf_counter() - t0)
+        if i > 0:
+            compute.append(time.perf_counter() - t0)
     del probe
 
     uses_gloo = a.method in ("gloo-ddp", "gradlink-hook")
@@ -114,22 +117,23 @@ def main():
         opt = gl.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     barrier = gl.barrier if gl is not None else dist.barrier
 
-    times, loss = [], None
+    times, cpu, loss = [], [], None
     for step in range(a.warmup + a.steps):
         x, y = batch(step, a.rank, a.batch, a.width)
         barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         if step >= a.warmup:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     barrier()
     plain = model.module if uses_gloo or a.method == "gradlink-ddp" else model
     if a.save:
         torch.save(plain.state_dict(), a.save)
-    rec = {"rank": a.rank, "method": a.method, "step_s": times, "compute_s": compute,
+    rec = {"rank": a.rank, "method": a.method, "step_s": times, "cpu_s": cpu, "compute_s": compute,
            "digest": digest(plain), "loss": loss.item()}
     if gl is not None:
         f = gl.stats()["in_force"]

@@ -429,12 +429,15 @@ def case_train(a):
     small = [nc.python_with_torch(), script, "--bin", a.bin_dir, "-n", "2", "-k", "1",
              "--width", "256", "--layers", "2", "--steps", "1", "--warmup", "1", "--repeats", "1",
              "--results", "-", "--plot", ""]
-    p = subprocess.run(small, capture_output=True, text=True, timeout=a.budget / 2)
+    p = subprocess.run(small + ["--keep-heap"], capture_output=True, text=True,
+                       timeout=a.budget / 2)
     expect(p.returncode == 0, "train_cluster failed (%d):\n%s\n%s" % (p.returncode, p.stdout, p.stderr))
     for method in ("gloo-ddp", "gradlink-opt", "gradlink-hook", "gradlink-opt-tuned"):
         rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| %s |" % method)]
         expect(len(rows) == 1, "no row for %s in:\n%s" % (method, p.stdout))
     expect("bit-identical parameters" in p.stdout, p.stdout)
+    expect("MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=17179869184 (--keep-heap)" in p.stdout,
+           "--keep-heap is not reported:\n" + p.stdout)
     expect("gradlink-opt P=64K F=1M A=128K (partition_bytes max_bytes_in_flight max_bytes_ahead "
            "chosen by gradlink" in p.stdout, "the tuner's choice is not reported:\n" + p.stdout)
     p = subprocess.run(small + ["--methods", "gloo-ddp,gradlink-opt", "--tolerance", "-1"],
