@@ -26,8 +26,8 @@ method that overlaps can beat it).
 with glibc's malloc keeping freed memory (MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_=16G). On a
 VM whose freed pages go back to the hypervisor (virtio-balloon free page reporting, as on the
 dev VMs of 2026-12-06), every fresh 64 MiB tensor (autograd's weight gradients, each step)
-faults its pages in again at about 0.35 GB/s: 190 ms each, 0.41 s of a 0.05 s forward and
-backward pass. With it the step is the communication it is meant to measure.
+faults its pages in again at about 0.35 GB/s: 190 ms each, so a forward and backward pass of
+0.05 s took 0.41 s. With it the step is the communication it is meant to measure.
 
 Checked, or the run fails: every rank of a run ends with bit-identical parameters (sha256 of
 every parameter's bytes), and every method's final parameters agree with gloo-ddp's within
