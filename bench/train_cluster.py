@@ -64,6 +64,7 @@ TUNED = {"GRADLINK_PARTITION_BYTES": str(128 << 10), "GRADLINK_MAX_BYTES_IN_FLIG
          "GRADLINK_MAX_BYTES_AHEAD": str(256 << 10), "UCX_TCP_RCVBUF": "64k",
          "UCX_TCP_TX_SEG_SIZE": "64k"}
 KEEP_HEAP = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(16 << 30)}  # --keep-heap
+KEEP_HEAP_TEXT = " ".join("%s=%s" % kv for kv in KEEP_HEAP.items())
 METHODS = {  # name: (train_step.py --method, extra environment, extra arguments)
     "gloo-ddp": ("gloo-ddp", {}, []),
     "gradlink-opt": ("gradlink-opt", {}, []),
@@ -145,7 +146,7 @@ def run_method(cl, a, name, run_index, save_dir):
     rec = recs[0]
     if os.environ.get("TRAIN_CLUSTER_STEPS"):
         print("steps %s: %s" % (name, [round(t, 3) for t in rec["step_s"]]))
-        print("cpu %s: %s" % (name, [round(t, 3) for t in rec.get("cpu_s", [])]))
+        print("cpu %s: %s" % (name, [round(t, 3) for t in rec["cpu_s"]]))
     rec["compute_all"] = [c for r in recs for c in r["compute_s"]]
     return rec
 
@@ -195,7 +196,7 @@ def main(argv=None):
                                                                   ",".join(DEFAULT_METHODS)))
     ap.add_argument("--keep-heap", action="store_true",
                     help="every rank of every method keeps freed memory (glibc malloc: %s)" %
-                    " ".join("%s=%s" % kv for kv in KEEP_HEAP.items()))
+                    KEEP_HEAP_TEXT)
     ap.add_argument("--tolerance", type=float, default=1e-4)
     ap.add_argument("--bin", default=os.path.join(REPO, "build", "bin"))
     ap.add_argument("--results", default=os.path.join(BENCH, "RESULTS.md"))
@@ -264,8 +265,7 @@ def main(argv=None):
         "%.3f s a step. Bound without overlap: compute + the communication bound at %s, "
         "max(M/B, nM/(kB)) = %.3f s for the servers, 2(n-1)/n M/B = %.3f s for Gloo's ring." % (
             command, a.layers, a.width, a.width, m / 2**20, a.batch, a.steps, a.warmup,
-            a.repeats, " Every rank with %s (--keep-heap)." % " ".join(
-                "%s=%s" % kv for kv in KEEP_HEAP.items()) if a.keep_heap else "",
+            a.repeats, " Every rank with %s (--keep-heap)." % KEEP_HEAP_TEXT if a.keep_heap else "",
             comp, nc.fmt_rate(a.rate), ps, ring),
         "",
         "| method | steps/s min / median / max | ÷ gloo-ddp | bound steps/s | of bound | "
