@@ -14,8 +14,6 @@ using wire::MsgType;
 
 namespace {
 
-constexpr auto kPoll = std::chrono::milliseconds(100);
-
 uint32_t ServersSpanned(const std::vector<wire::PartitionPlan>& parts) {
   std::vector<uint32_t> servers;
   for (const wire::PartitionPlan& p : parts) servers.push_back(p.server);
@@ -77,7 +75,7 @@ void WorkerImpl::OnServerLost(uint32_t server) {
     }
   }
   // Likewise the pushes in flight to it: given up now, and pushed again where the key moves.
-  push_lane_->FailPeer(server_peers_[server],
+  lanes_.push().FailPeer(server_peers_[server],
                        PeerLost(server_names_[server] + " was declared lost by the scheduler"));
   if (verdict_pending_ && pending_server_ == server) {
     verdict_pending_ = false;
@@ -96,7 +94,7 @@ Status WorkerImpl::OnServerJoined(const transport::Frame& f) {
   }
   std::string name = "server " + std::to_string(id) + " (" + m.host + ")";
   // Through the lane's progress thread: not under mu_.
-  Result<PeerId> peer = push_lane_->Connect(m.push_address, name);
+  Result<PeerId> peer = lanes_.push().Connect(m.push_address, name);
   std::lock_guard lock(mu_);
   if (id < server_peers_.size() && !lost_servers_[id]) {
     return ProtocolError("kServerJoined for " + name + ", which this worker knows already");
@@ -259,8 +257,7 @@ std::optional<Status> WorkerImpl::ExpiredPeerFailure() {
 
 void WorkerImpl::FailJob(const Status& s) {
   FailAll(s);
-  if (pull_lane_) pull_lane_->Stop();
-  if (push_lane_) push_lane_->Stop();
+  lanes_.Stop();
   FailAll(s, /*force=*/true);
 }
 
@@ -294,119 +291,67 @@ void WorkerImpl::FailAll(const Status& s, bool force) {
   cv_.notify_all();
 }
 
-void WorkerImpl::ControlLoop() {
-  std::shared_ptr<transport::ControlChannel> channel = Channel();
-  std::optional<Liveness> liveness;
-  liveness.emplace(channel.get(), job_hash_, rank_);
-  // The scheduler is gone without ending the job: rejoin a restarted one, or fail the job.
-  const auto rejoin = [&](const std::string& why) {
-    channel->Close();
-    // While shutting down, Shutdown() itself closed the channel: not a failure.
-    if (shut_down_.load()) return false;
-    if (Status back = Rejoin(why); !back.ok()) {
-      FailJob(back);
-      return false;
-    }
-    channel = Channel();
-    liveness.emplace(channel.get(), job_hash_, rank_);
-    return true;
-  };
-  while (!shut_down_.load()) {
-    Status alive = liveness->Tick();
-    if (!alive.ok()) {
-      if (rejoin("worker " + std::to_string(rank_) + ": " + alive.message())) continue;
-      return;
-    }
-    if (std::optional<Status> lost = ExpiredPeerFailure()) {
-      FailJob(*lost);
-      return;
-    }
-    const Clock::time_point tick = Clock::now() + kPoll;
-    if (!channel->WaitReadable(tick)) continue;  // idle: no allocation per tick
-    auto f = channel->Receive(tick);
-    if (f.ok()) liveness->Heard();
-    if (!f.ok()) {
-      if (f.status().code() == Code::kTimeout) continue;
-      if (rejoin("worker " + std::to_string(rank_) + " lost the scheduler: " +
-               f.status().message())) {
-        continue;
+ControlVerdict WorkerImpl::OnControl(const transport::Frame& f) {
+  switch (f.header.type) {
+    case MsgType::kAssign:
+    case MsgType::kJoinRelease: {
+      Status s = f.header.type == MsgType::kAssign ? OnAssign(f) : OnJoinRelease(f);
+      if (!s.ok()) {
+        FailAll(s);
+        return ControlVerdict::End(s);
       }
-      return;
+      break;
     }
-    switch (f->header.type) {
-      case MsgType::kAssign:
-      case MsgType::kJoinRelease: {
-        Status s = f->header.type == MsgType::kAssign ? OnAssign(*f) : OnJoinRelease(*f);
-        if (!s.ok()) {
-          FailAll(s);
-          return;
-        }
-        break;
+    case MsgType::kServerLost:
+      OnServerLost(static_cast<uint32_t>(f.header.count));
+      break;
+    case MsgType::kServerJoined:
+      if (Status s = OnServerJoined(f); !s.ok()) {
+        FailAll(s);
+        return ControlVerdict::End(s);
       }
-      case MsgType::kHeartbeat:
-        break;
-      case MsgType::kServerLost:
-        OnServerLost(static_cast<uint32_t>(f->header.count));
-        break;
-      case MsgType::kServerJoined:
-        if (Status s = OnServerJoined(*f); !s.ok()) {
-          FailAll(s);
-          return;
-        }
-        break;
-      case MsgType::kBarrierRelease: {
-        std::lock_guard lock(mu_);
-        barrier_released_ = std::max(barrier_released_, f->header.round);
-        cv_.notify_all();
-        break;
-      }
-      case MsgType::kJoined:
-        // Our join is recorded: the others' same-host chunks go on without us from now on.
-        if (f->header.count != rank_) {
-          protocol_errors_++;
-        } else if (local_) {
-          local_->SetJoined();
-        }
-        break;
-      case MsgType::kAbort: {
-        auto text = wire::DecodeText(f->payload);
-        const Code code = f->header.code == 0 ? Code::kAborted : static_cast<Code>(f->header.code);
-        FailJob(Status(code, "job aborted: " + (text.ok() ? *text : std::string("(no reason)"))));
-        return;
-      }
-      default:
+      break;
+    case MsgType::kBarrierRelease: {
+      std::lock_guard lock(mu_);
+      barrier_released_ = std::max(barrier_released_, f.header.round);
+      cv_.notify_all();
+      break;
+    }
+    case MsgType::kJoined:
+      // Our join is recorded: the others' same-host chunks go on without us from now on.
+      if (f.header.count != rank_) {
         protocol_errors_++;
-        GL_LOG(kWarn) << "worker " << rank_ << ": unexpected control message "
-                      << static_cast<int>(f->header.type);
+      } else if (local_) {
+        local_->SetJoined();
+      }
+      break;
+    case MsgType::kAbort: {
+      auto text = wire::DecodeText(f.payload);
+      const Code code = f.header.code == 0 ? Code::kAborted : static_cast<Code>(f.header.code);
+      Status s(code, "job aborted: " + (text.ok() ? *text : std::string("(no reason)")));
+      FailJob(s);
+      return ControlVerdict::End(s);
     }
+    default:
+      protocol_errors_++;
+      GL_LOG(kWarn) << "worker " << rank_ << ": unexpected control message "
+                    << static_cast<int>(f.header.type);
   }
+  return ControlVerdict::Continue();
 }
 
-std::shared_ptr<transport::ControlChannel> WorkerImpl::Channel() {
-  std::lock_guard lock(channel_mu_);
-  return channel_;
+Status WorkerImpl::OnTick() {
+  if (std::optional<Status> lost = ExpiredPeerFailure()) return *lost;
+  return Status::Ok();
 }
 
-Status WorkerImpl::SendControl(uint64_t gen, const wire::Header& h,
-                               std::span<const std::byte> payload, Clock::time_point deadline) {
-  std::shared_ptr<transport::ControlChannel> channel;
-  {
-    std::lock_guard lock(channel_mu_);
-    if (gen != channel_gen_.load()) return Status::Ok();  // told in the ResumeState instead
-    channel = channel_;
-  }
-  return channel->Send(h, payload, deadline);
-}
-
-Status WorkerImpl::Rejoin(const std::string& why) {
-  const auto timeout = opts_.scheduler_reconnect_timeout;
-  if (timeout.count() == 0) return PeerLost(why);
+Result<Rejoining> WorkerImpl::PrepareRejoin(const std::string& why) {
   wire::RegisterMsg reg;
   reg.role = wire::Role::kWorker;
   reg.requested_rank = static_cast<int32_t>(rank_);
   reg.host = in_force_.host;
-  reg.push_address = push_lane_->address();
-  reg.pull_address = (pull_lane_ ? *pull_lane_ : *push_lane_).address();
+  reg.push_address = lanes_.push().address();
+  reg.pull_address = lanes_.reply().address();
   wire::ResumeState st;
   std::vector<ControlFrame> frames;
   {
@@ -446,73 +391,52 @@ Status WorkerImpl::Rejoin(const std::string& why) {
     for (uint32_t id = 0; id < lost_servers_.size(); ++id) {
       if (lost_servers_[id]) st.lost_servers.push_back(id);
     }
+    rejoin_barriers_told_ = barrier_sent_;
   }
   reg.resume = std::move(st);
-  const uint64_t entered = reg.resume->barriers_entered;
-  GL_LOG(kWarn) << why << "; rejoining the job through a restarted scheduler at "
-                << opts_.scheduler << " for up to " << timeout.count() / 1000.0 << " s";
-  const auto start = Clock::now();
-  Result<Joined> joined = RejoinJob(opts_.scheduler, job_hash_, reg, start + timeout,
-                                    opts_.secret, frames, &rejoin_cancel_);
-  const auto give_up = [&](const Status& s) {
-    std::lock_guard lock(mu_);
-    reconnecting_ = false;
-    cv_.notify_all();
-    return s;
-  };
-  if (!joined.ok()) {
-    return give_up(Status(joined.status().code() == Code::kAborted ? Code::kAborted
-                                                                   : Code::kPeerLost,
-                          why + "; no scheduler took worker " + std::to_string(rank_) +
-                              " back within " + std::to_string(timeout.count()) + " ms: " +
-                              joined.status().message()));
-  }
-  const wire::WelcomeMsg& w = joined->welcome;
+  return Rejoining{std::move(reg), std::move(frames)};
+}
+
+Status WorkerImpl::CheckWelcome(const wire::WelcomeMsg& w) {
   if (w.your_id != rank_ || w.num_workers != size_ || w.num_servers != num_servers_) {
-    return give_up(ProtocolError(
+    return ProtocolError(
         "the restarted scheduler at " + opts_.scheduler + " welcomed rank " +
         std::to_string(rank_) + " back as rank " + std::to_string(w.your_id) + " of " +
         std::to_string(w.num_workers) + " workers and " + std::to_string(w.num_servers) +
-        " servers"));
+        " servers");
   }
-  const std::shared_ptr<transport::ControlChannel> channel = std::move(joined->channel);
-  uint64_t gen;
-  {
-    std::lock_guard lock(channel_mu_);
-    channel_ = channel;
-    gen = ++channel_gen_;
-  }
+  return Status::Ok();
+}
+
+void WorkerImpl::OnRejoined(const Status& result, uint64_t generation) {
   std::vector<std::pair<wire::Header, wire::DeclareMsg>> declares;
   uint64_t barrier = 0;
   {
     std::lock_guard lock(mu_);
     reconnecting_ = false;
+    cv_.notify_all();
+    if (!result.ok()) return;
     for (const auto& [key, t] : tensors_) {
       if (!t->declare_pending) continue;
       t->declare_pending = false;
       declares.push_back(DeclarationOf(*t));
     }
-    if (barrier_sent_ > entered) barrier = barrier_sent_;
-    cv_.notify_all();
+    if (barrier_sent_ > rejoin_barriers_told_) barrier = barrier_sent_;
   }
   // A send that fails means this scheduler is gone too: the next rejoin tells the one after it
   // everything declared (each is `declared`).
   const auto deadline = Clock::now() + std::chrono::seconds(10);
-  for (const auto& [h, d] : declares) SendControl(gen, h, wire::Encode(d), deadline).IgnoreError();
+  for (const auto& [h, d] : declares) {
+    membership_->SendOn(generation, h, wire::Encode(d), deadline).IgnoreError();
+  }
   if (barrier != 0) {
     wire::Header h;
     h.type = MsgType::kBarrier;
     h.job = job_hash_;
     h.sender = rank_;
     h.round = barrier;
-    SendControl(gen, h, {}, deadline).IgnoreError();
+    membership_->SendOn(generation, h, {}, deadline).IgnoreError();
   }
-  GL_LOG(kWarn) << "worker " << rank_ << " rejoined the job through the restarted scheduler ("
-                << frames.size() << " tensors told, "
-                << std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start)
-                       .count()
-                << " ms after it was lost)";
-  return Status::Ok();
 }
 
 Status WorkerImpl::OnJoinRelease(const transport::Frame& f) {

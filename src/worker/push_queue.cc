@@ -294,7 +294,7 @@ void WorkerImpl::Issue(IssueBatch batch) {
   for (;;) {
     for (Outgoing& o : *batch.items) {
       if (o.sent == nullptr) {  // a kRecover: nothing waits on it but its payload's owner
-        push_lane_->Send(o.peer, o.header, o.payload,
+        lanes_.push().Send(o.peer, o.header, o.payload,
                          [owned = std::move(o.owned)](const Status&) {});
         continue;
       }
@@ -303,7 +303,7 @@ void WorkerImpl::Issue(IssueBatch batch) {
       // allocates no callback, on whichever thread issues it.
       static_assert(sizeof(done) <= 2 * sizeof(void*) &&
                     std::is_trivially_copyable_v<decltype(done)>);
-      push_lane_->Send(o.peer, o.header, o.payload, std::move(done));
+      lanes_.push().Send(o.peer, o.header, o.payload, std::move(done));
     }
     batch.items->clear();
     if (issue_requests_.fetch_sub(batch.requests, std::memory_order_acq_rel) == batch.requests) {

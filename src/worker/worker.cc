@@ -67,30 +67,24 @@ Status CheckOptions(const WorkerOptions& o) {
 Status WorkerImpl::Init() {
   GL_RETURN_IF_ERROR(CheckOptions(opts_));
   const auto deadline = Clock::now() + opts_.connect_timeout;
-  GL_ASSIGN_OR_RETURN(fabric_, FabricOrUcx(std::move(fabric_)));
-  GL_ASSIGN_OR_RETURN(push_lane_, fabric_->CreateLane("worker push lane"));
-  if (!opts_.single_lane) {
-    GL_ASSIGN_OR_RETURN(pull_lane_, fabric_->CreateLane("worker pull lane"));
-  }
-  if (opts_.secret) {
-    auto auth = std::make_shared<const security::LaneAuthenticator>(*opts_.secret, job_hash_);
-    push_lane_->SetAuthenticator(auth);
-    if (pull_lane_) pull_lane_->SetAuthenticator(auth);
-  }
-  GL_RETURN_IF_ERROR(push_lane_->Start(&receiver_));
-  if (pull_lane_) GL_RETURN_IF_ERROR(pull_lane_->Start(&receiver_));
+  GL_RETURN_IF_ERROR(lanes_.Open({"worker", job_hash_, opts_.secret, opts_.single_lane,
+                                  std::move(fabric_)},
+                                 &receiver_, &receiver_));
 
   wire::RegisterMsg reg;
   reg.role = wire::Role::kWorker;
   reg.requested_rank = opts_.rank;
   reg.host = opts_.host_name.empty() ? LocalHostName() : opts_.host_name;
-  reg.push_address = push_lane_->address();
-  reg.pull_address = (pull_lane_ ? *pull_lane_ : *push_lane_).address();
-  GL_ASSIGN_OR_RETURN(Joined joined, JoinJob(opts_.scheduler, job_hash_, reg, deadline, opts_.secret));
-  channel_ = std::move(joined.channel);
-  rank_ = joined.welcome.your_id;
-  size_ = joined.welcome.num_workers;
-  num_servers_ = joined.welcome.num_servers;
+  reg.push_address = lanes_.push().address();
+  reg.pull_address = lanes_.reply().address();
+  membership_ = std::make_unique<Membership>(
+      MembershipConfig{opts_.scheduler, job_hash_, opts_.secret,
+                       opts_.scheduler_reconnect_timeout},
+      "worker");
+  GL_ASSIGN_OR_RETURN(const wire::WelcomeMsg welcome, membership_->Join(reg, deadline));
+  rank_ = welcome.your_id;
+  size_ = welcome.num_workers;
+  num_servers_ = welcome.num_servers;
   server_peers_.assign(num_servers_, 0);
   server_names_.assign(num_servers_, "");
   {
@@ -98,22 +92,22 @@ Status WorkerImpl::Init() {
     lost_servers_.assign(num_servers_, false);
     failover_ = num_servers_ > 1;  // a lost server's partitions can move to another
   }
-  for (const wire::Member& m : joined.welcome.members) {
+  for (const wire::Member& m : welcome.members) {
     if (m.role != wire::Role::kServer) continue;
     std::string name = "server " + std::to_string(m.id) + " (" + m.host + ")";
-    GL_ASSIGN_OR_RETURN(server_peers_[m.id], push_lane_->Connect(m.push_address, name));
+    GL_ASSIGN_OR_RETURN(server_peers_[m.id], lanes_.push().Connect(m.push_address, name));
     server_names_[m.id] = std::move(name);
   }
   // What the options leave unset, chosen for this job (control/tuning.h); the scheduler makes
   // the same choice of partition size from the same address book.
-  tuning_ = tuning::Choose(joined.welcome, opts_.partition_bytes);
+  tuning_ = tuning::Choose(welcome, opts_.partition_bytes);
   max_bytes_in_flight_ = opts_.max_bytes_in_flight.value_or(tuning_.max_bytes_in_flight);
   max_bytes_ahead_ = opts_.max_bytes_ahead.value_or(tuning_.max_bytes_ahead);
-  hosts_ = topology::Of(joined.welcome);
-  control_ = std::thread([this] { ControlLoop(); });
+  hosts_ = topology::Of(welcome);
+  membership_->Run(this);
   // After the control thread: it keeps the heartbeats going (and hears a failed job) while
   // the workers wait for each other's segment.
-  GL_RETURN_IF_ERROR(OpenLocalPath(joined.welcome, deadline));
+  GL_RETURN_IF_ERROR(OpenLocalPath(welcome, deadline));
   // Fixed from here on: Stats() copies it, and nothing rereads the options or the environment.
   WorkerStats::InForce& f = in_force_;
   f.partition_bytes = opts_.partition_bytes.value_or(tuning_.partition_bytes);
@@ -129,8 +123,8 @@ Status WorkerImpl::Init() {
   f.same_host_path = local_ != nullptr && !host_path_;
   f.single_lane = opts_.single_lane;
   f.host = reg.host;
-  f.ucx = fabric_->settings();
-  f.device_memory = fabric_->device_memory();
+  f.ucx = lanes_.fabric().settings();
+  f.device_memory = lanes_.fabric().device_memory();
   std::string device;
   for (const std::string& m : f.device_memory) device += (device.empty() ? "" : ", ") + m;
   std::string ucx;
@@ -258,10 +252,10 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
     // Rejoining a restarted scheduler: sent once it is back.
     t->declare_pending = reconnecting_;
     if (reconnecting_) return TensorHandle(t);
-    gen = channel_gen_.load();
+    gen = membership_->generation();
     std::tie(h, d) = DeclarationOf(*t);
   }
-  Status s = SendControl(gen, h, wire::Encode(d), Clock::now() + std::chrono::seconds(10));
+  Status s = membership_->SendOn(gen, h, wire::Encode(d), Clock::now() + std::chrono::seconds(10));
   if (!s.ok() && opts_.scheduler_reconnect_timeout.count() == 0) {
     FailAll(PeerLost("worker " + std::to_string(rank_) + " lost the scheduler: " + s.message()));
     return s;
@@ -313,7 +307,8 @@ WorkerStats WorkerImpl::Stats() const {
     s.bytes_copied_local = local_->bytes_copied();
     s.local_busy_ns = local_->busy_ns();
   }
-  for (const Lane* lane : {push_lane_.get(), pull_lane_.get()}) {
+  const MemberLanes& lanes = lanes_;
+  for (const Lane* lane : {&lanes.push(), lanes.pull()}) {
     if (lane == nullptr) continue;
     const transport::LaneStats ls = lane->stats();
     s.bytes_copied_eager += ls.bytes_copied_eager;
@@ -334,7 +329,7 @@ Status WorkerImpl::Barrier(Clock::time_point deadline) {
     if (!failure_.ok()) return failure_;
     seq = ++barrier_sent_;
     send = !reconnecting_;  // else the rejoin tells the restarted scheduler
-    gen = channel_gen_.load();
+    gen = membership_->generation();
   }
   wire::Header h;
   h.type = MsgType::kBarrier;
@@ -342,7 +337,7 @@ Status WorkerImpl::Barrier(Clock::time_point deadline) {
   h.sender = rank_;
   h.round = seq;
   if (send) {
-    Status sent = SendControl(gen, h, {}, deadline);
+    Status sent = membership_->SendOn(gen, h, {}, deadline);
     if (!sent.ok() && opts_.scheduler_reconnect_timeout.count() == 0) return sent;
   }
   std::unique_lock lock(mu_);
@@ -439,42 +434,38 @@ Status WorkerImpl::AnnounceJoin(Clock::time_point deadline) {
       return Unavailable("join() on rank " + std::to_string(rank_) +
                          ": the scheduler is being restarted; a join needs it");
     }
-    gen = channel_gen_.load();
+    gen = membership_->generation();
   }
-  return SendControl(gen, h, wire::Encode(msg), deadline);
+  return membership_->SendOn(gen, h, wire::Encode(msg), deadline);
 }
 
 Status WorkerImpl::Shutdown(Clock::time_point deadline) {
   if (shut_down_.exchange(true)) return Status::Ok();
-  {
-    // A goodbye needs a scheduler: one being restarted gets until the deadline to take this
-    // worker back (else the job would wait for a member that is gone).
-    std::unique_lock lock(mu_);
-    if (!cv_.wait_until(lock, deadline, [&] { return !reconnecting_; })) rejoin_cancel_ = true;
+  if (membership_) {
+    membership_->StartLeaving();
+    {
+      // A goodbye needs a scheduler: one being restarted gets until the deadline to take this
+      // worker back (else the job would wait for a member that is gone).
+      std::unique_lock lock(mu_);
+      if (!cv_.wait_until(lock, deadline, [&] { return !reconnecting_; })) {
+        membership_->CancelRejoin();
+      }
+    }
+    membership_->Leave(deadline);
   }
-  if (const std::shared_ptr<transport::ControlChannel> channel = Channel()) {
-    wire::Header h;
-    h.type = MsgType::kGoodbye;
-    h.job = job_hash_;
-    h.sender = rank_;
-    channel->Send(h, {}, deadline).IgnoreError();
-    channel->Close();
-  }
-  if (control_.joinable()) control_.join();
   // Lanes first: once they are stopped nothing reads or writes a caller's buffer any more,
   // so the pending ops can be finished for good.
-  if (pull_lane_) pull_lane_->Stop();
-  if (push_lane_) push_lane_->Stop();
+  lanes_.Stop();
   // Replies land in the copies of results directly (Receiver::KeepsBuffer): if the lane gave
   // up a receive it could not cancel (a hung server), the fabric may still write into one, so
   // they are never freed.
-  if (pull_lane_ && pull_lane_->stats().receives_abandoned != 0) {
+  if (lanes_.pull() && lanes_.pull()->stats().receives_abandoned != 0) {
     std::lock_guard lock(mu_);
     auto* leaked = new std::vector<std::vector<std::byte>>(std::move(orphans_));
     for (auto& [key, t] : tensors_) {
       for (auto& r : t->results) leaked->push_back(std::move(r));
     }
-    GL_LOG(kWarn) << "worker " << rank_ << ": " << pull_lane_->stats().receives_abandoned
+    GL_LOG(kWarn) << "worker " << rank_ << ": " << lanes_.pull()->stats().receives_abandoned
                   << " reply receive(s) abandoned; leaking " << leaked->size()
                   << " result copies they may still write";
   }

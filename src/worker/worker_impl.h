@@ -4,7 +4,8 @@
 //   fusion.cc         PushPullGroup: group layouts, fused tensors, packing
 //   push_queue.cc     an op's life: start, the pending heap, bytes in flight, lead, issue, finish
 //   pull_receiver.cc  the lanes' receive callbacks: pull replies and refusals written into ops
-//   control_loop.cc   the control thread: kAssign, barriers, heartbeats, the job's failure
+//   control_loop.cc   the scheduler's frames (MembershipHandler, on the membership's control
+//                     thread): kAssign, barriers, failover, rejoining, the job's failure
 //   local_binding.cc  the same-host path (local_reduce.h) bound to tensors and ops
 //   handles.cc        TensorHandle / PushPullHandle: waiting, polling, timings
 //
@@ -32,6 +33,8 @@
 #include <vector>
 
 #include "control/control_channel.h"
+#include "control/member_lanes.h"
+#include "control/membership.h"
 #include "control/topology.h"
 #include "control/tuning.h"
 #include "gradlink/worker.h"
@@ -66,7 +69,7 @@ inline constexpr auto kFailoverGrace = transport::kSilenceLimit + std::chrono::s
 // WorkerOptions::max_bytes_ahead times the servers an op spans, saturating (push_queue.cc).
 uint64_t LeadLimit(uint64_t per_server, uint32_t servers);
 
-class WorkerImpl final : public Worker {
+class WorkerImpl final : public Worker, private MembershipHandler {
  public:
   WorkerImpl(const WorkerOptions& o, std::shared_ptr<transport::Fabric> fabric)
       : opts_(o), job_hash_(wire::JobHash(o.job)), fabric_(std::move(fabric)) {}
@@ -367,19 +370,20 @@ class WorkerImpl final : public Worker {
 
   // ---- Control plane -------------------------------------------------------------------------
 
-  void ControlLoop();
-  std::shared_ptr<transport::ControlChannel> Channel();
+  // MembershipHandler (control/membership.h), on the control thread.
+  ControlVerdict OnControl(const transport::Frame& f) override;
+  // A data peer's failure whose grace for the job's verdict has passed fails the job.
+  Status OnTick() override;
+  // The scheduler is gone (`why`) without ending the job: the membership rejoins one restarted
+  // on its address (scheduler/restart.cc) within opts_.scheduler_reconnect_timeout, told every
+  // tensor and plan and the barriers; the data path runs on meanwhile. What is declared or
+  // entered during the rejoin is sent once it is back (OnRejoined).
+  Result<Rejoining> PrepareRejoin(const std::string& why) override;
+  Status CheckWelcome(const wire::WelcomeMsg& welcome) override;
+  void OnRejoined(const Status& result, uint64_t generation) override;
+  void OnLost(const Status& why) override { FailJob(why); }
   // t's kDeclare (header and payload), as Declare sends it and a rejoin tells it again.
   std::pair<wire::Header, wire::DeclareMsg> DeclarationOf(const TensorState& t) const;
-  // Sends on the scheduler connection of generation `gen` (channel_gen_ when the sender
-  // decided, under mu_); a later generation's connection takes nothing of an earlier one's.
-  Status SendControl(uint64_t gen, const wire::Header& h, std::span<const std::byte> payload,
-                     Clock::time_point deadline);
-  // The scheduler is gone (`why`) without ending the job: rejoins one restarted on its address
-  // (scheduler/restart.cc), telling it every tensor and plan and the barriers, within
-  // opts_.scheduler_reconnect_timeout; the data path runs on meanwhile. The error (the job's
-  // failure) names the scheduler when none took this worker back.
-  Status Rejoin(const std::string& why);
 
   Status OnAssign(const transport::Frame& f);
   // kJoinRelease: every rank has joined; each key's rounds resume where the others left them.
@@ -444,8 +448,8 @@ class WorkerImpl final : public Worker {
   const WorkerOptions opts_;
   const uint32_t job_hash_;
   uint32_t rank_ = 0, size_ = 0, num_servers_ = 0;
-  std::shared_ptr<transport::Fabric> fabric_;
-  std::unique_ptr<transport::Lane> push_lane_, pull_lane_;
+  std::shared_ptr<transport::Fabric> fabric_;  // the one given (tests), until Init() opens lanes
+  MemberLanes lanes_;
   std::shared_ptr<LocalReduce> local_;  // the same-host path or the host's segment; null when off
   topology::Hosts hosts_;               // written in Init(), then read-only
   bool host_path_ = false;              // local_ is the host's segment (hierarchical aggregation)
@@ -456,15 +460,11 @@ class WorkerImpl final : public Worker {
   // joins adds its id: OnServerJoined).
   std::vector<transport::PeerId> server_peers_;
   std::vector<std::string> server_names_;
-  // The scheduler connection: replaced (and channel_gen_ counted up) when the worker rejoins a
-  // restarted scheduler (control_loop.cc Rejoin). A sender decides under mu_ (not while
-  // `reconnecting_`), noting the generation; SendControl drops a frame of an older one: what
-  // it said reached the new scheduler in the worker's ResumeState.
-  std::mutex channel_mu_;
-  std::shared_ptr<transport::ControlChannel> channel_;
-  std::atomic<uint64_t> channel_gen_{0};
-  std::atomic<bool> rejoin_cancel_{false};  // Shutdown gave up waiting for a rejoin
-  std::thread control_;
+  // The job membership: the scheduler connection and the control thread. Its channel is
+  // replaced (the generation counted up) when the worker rejoins a restarted scheduler. A
+  // sender decides under mu_ (not while `reconnecting_`), noting the generation; SendOn drops
+  // a frame of an older one: what it said reached the new scheduler in the ResumeState.
+  std::unique_ptr<Membership> membership_;
   std::atomic<bool> shut_down_{false};
   std::atomic<uint64_t> protocol_errors_{0};
 
@@ -514,6 +514,7 @@ class WorkerImpl final : public Worker {
   uint64_t barrier_sent_ = 0, barrier_released_ = 0;
   // Restart: the scheduler is gone and the control thread is rejoining a restarted one.
   bool reconnecting_ = false;
+  uint64_t rejoin_barriers_told_ = 0;  // the barriers entered as the rejoin's ResumeState says
   // Join(): in progress; released (every rank joined) with the rank that joined last; the next
   // round of keys this worker had not declared when it sat their rounds out (for Declare).
   bool joining_ = false;

@@ -1,0 +1,167 @@
+// The server's side of its membership: what the scheduler tells it, on the control thread
+// (control/membership.h calls these). Workers that leave or join, the release of a join, the
+// job's end, and what a restarted scheduler must hear to take this server back.
+//
+// Nothing here waits for the data plane: what partitions must do (a worker gone, a join) is
+// posted to each partition's owner thread, and the answer the scheduler waits for (a join
+// release's ack) goes out from whichever owner finishes last. The control thread stays free
+// to heartbeat (the scheduler drops a member silent for kSilenceLimit).
+#include "common/log.h"
+#include "server/server_impl.h"
+
+namespace gradlink {
+
+using wire::MsgType;
+
+ControlVerdict ServerImpl::OnControl(const transport::Frame& f) {
+  switch (f.header.type) {
+    case MsgType::kAssign: {
+      if (Status s = OnAssign(f); !s.ok()) {
+        protocol_errors_++;
+        Finish(s);
+        return ControlVerdict::End(s, /*hang_up=*/true);
+      }
+      // The slots are there: the plan's version goes back, so the scheduler can hand the plan
+      // to the workers (a failover's replan too).
+      wire::Header ack;
+      ack.type = MsgType::kAssignAck;
+      ack.job = job_hash_;
+      ack.sender = id_;
+      ack.key = f.header.key;
+      ack.round = f.header.round;
+      membership_->Reply(ack);
+      break;
+    }
+    case MsgType::kMemberLeft:
+      OnMemberLeft(f.header.count);
+      break;
+    case MsgType::kJoined:
+      OnJoined(f.header.count);
+      break;
+    case MsgType::kJoinRelease:
+      OnJoinRelease();
+      break;
+    case MsgType::kShutdown:
+      Finish(Status::Ok());
+      return ControlVerdict::End(Status::Ok());
+    case MsgType::kAbort: {
+      auto text = wire::DecodeText(f.payload);
+      const Code code = static_cast<Code>(f.header.code);
+      Status s(code == Code::kOk ? Code::kAborted : code,
+               "job aborted by the scheduler: " + (text.ok() ? *text : ""));
+      Finish(s);
+      return ControlVerdict::End(s);
+    }
+    default:
+      protocol_errors_++;
+      GL_LOG(kWarn) << "server " << id_ << ": unexpected control message "
+                    << static_cast<int>(f.header.type);
+  }
+  return ControlVerdict::Continue();
+}
+
+Status ServerImpl::OnTick() {
+  if (release_ && release_->partitions_left.load() != 0 &&
+      transport::Clock::now() > release_->deadline) {
+    return Internal("server " + std::to_string(id_) + ": " +
+                    std::to_string(release_->partitions_left.load()) +
+                    " partitions did not forget the join within " +
+                    std::to_string(kJoinReleaseLimit.count()) + " s");
+  }
+  if (release_ && release_->partitions_left.load() == 0) release_.reset();
+  return Status::Ok();
+}
+
+void ServerImpl::OnLost(const Status& why) {
+  Finish(why);
+  if (const auto channel = membership_->channel()) channel->Close();
+}
+
+// The scheduler is gone but did not end the job: register again as this server, serving
+// pushes meanwhile.
+Result<Rejoining> ServerImpl::PrepareRejoin(const std::string&) {
+  Rejoining r;
+  r.reg = reg_;
+  r.reg.requested_rank = static_cast<int32_t>(id_.load());
+  r.reg.resume = wire::ResumeState{};
+  return r;
+}
+
+Status ServerImpl::CheckWelcome(const wire::WelcomeMsg& welcome) {
+  if (welcome.your_id != id_ || welcome.num_workers != num_workers_) {
+    return ProtocolError("the restarted scheduler at " + opts_.scheduler + " welcomed server " +
+                         std::to_string(id_) + " back as server " +
+                         std::to_string(welcome.your_id) + " of a job of " +
+                         std::to_string(welcome.num_workers) + " workers");
+  }
+  return Status::Ok();
+}
+
+void ServerImpl::OnMemberLeft(uint64_t rank) {
+  if (rank >= num_workers_) {
+    protocol_errors_++;
+    return;
+  }
+  std::shared_lock<std::shared_mutex> lock(parts_mu_);
+  for (auto& [id, part] : parts_) {
+    PartitionState* p = part.get();
+    RunOnOwner(*p, [this, p, rank] {
+      if (p->MarkGone(static_cast<uint32_t>(rank))) RunEngine(p);
+    });
+  }
+}
+
+// Worker `rank` joined (Worker::Join): every partition's rounds go on without it.
+void ServerImpl::OnJoined(uint64_t rank) {
+  if (rank >= num_workers_ ||
+      std::find(joined_.begin(), joined_.end(), rank) != joined_.end()) {
+    protocol_errors_++;
+    return;
+  }
+  joined_.push_back(static_cast<uint32_t>(rank));
+  std::shared_lock<std::shared_mutex> lock(parts_mu_);
+  for (auto& [id, part] : parts_) {
+    PartitionState* p = part.get();
+    RunOnOwner(*p, [this, p, rank] {
+      if (p->SetJoined(static_cast<uint32_t>(rank), true)) RunEngine(p);
+    });
+  }
+}
+
+// Every worker joined: every partition forgets it, on its own thread, before the ack lets the
+// workers push again. The ack goes out from the owner that finishes last; OnTick fails the
+// server if they have not all finished within kJoinReleaseLimit (an owner that stopped never
+// runs the call). A kJoined that follows is posted behind these on the same owners.
+void ServerImpl::OnJoinRelease() {
+  auto release = std::make_shared<JoinRelease>();
+  release->ranks = std::move(joined_);
+  joined_.clear();
+  release->deadline = transport::Clock::now() + kJoinReleaseLimit;
+  {
+    std::shared_lock<std::shared_mutex> lock(parts_mu_);
+    if (release->ranks.empty() || parts_.empty()) {
+      AckJoinRelease();
+      return;
+    }
+    // Counted before any owner can count down.
+    release->partitions_left = parts_.size();
+    for (auto& [id, part] : parts_) {
+      PartitionState* p = part.get();
+      RunOnOwner(*p, [this, p, release] {
+        for (uint32_t rank : release->ranks) p->SetJoined(rank, false);
+        if (release->partitions_left.fetch_sub(1) == 1) AckJoinRelease();
+      });
+    }
+  }
+  release_ = std::move(release);
+}
+
+void ServerImpl::AckJoinRelease() {
+  wire::Header ack;
+  ack.type = MsgType::kJoinRelease;
+  ack.job = job_hash_;
+  ack.sender = id_;
+  membership_->Reply(ack);
+}
+
+}  // namespace gradlink

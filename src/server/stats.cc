@@ -1,0 +1,48 @@
+// ServerStats: what this server has summed, held and spent, read from any thread (the
+// counters are atomics; the partitions' held bytes are read under parts_mu_, shared).
+#include <ctime>
+
+#include "common/log.h"
+#include "server/server_impl.h"
+
+namespace gradlink {
+
+double ProcessCpuSeconds() {
+  timespec t{};
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) != 0) return 0;
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+ServerStats ServerImpl::stats() const {
+  ServerStats s;
+  s.rounds_completed = rounds_completed_.load();
+  s.bytes_reduced = bytes_reduced_.load();
+  s.protocol_errors = protocol_errors_.load() + lanes_.protocol_errors();
+  s.mismatches = mismatches_.load();
+  {
+    std::shared_lock<std::shared_mutex> lock(parts_mu_);
+    for (const auto& [id, part] : parts_) s.bytes_in_rounds += part->bytes_held();
+  }
+  s.bytes_held = s.bytes_in_rounds + pool_.free_bytes();
+  s.peak_bytes_held = pool_.peak_bytes();
+  s.buffer_allocations = pool_.allocations();
+  s.process_cpu_seconds = ProcessCpuSeconds() - cpu_at_start_;
+  if (s.bytes_reduced != 0) {
+    s.cpu_seconds_per_gb = s.process_cpu_seconds / (static_cast<double>(s.bytes_reduced) / 1e9);
+  }
+  s.engine_threads = threads_.engines;
+  s.threads = threads_.why;
+  return s;
+}
+
+// The log line a server ends with, when it summed anything.
+void ServerImpl::LogSummary() const {
+  const ServerStats s = stats();
+  if (s.bytes_reduced == 0) return;
+  GL_LOG(kInfo) << "server " << id_ << ": summed " << (s.bytes_reduced >> 20)
+                << " MiB of pushes with " << s.process_cpu_seconds << " s of CPU ("
+                << s.cpu_seconds_per_gb << " s per GB), peak " << (s.peak_bytes_held >> 20)
+                << " MiB of round buffers";
+}
+
+}  // namespace gradlink
