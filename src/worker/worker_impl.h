@@ -11,7 +11,8 @@
 //
 // Threads: the caller's (any number: Declare, PushPull*, Barrier, handles), the push lane's and
 // the pull lane's progress threads (PushDone; OnHeader/OnPayload), the control thread
-// (ControlLoop), and, with the same-host path, whichever thread drives it (LocalDone).
+// (the membership's: OnControl and OnTick), and, with the same-host path, whichever thread
+// drives it (LocalDone).
 //
 // State: `mu_` guards the tensors, the ops in flight, the pending heap and what is pumped for
 // the push lane, the sticky failure and the barrier counters (state.h marks each field). Work
