@@ -12,6 +12,12 @@ constexpr auto kPoll = std::chrono::milliseconds(100);
 
 }  // namespace
 
+Status AbortStatus(const transport::Frame& abort, const std::string& what) {
+  Result<std::string> text = wire::DecodeText(abort.payload);
+  const Code code = abort.header.code == 0 ? Code::kAborted : static_cast<Code>(abort.header.code);
+  return Status(code, what + ": " + (text.ok() ? *text : std::string("(no reason)")));
+}
+
 Membership::Membership(MembershipConfig config, std::string name)
     : config_(std::move(config)), name_(std::move(name)) {}
 

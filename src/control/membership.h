@@ -87,6 +87,10 @@ class MembershipHandler {
   virtual void OnLost(const Status& why) = 0;
 };
 
+// The scheduler's kAbort as a status: its code (kAborted when it names none) and
+// "`what`: its text".
+Status AbortStatus(const transport::Frame& abort, const std::string& what);
+
 class Membership {
  public:
   Membership(MembershipConfig config, std::string name);

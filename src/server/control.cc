@@ -45,10 +45,7 @@ ControlVerdict ServerImpl::OnControl(const transport::Frame& f) {
       Finish(Status::Ok());
       return ControlVerdict::End(Status::Ok());
     case MsgType::kAbort: {
-      auto text = wire::DecodeText(f.payload);
-      const Code code = static_cast<Code>(f.header.code);
-      Status s(code == Code::kOk ? Code::kAborted : code,
-               "job aborted by the scheduler: " + (text.ok() ? *text : ""));
+      Status s = AbortStatus(f, "job aborted by the scheduler");
       Finish(s);
       return ControlVerdict::End(s);
     }

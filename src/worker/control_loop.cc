@@ -326,9 +326,7 @@ ControlVerdict WorkerImpl::OnControl(const transport::Frame& f) {
       }
       break;
     case MsgType::kAbort: {
-      auto text = wire::DecodeText(f.payload);
-      const Code code = f.header.code == 0 ? Code::kAborted : static_cast<Code>(f.header.code);
-      Status s(code, "job aborted: " + (text.ok() ? *text : std::string("(no reason)")));
+      Status s = AbortStatus(f, "job aborted");
       FailJob(s);
       return ControlVerdict::End(s);
     }
