@@ -626,7 +626,8 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     TakeIssueLocked(&batch);
   }
   Issue(std::move(batch));
-  if (local_) local_->Nudge();  // the control thread does not copy tensors
+  // The control thread does not copy tensors.
+  if (local_) local_->Progress(LocalReduce::Step::kBackground);
   return Status::Ok();
 }
 

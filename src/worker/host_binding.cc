@@ -232,7 +232,7 @@ Status WorkerImpl::SitOutUntilReleased(Clock::time_point deadline) {
     }
     StartSatOutRoundsLocked(&watch);
     lock.unlock();
-    local_->Kick();
+    local_->Progress(LocalReduce::Step::kPost);
     // Asleep on the segment's bell, which the host's workers ring as they post and which the
     // release rings; a plan that arrives meanwhile is seen within the slice.
     const auto begun = [&] {
