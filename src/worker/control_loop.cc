@@ -270,6 +270,7 @@ void WorkerImpl::FailAll(const Status& s, bool force) {
   verdict_pending_ = false;
   // Same-host ops end on their driving thread, which alone touches their buffers.
   if (local_) local_->Fail(failure_);
+  EndParkedOpsLocked();  // with the verdict (before the loop: a parked host op is not yet done)
   auto ops = ops_;
   for (auto& [id, op] : ops) {
     // An endpoint's loss is a symptom; the job's failure names the cause.
@@ -321,6 +322,7 @@ void WorkerImpl::ControlLoop() {
       FailJob(*lost);
       return;
     }
+    EndParkedOps();  // same-host ops whose verdict grace has passed
     const Clock::time_point tick = Clock::now() + kPoll;
     if (!channel->WaitReadable(tick)) continue;  // idle: no allocation per tick
     auto f = channel->Receive(tick);
