@@ -446,6 +446,25 @@ TEST(LocalPathTest, OneOpsVerdictGraceDoesNotStallTheOthers) {
                           << " ms apart: one waited for the other's verdict grace";
 }
 
+// The other half of that grace, kept: a verdict that comes within it is what the op reports.
+// Rank 1 leaves (the segment ends rank 0's op at once, naming only the departure), then the
+// scheduler stops, failing the job: rank 0's op reports the job's failure, not the departure.
+TEST(LocalPathTest, AVerdictWithinTheGraceIsWhatTheFailedOpReports) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
+  auto t0 = job.worker(0).Declare("t", DataType::kFloat32, 100);
+  auto t1 = job.worker(1).Declare("t", DataType::kFloat32, 100);
+  ASSERT_TRUE(t0.ok() && t1.ok());
+  PushPullHandle op = job.worker(0).PushPull(*t0, job.Buffer(400));
+  EXPECT_EQ(op.Wait(In(100ms)).code(), Code::kTimeout);
+  EXPECT_TRUE(job.worker(1).Shutdown(In(5s)).ok());
+  job.scheduler().Stop();
+  const Status s = op.Wait(In(5s));
+  EXPECT_TRUE(s.code() == Code::kAborted || s.code() == Code::kPeerLost) << s.ToString();
+  EXPECT_EQ(s.message().find("left the job"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("scheduler"), std::string::npos) << s.message();
+}
+
 // Once every worker has the segment mapped, its name is gone from /dev/shm: nothing is left
 // behind, whatever happens to the job later.
 TEST(LocalPathTest, SegmentIsUnlinkedOnceEveryoneHasIt) {
