@@ -267,6 +267,7 @@ void WorkerImpl::FailAll(const Status& s, bool force) {
   verdict_pending_ = false;
   // Same-host ops end on their driving thread, which alone touches their buffers.
   if (local_) local_->Fail(failure_);
+  EndParkedOpsLocked();  // with the verdict (before the loop: a parked host op is not yet done)
   auto ops = ops_;
   for (auto& [id, op] : ops) {
     // An endpoint's loss is a symptom; the job's failure names the cause.
@@ -340,6 +341,7 @@ ControlVerdict WorkerImpl::OnControl(const transport::Frame& f) {
 
 Status WorkerImpl::OnTick() {
   if (std::optional<Status> lost = ExpiredPeerFailure()) return *lost;
+  EndParkedOps();  // same-host ops whose verdict grace has passed
   return Status::Ok();
 }
 
@@ -548,7 +550,8 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     TakeIssueLocked(&batch);
   }
   Issue(std::move(batch));
-  if (local_) local_->Nudge();  // the control thread does not copy tensors
+  // The control thread does not copy tensors.
+  if (local_) local_->Progress(LocalReduce::Step::kBackground);
   return Status::Ok();
 }
 

@@ -26,7 +26,7 @@ bool WaitDone(Op& op, Clock::time_point deadline) {
 
 // IsDone(), after driving the same-host path once on this thread.
 bool PollDone(Op& op) {
-  if (op.local) op.local->Poll();
+  if (op.local) op.local->Progress(internal::LocalReduce::Step::kPoll);
   return IsDone(op);
 }
 

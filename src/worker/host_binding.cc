@@ -173,19 +173,12 @@ void WorkerImpl::PublishLocked(Op& op, uint32_t part, Code code) {
 
 void WorkerImpl::HostDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,
                           Clock::time_point last, Clock::time_point arrived) {
-  std::unique_lock lock(mu_);
+  std::lock_guard lock(mu_);
   if (op->t_first_issue == Clock::time_point{}) op->t_first_issue = first;
   (void)last;
   op->t_arrived = arrived;
-  const Status result = CauseOfLocked(lock, s);
-  op->host_done = true;
-  if (!result.ok()) {
-    RecordFailureLocked(*op, result);
-    // Ended early (a local worker left, the job failed): no more answers will be awaited. A
-    // host job that ended on a partition's failure ended after every partition was answered.
-    if (op->outstanding != 0) op->abandoned = true;
-  }
-  TryFinishLocked(*op);
+  if (ParkForVerdictLocked(op, s)) return;
+  EndSegmentJobLocked(*op, s);
 }
 
 void WorkerImpl::StartSatOutRoundsLocked(std::vector<SatOutWatch>* watch) {
@@ -232,7 +225,7 @@ Status WorkerImpl::SitOutUntilReleased(Clock::time_point deadline) {
     }
     StartSatOutRoundsLocked(&watch);
     lock.unlock();
-    local_->Kick();
+    local_->Progress(LocalReduce::Step::kPost);
     // Asleep on the segment's bell, which the host's workers ring as they post and which the
     // release rings; a plan that arrives meanwhile is seen within the slice.
     const auto begun = [&] {

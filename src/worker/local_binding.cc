@@ -112,14 +112,52 @@ LocalReduce::Job WorkerImpl::SegmentJob(const TensorState& t, const Op& op) {
   return job;
 }
 
-Status WorkerImpl::CauseOfLocked(std::unique_lock<internal::StateMutex>& lock, const Status& s) {
-  if ((s.code() != Code::kAborted && s.code() != Code::kPeerLost) || !failure_.ok()) return s;
+bool WorkerImpl::ParkForVerdictLocked(const std::shared_ptr<Op>& op, const Status& s) {
+  if ((s.code() != Code::kAborted && s.code() != Code::kPeerLost) || !failure_.ok()) return false;
   // A worker that left mid-operation mostly left because the job failed (it heard the
   // scheduler go silent a moment before us), and a sum lost at another worker mostly means the
   // same: give the verdict, or this worker's own detection, the grace a failed data endpoint
   // gets, so the op names the cause.
-  cv_.wait_for(lock, kVerdictGrace, [this] { return !failure_.ok(); });
-  return failure_.ok() ? s : failure_;
+  parked_ops_.push_back({op, s, Clock::now() + kVerdictGrace});
+  has_parked_ops_.store(true, std::memory_order_relaxed);
+  return true;
+}
+
+void WorkerImpl::EndParkedOpsLocked() {
+  if (parked_ops_.empty()) return;
+  const Clock::time_point now = Clock::now();
+  std::vector<ParkedOp> ending;
+  for (size_t i = 0; i < parked_ops_.size();) {
+    if (failure_.ok() && now < parked_ops_[i].until) {
+      ++i;
+      continue;
+    }
+    ending.push_back(std::move(parked_ops_[i]));
+    parked_ops_.erase(parked_ops_.begin() + static_cast<ptrdiff_t>(i));
+  }
+  has_parked_ops_.store(!parked_ops_.empty(), std::memory_order_relaxed);
+  for (ParkedOp& p : ending) EndSegmentJobLocked(*p.op, failure_.ok() ? p.own : failure_);
+}
+
+void WorkerImpl::EndParkedOps() {
+  if (!has_parked_ops_.load(std::memory_order_relaxed)) return;
+  std::lock_guard lock(mu_);
+  EndParkedOpsLocked();
+}
+
+void WorkerImpl::EndSegmentJobLocked(Op& op, const Status& s) {
+  if (!op.host) {
+    FinishLocked(op, s);
+    return;
+  }
+  op.host_done = true;
+  if (!s.ok()) {
+    RecordFailureLocked(op, s);
+    // Ended early (a local worker left, the job failed): no more answers will be awaited. A
+    // host job that ended on a partition's failure ended after every partition was answered.
+    if (op.outstanding != 0) op.abandoned = true;
+  }
+  TryFinishLocked(op);
 }
 
 void WorkerImpl::StartLocalLocked(TensorState& t, const std::shared_ptr<Op>& op) {
@@ -134,11 +172,12 @@ void WorkerImpl::StartLocalLocked(TensorState& t, const std::shared_ptr<Op>& op)
 
 void WorkerImpl::LocalDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,
                Clock::time_point last, Clock::time_point arrived) {
-  std::unique_lock lock(mu_);
+  std::lock_guard lock(mu_);
   op->t_first_issue = first;
   op->t_pushed = last;
   op->t_arrived = arrived;
-  FinishLocked(*op, s.code() == Code::kAborted ? CauseOfLocked(lock, s) : s);
+  if (s.code() == Code::kAborted && ParkForVerdictLocked(op, s)) return;
+  EndSegmentJobLocked(*op, s);
 }
 
 }  // namespace gradlink

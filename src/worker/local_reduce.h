@@ -18,7 +18,8 @@
 // only once every rank consumed what it held. Chunks of up to `chunk_bytes` stay in cache
 // between the copy and the sums.
 //
-// Who drives: the thread that waits on an operation (Wait/Poll), else a background thread.
+// Who drives: the thread that waits on an operation (Wait) or polls it (Progress), else a
+// background thread.
 // A caller that starts a small operation copies it in itself, and a caller in Wait() spins
 // briefly on the segment before it sleeps on a futex there, so a small push_pull between idle
 // workers costs no thread hand-off at all.
@@ -100,7 +101,8 @@ class LocalReduce {
     bool average = false;
     std::string what;        // names the tensor in the failures the path finds itself
     // Called once, by the driving thread, when the job is over (OK: the sum is in `data`).
-    // Times: first chunk posted, last chunk posted, last chunk posted by every rank.
+    // Times: first chunk posted, last chunk posted, last chunk posted by every rank. It runs
+    // holding the drive: it must not wait (every other job of this worker waits for it).
     std::function<void(const Status&, Clock::time_point, Clock::time_point, Clock::time_point)>
         done;
     // Set for a host job (hierarchical aggregation; `channel` is then unused).
@@ -143,19 +145,26 @@ class LocalReduce {
   // `code`). Any thread; takes no lock.
   void Publish(const HostChannel& c, uint64_t round, uint32_t parts, uint32_t part, Code code);
 
-  // Queues a job. May be called with the caller's locks held; Kick() or Nudge() after releasing
-  // them.
+  // Queues a job. Any thread, the caller's locks held or not; Progress() after releasing them.
   void Start(Job job);
-  // Posts what the queued jobs can post now on this thread (the caller's PushPull: a small
-  // operation is copied in without a thread hand-off), if no other thread is driving; the
-  // background thread takes over chunks left to post. Sums wait for Wait() or the background.
-  void Kick();
-  // Leaves the queued jobs to the background thread (or to a waiting caller).
-  void Nudge();
-  // Drives the jobs until `done()` or the deadline; true if `done()`.
+  // What a thread that does not wait for an operation does for the queued jobs (Progress).
+  enum class Step {
+    // Post what the jobs can post now, on this thread, if no other thread drives (the caller's
+    // PushPull: a small operation is copied in without a thread hand-off); the background
+    // thread takes over chunks left to post. Sums are left to a waiter or the background.
+    kPost,
+    // One short pass (posts and a few sums) if no other thread drives; nothing otherwise.
+    kPoll,
+    // Nothing on this thread: the background thread (or a waiting caller) drives the jobs.
+    kBackground,
+  };
+  // The one way a thread that does not wait makes the jobs progress. Never blocks. Any thread,
+  // no lock held that Job::done or Job::summed takes.
+  void Progress(Step step);
+  // Drives the jobs until `done()` or the deadline; true if `done()`. Never sleeps holding the
+  // drive: while another thread drives, it sleeps on this worker's bell. Any thread, no lock
+  // held that Job::done or Job::summed takes.
   bool Wait(const std::function<bool()>& done, Clock::time_point deadline);
-  // One short pass over the jobs if no other thread is driving, without waiting.
-  void Poll();
   // Wakes this worker's threads asleep in Wait() (an operation ended elsewhere).
   void Wake() { Ring(opts_.rank); }
   // Join (Worker::Join): this worker, with no job left, sits out the others' chunks from now on;
@@ -186,13 +195,14 @@ class LocalReduce {
   struct Running;
   LocalReduce(const Options& o, void* base, uint64_t mapped_bytes);
 
-  // drive_mu_ held. One pass: takes new jobs, advances each (posting what it may, summing up to
-  // `sums_per_job` chunks), ends those done or failed. True if anything moved.
+  // drive_mu_ held (local_driver.cc). One pass: takes new jobs, advances each (posting what it
+  // may, summing up to `sums_per_job` chunks), ends those done or failed. True if anything moved.
   bool DriveOnce(uint64_t sums_per_job);
-  bool Advance(Running& r, uint64_t max_sums);
+  // drive_mu_ held: one pass of a flat job (local_flat.cc) or a host job (local_host.cc).
+  bool AdvanceFlat(Running& r, uint64_t max_sums);
   bool AdvanceHost(Running& r, uint64_t max_sums);
   // drive_mu_ held: the job has nothing left to do on this worker.
-  static bool Over(const Running& r);
+  static bool Finished(const Running& r);
   // Claims (or finds) the table entry of `key` with `need` arena bytes: its offset, nullopt
   // when there is no room. kInternal when another worker claimed the key with another shape.
   Result<std::optional<uint64_t>> Claim(uint64_t key, DataType dtype, uint64_t count,
@@ -222,12 +232,15 @@ class LocalReduce {
   const uint64_t mapped_bytes_;
   std::vector<std::byte> scratch_;  // fp32 accumulator for fp16/bf16 chunks; drive_mu_
 
-  std::mutex drive_mu_;                 // held by the one thread driving
+  // Held by the one thread driving, which never sleeps holding it; taken before mu_ (and before
+  // the worker's state lock, which Job::done takes), never under them. Callers only try it;
+  // the background thread and Stop() wait for it.
+  std::mutex drive_mu_;
   std::vector<std::unique_ptr<Running>> running_;  // drive_mu_
   std::vector<Job> fresh_;                         // drive_mu_: jobs just taken from incoming_
 
-  std::mutex mu_;  // never held while driving
-  std::condition_variable cv_;
+  std::mutex mu_;  // guards what follows up to failed_; taken under drive_mu_, held briefly
+  std::condition_variable cv_;  // the background thread's wake-up (background_wanted_, stopping_)
   std::vector<Job> incoming_;
   Status failure_;
   bool stopping_ = false;

@@ -118,11 +118,11 @@ std::shared_ptr<Op> WorkerImpl::StartOp(const TensorHandle& tensor, std::span<st
   }
   Issue(std::move(batch));
   if (local_) {
-    local_->Kick();
+    local_->Progress(LocalReduce::Step::kPost);
     // The op waits for the tensor's running one, whose sums nobody may drive until someone
-    // waits (Kick leaves sums to the waiter): the others need this op's chunks, so the
+    // waits (kPost leaves sums to the waiter): the others need this op's chunks, so the
     // background finishes that one now, as the servers' path would.
-    if (queued_behind_local) local_->Nudge();
+    if (queued_behind_local) local_->Progress(LocalReduce::Step::kBackground);
   }
   return op;
 }

@@ -321,7 +321,7 @@ WorkerStats WorkerImpl::Stats() const {
 Status WorkerImpl::Barrier(Clock::time_point deadline) {
   // Same-host ops nobody waits on go on while this caller blocks here (the others may need
   // their sums to start the next op on a tensor).
-  if (local_ && local_->busy()) local_->Nudge();
+  if (local_ && local_->busy()) local_->Progress(LocalReduce::Step::kBackground);
   uint64_t seq, gen;
   bool send;
   {
@@ -412,7 +412,7 @@ Status WorkerImpl::AnnounceJoin(Clock::time_point deadline) {
       return Timeout("join() on rank " + std::to_string(rank_) +
                      ": this worker's own operations had not ended by the deadline");
     }
-    if (local_) local_->Poll();
+    if (local_) local_->Progress(LocalReduce::Step::kPoll);
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   if (msg.rounds.size() > wire::kMaxJoinKeys) {

@@ -438,11 +438,29 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   void StartLocalLocked(TensorState& t, const std::shared_ptr<Op>& op);
   // The fields of a segment job (same-host path or host channel) that come from t and op.
   static LocalReduce::Job SegmentJob(const TensorState& t, const Op& op);
-  // `s` (kAborted or kPeerLost: a peer of the segment left or lost a sum), or the job's
-  // failure if it arrives within kVerdictGrace: that names the cause. Waits on cv_ with `lock`.
-  Status CauseOfLocked(std::unique_lock<internal::StateMutex>& lock, const Status& s);
+  // A segment op that ended kAborted or kPeerLost (a peer of the segment left, or a sum was
+  // lost) before the job failed mostly ended because the job is failing: it waits, parked, up
+  // to kVerdictGrace for the job's failure, which names the cause. Not on the driving thread,
+  // which holds the segment's drive (every same-host op would wait): the job's failure
+  // (FailAll) ends it with that failure, else the control thread's tick (EndParkedOps) with its
+  // own once the grace has passed.
+  struct ParkedOp {
+    std::shared_ptr<Op> op;
+    Status own;                // its own failure, given when no verdict came
+    Clock::time_point until;   // the end of its grace
+  };
+  // Parks `op` and returns true if `s` is such a failure and the job has not failed. mu_ held.
+  bool ParkForVerdictLocked(const std::shared_ptr<Op>& op, const Status& s);
+  // Ends the parked ops: all with the job's failure once it has one, else those whose grace has
+  // passed with their own. mu_ held.
+  void EndParkedOpsLocked();
+  // EndParkedOpsLocked, taking mu_ only when an op is parked: the control thread, every tick.
+  void EndParkedOps();
+  // The segment's work on `op` is over with `s`: a same-host op finishes; a host op finishes
+  // once its partitions are answered too. mu_ held.
+  void EndSegmentJobLocked(Op& op, const Status& s);
 
-  // On the thread driving the same-host path.
+  // On the thread driving the same-host path (LocalReduce::Job::done); never waits.
   void LocalDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,
                  Clock::time_point last, Clock::time_point arrived);
 
@@ -452,6 +470,8 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   std::shared_ptr<transport::Fabric> fabric_;  // the one given (tests), until Init() opens lanes
   MemberLanes lanes_;
   std::shared_ptr<LocalReduce> local_;  // the same-host path or the host's segment; null when off
+  std::vector<ParkedOp> parked_ops_;     // mu_
+  std::atomic<bool> has_parked_ops_{false};  // !parked_ops_.empty(), written under mu_
   topology::Hosts hosts_;               // written in Init(), then read-only
   bool host_path_ = false;              // local_ is the host's segment (hierarchical aggregation)
   WorkerStats::InForce in_force_;  // set at the end of Init(), then read-only

@@ -414,6 +414,46 @@ TEST(HierarchyTest, SchedulerStopAbortsPendingOps) {
   ExpectSchedulerStopAbortsPendingOps(HierConfig({0, 0, 1, 1}));
 }
 
+// Regression (issue 41), as LocalPathTest.OneOpsVerdictGraceDoesNotStallTheOthers for host
+// channels: rank 1 leaves while rank 0's two ops wait for its partitions in the host's segment;
+// each of rank 0's ops waits up to the verdict grace (500 ms) for the job's failure, and that
+// wait held the segment's drive, so the second ended 500 ms after the first. They end within
+// 250 ms of each other.
+TEST(HierarchyTest, OneOpsVerdictGraceDoesNotStallTheOthers) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(HierConfig({0, 0, 1, 1})));
+  constexpr uint64_t kCount = 100000;  // partitions pushed by both workers of each host
+  std::vector<TensorHandle> mine;
+  for (const char* name : {"a", "b"}) {
+    for (uint32_t r = 0; r < 4; ++r) {
+      auto h = job.worker(r).Declare(name, DataType::kFloat32, kCount);
+      ASSERT_TRUE(h.ok());
+      if (r == 0) mine.push_back(*h);
+    }
+  }
+  PushPullHandle a = job.worker(0).PushPull(mine[0], job.Buffer(kCount * 4));
+  PushPullHandle b = job.worker(0).PushPull(mine[1], job.Buffer(kCount * 4));
+  EXPECT_EQ(a.Wait(In(100ms)).code(), Code::kTimeout);
+  EXPECT_TRUE(job.worker(1).Shutdown(In(5s)).ok());
+  Status a_status, b_status;
+  Clock::time_point a_end, b_end;
+  std::thread waiter([&] {
+    a_status = a.Wait(In(5s));
+    a_end = Clock::now();
+  });
+  b_status = b.Wait(In(5s));
+  b_end = Clock::now();
+  waiter.join();
+  for (const Status& s : {a_status, b_status}) {
+    EXPECT_TRUE(s.code() == Code::kAborted || s.code() == Code::kPeerLost) << s.ToString();
+    EXPECT_NE(s.message().find("worker 1"), std::string::npos) << s.message();
+  }
+  const auto apart = a_end > b_end ? a_end - b_end : b_end - a_end;
+  EXPECT_LT(apart, 250ms) << "the two ops ended "
+                          << std::chrono::duration_cast<std::chrono::milliseconds>(apart).count()
+                          << " ms apart: one waited for the other's verdict grace";
+}
+
 // Failover of keys summed per host first (the default on multi-host jobs with several workers
 // on a host). Each round of `keys` (one tensor each, of `count` elements of its dtype) on every
 // rank, checked bit for bit against the host order; `hold_back`: the ranks of that host issue

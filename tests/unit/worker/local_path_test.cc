@@ -406,6 +406,65 @@ TEST(LocalPathTest, SchedulerStopAbortsPendingOps) {
   ExpectSchedulerStopAbortsPendingOps(LocalConfig(2, 1024));
 }
 
+// Regression (issue 41): an op that ends kAborted because a peer left waits up to the verdict
+// grace (500 ms) for the job's failure, which names the cause. That wait ran on the thread
+// driving the segment, holding its drive, so every other same-host op of the worker waited
+// behind it: two ops ended by one departure ended 500 ms apart, the second once the first's
+// grace had run out. Each must end on its own grace, not after another's: here the two end
+// within 250 ms of each other (half the stall), each naming the departure.
+TEST(LocalPathTest, OneOpsVerdictGraceDoesNotStallTheOthers) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
+  std::vector<TensorHandle> t0, t1;
+  for (const char* name : {"a", "b"}) {
+    auto h0 = job.worker(0).Declare(name, DataType::kFloat32, 100);
+    auto h1 = job.worker(1).Declare(name, DataType::kFloat32, 100);
+    ASSERT_TRUE(h0.ok() && h1.ok());
+    t0.push_back(*h0);
+    t1.push_back(*h1);
+  }
+  PushPullHandle a = job.worker(0).PushPull(t0[0], job.Buffer(400));
+  PushPullHandle b = job.worker(0).PushPull(t0[1], job.Buffer(400));
+  EXPECT_EQ(a.Wait(In(100ms)).code(), Code::kTimeout);  // rank 1 never pushes either
+  EXPECT_TRUE(job.worker(1).Shutdown(In(5s)).ok());
+  Status a_status, b_status;
+  Clock::time_point a_end, b_end;
+  std::thread waiter([&] {
+    a_status = a.Wait(In(5s));
+    a_end = Clock::now();
+  });
+  b_status = b.Wait(In(5s));
+  b_end = Clock::now();
+  waiter.join();
+  for (const Status& s : {a_status, b_status}) {
+    EXPECT_EQ(s.code(), Code::kAborted) << s.ToString();
+    EXPECT_NE(s.message().find("worker 1 left the job"), std::string::npos) << s.message();
+  }
+  const auto apart = a_end > b_end ? a_end - b_end : b_end - a_end;
+  EXPECT_LT(apart, 250ms) << "the two ops ended "
+                          << std::chrono::duration_cast<std::chrono::milliseconds>(apart).count()
+                          << " ms apart: one waited for the other's verdict grace";
+}
+
+// The other half of that grace, kept: a verdict that comes within it is what the op reports.
+// Rank 1 leaves (the segment ends rank 0's op at once, naming only the departure), then the
+// scheduler stops, failing the job: rank 0's op reports the job's failure, not the departure.
+TEST(LocalPathTest, AVerdictWithinTheGraceIsWhatTheFailedOpReports) {
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(LocalConfig(2, 1024)));
+  auto t0 = job.worker(0).Declare("t", DataType::kFloat32, 100);
+  auto t1 = job.worker(1).Declare("t", DataType::kFloat32, 100);
+  ASSERT_TRUE(t0.ok() && t1.ok());
+  PushPullHandle op = job.worker(0).PushPull(*t0, job.Buffer(400));
+  EXPECT_EQ(op.Wait(In(100ms)).code(), Code::kTimeout);
+  EXPECT_TRUE(job.worker(1).Shutdown(In(5s)).ok());
+  job.scheduler().Stop();
+  const Status s = op.Wait(In(5s));
+  EXPECT_TRUE(s.code() == Code::kAborted || s.code() == Code::kPeerLost) << s.ToString();
+  EXPECT_EQ(s.message().find("left the job"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("scheduler"), std::string::npos) << s.message();
+}
+
 // Once every worker has the segment mapped, its name is gone from /dev/shm: nothing is left
 // behind, whatever happens to the job later.
 TEST(LocalPathTest, SegmentIsUnlinkedOnceEveryoneHasIt) {
