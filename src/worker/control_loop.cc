@@ -26,7 +26,7 @@ uint32_t ServersSpanned(const std::vector<wire::PartitionPlan>& parts) {
 }  // namespace
 
 void WorkerImpl::OnDataPeerFailed(transport::PeerId peer, const Status& s) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (uint32_t id = 0; id < server_peers_.size(); ++id) {
     if (server_peers_[id] != peer) continue;
     if (lost_servers_[id]) return;  // declared lost: its partitions have moved
@@ -53,7 +53,7 @@ bool WorkerImpl::NoteServerFailureLocked(uint32_t server, const Status& s) {
 }
 
 void WorkerImpl::OnServerLost(uint32_t server) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (server >= lost_servers_.size() || lost_servers_[server]) {
     protocol_errors_++;
     return;
@@ -97,7 +97,7 @@ Status WorkerImpl::OnServerJoined(const transport::Frame& f) {
   std::string name = "server " + std::to_string(id) + " (" + m.host + ")";
   // Through the lane's progress thread: not under mu_.
   Result<PeerId> peer = push_lane_->Connect(m.push_address, name);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (id < server_peers_.size() && !lost_servers_[id]) {
     return ProtocolError("kServerJoined for " + name + ", which this worker knows already");
   }
@@ -247,7 +247,7 @@ void WorkerImpl::NoteDataPeerFailureLocked(const Status& s) {
 }
 
 std::optional<Status> WorkerImpl::ExpiredPeerFailure() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const auto grace = failover_ && pending_server_ ? kFailoverGrace : kVerdictGrace;
   if (!verdict_pending_ || Clock::now() - pending_since_ < grace) return std::nullopt;
   if (pending_peer_) {
@@ -265,7 +265,7 @@ void WorkerImpl::FailJob(const Status& s) {
 }
 
 void WorkerImpl::FailAll(const Status& s, bool force) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (failure_.ok()) failure_ = s;
   verdict_pending_ = false;
   // Same-host ops end on their driving thread, which alone touches their buffers.
@@ -355,7 +355,7 @@ void WorkerImpl::ControlLoop() {
         }
         break;
       case MsgType::kBarrierRelease: {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         barrier_released_ = std::max(barrier_released_, f->header.round);
         cv_.notify_all();
         break;
@@ -383,7 +383,7 @@ void WorkerImpl::ControlLoop() {
 }
 
 std::shared_ptr<transport::ControlChannel> WorkerImpl::Channel() {
-  std::lock_guard lock(channel_mu_);
+  MutexLock lock(channel_mu_);
   return channel_;
 }
 
@@ -391,7 +391,7 @@ Status WorkerImpl::SendControl(uint64_t gen, const wire::Header& h,
                                std::span<const std::byte> payload, Clock::time_point deadline) {
   std::shared_ptr<transport::ControlChannel> channel;
   {
-    std::lock_guard lock(channel_mu_);
+    MutexLock lock(channel_mu_);
     if (gen != channel_gen_.load()) return Status::Ok();  // told in the ResumeState instead
     channel = channel_;
   }
@@ -410,7 +410,7 @@ Status WorkerImpl::Rejoin(const std::string& why) {
   wire::ResumeState st;
   std::vector<ControlFrame> frames;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!failure_.ok()) return failure_;
     if (joining_) {
       return PeerLost(why + "; this rank had joined (join()), and a join does not survive a "
@@ -455,7 +455,7 @@ Status WorkerImpl::Rejoin(const std::string& why) {
   Result<Joined> joined = RejoinJob(opts_.scheduler, job_hash_, reg, start + timeout,
                                     opts_.secret, frames, &rejoin_cancel_);
   const auto give_up = [&](const Status& s) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     reconnecting_ = false;
     cv_.notify_all();
     return s;
@@ -478,14 +478,14 @@ Status WorkerImpl::Rejoin(const std::string& why) {
   const std::shared_ptr<transport::ControlChannel> channel = std::move(joined->channel);
   uint64_t gen;
   {
-    std::lock_guard lock(channel_mu_);
+    MutexLock lock(channel_mu_);
     channel_ = channel;
     gen = ++channel_gen_;
   }
   std::vector<std::pair<wire::Header, wire::DeclareMsg>> declares;
   uint64_t barrier = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     reconnecting_ = false;
     for (const auto& [key, t] : tensors_) {
       if (!t->declare_pending) continue;
@@ -522,7 +522,7 @@ Status WorkerImpl::OnJoinRelease(const transport::Frame& f) {
   // Every rank has joined, so none is summing: the segment forgets who joined before anyone
   // starts again (each catches its own counters up as it starts a tensor's next round).
   if (local_) local_->ClearJoined();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [key, round] : release.rounds) {
     auto it = tensors_.find(key);
     if (it == tensors_.end()) {
@@ -543,7 +543,7 @@ Status WorkerImpl::OnJoinRelease(const transport::Frame& f) {
 Status WorkerImpl::OnAssign(const transport::Frame& f) {
   std::shared_ptr<TensorState> t;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = tensors_.find(f.header.key);
     if (it == tensors_.end()) return ProtocolError("kAssign for a key this worker never declared");
     t = it->second;
@@ -561,7 +561,7 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     }
     uint32_t server_ids;  // the job's servers and the standbys that joined it
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       server_ids = static_cast<uint32_t>(server_peers_.size());
     }
     GL_ASSIGN_OR_RETURN(wire::AssignMsg a, wire::DecodeAssign(f.payload, t->count, server_ids));
@@ -581,7 +581,7 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
   if (f.header.flags & wire::kFlagReplan) {
     if (!plan_status.ok()) return ProtocolError("a refusal sent as a replan");
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       GL_RETURN_IF_ERROR(ReplanLocked(*t, std::move(parts)));
       PumpLocked();  // what the replan let back into the queue
       TakeIssueLocked(&batch);
@@ -590,7 +590,7 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     return Status::Ok();
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (t->planned) return ProtocolError("key assigned twice");
     for (const wire::PartitionPlan& p : parts) {
       if (lost_servers_[p.server]) {
