@@ -4,7 +4,9 @@
 // under the worker's state lock (worker_impl.h says which threads take it). An Op's completion
 // (`done`, `status`, `cv`) has its own small lock, `Op::mu`, which waiters take without mu_;
 // a Group's results are under `Group::mu`. Lock order: Group::mu -> Op::mu, and mu_ -> Op::mu;
-// never Op::mu -> mu_.
+// never Op::mu -> mu_. The fields under Op::mu, Group::mu and the small locks here are
+// GUARDED_BY them (checked by clang: tests/thread_safety/check.py); those under the worker's
+// mu_, and a Group::Part's under its group's mu, cannot name their lock from here and are not.
 #pragma once
 
 #include <atomic>

@@ -17,6 +17,11 @@
 // that waits on another process (the same-host segment's claims, a socket) never runs under it.
 // The lanes' callbacks read the server directory (`servers_`), which is written once in Init()
 // before any server is connected, so no callback can run before it exists.
+//
+// Checked by clang's thread-safety analysis (tests/thread_safety/check.py): the fields below
+// are GUARDED_BY their lock, every `*Locked` function REQUIRES(mu_), and the functions that take
+// mu_ themselves (or wait on a socket or another process) EXCLUDES(mu_). The fields of
+// TensorState and Op that mu_ guards (state.h) cannot name it, and are not checked.
 #pragma once
 
 #include <atomic>

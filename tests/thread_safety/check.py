@@ -2,8 +2,9 @@
 """Checks src/ with clang's thread-safety analysis (ctest thread_safety_check).
 
 Every src/**/*.cc in the build's compile_commands.json (CMake writes it) is compiled again with
-clang++ -fsyntax-only -Wthread-safety -Werror, with the project's own include paths, defines
-and language standard: no objects, no second build. The locks and the annotations it checks
+clang++ -fsyntax-only -Wthread-safety -Wthread-safety-beta -Werror, with the project's own
+include paths, defines and language standard: no objects, no second build. The build's own
+warning flags (GCC's -Wall -Wextra -Werror) are dropped: the GCC build checks those. The locks and the annotations it checks
 are in src/common/mutex.h, src/common/thread_annotations.h and src/worker/state_mutex.h.
 
 First it compiles a small program with one unguarded access (probe below) and requires clang to
