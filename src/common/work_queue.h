@@ -1,11 +1,12 @@
 // A thread that runs posted closures in order. Used for the server's engine threads.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 
 namespace gradlink {
 
@@ -18,19 +19,19 @@ class WorkQueue {
 
   // False once stopped: the closure is dropped.
   bool Post(std::function<void()> fn) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopped_) return false;
     queue_.push_back(std::move(fn));
-    cv_.notify_one();
+    cv_.NotifyOne();
     return true;
   }
 
   // Runs what is queued, then joins. Idempotent.
   void Stop() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stopped_ = true;
-      cv_.notify_one();
+      cv_.NotifyOne();
     }
     if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
   }
@@ -41,9 +42,9 @@ class WorkQueue {
   // allocated a block every few posts and freed one behind them).
   void Loop() {
     std::vector<std::function<void()>> running;
-    std::unique_lock<std::mutex> lock(mu_);
+    UniqueLock lock(mu_);
     while (true) {
-      cv_.wait(lock, [this] { return stopped_ || !queue_.empty(); });
+      while (!stopped_ && queue_.empty()) cv_.Wait(mu_);
       if (queue_.empty()) return;
       running.swap(queue_);
       lock.unlock();
@@ -53,10 +54,10 @@ class WorkQueue {
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::function<void()>> queue_;
-  bool stopped_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<std::function<void()>> queue_ GUARDED_BY(mu_);
+  bool stopped_ GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: starts after the members it uses exist
 };
 

@@ -155,7 +155,7 @@ Status ControlChannel::Send(wire::Header h, std::span<const std::byte> payload,
                             Clock::time_point deadline) {
   h.payload_bytes = payload.size();
   const wire::HeaderBytes hb = wire::EncodeHeader(h);
-  std::lock_guard<std::mutex> lock(send_mu_);
+  MutexLock lock(send_mu_);
   GL_RETURN_IF_ERROR(WriteAll(hb.data(), hb.size(), deadline));
   return WriteAll(payload.data(), payload.size(), deadline);
 }

@@ -7,11 +7,12 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "gradlink/status.h"
 #include "wire/frame.h"
 
@@ -85,11 +86,11 @@ class ControlChannel {
  private:
   // Reads until `*done == n`; `*done` counts what has arrived, also on failure.
   Status ReadExact(std::byte* p, size_t n, Clock::time_point deadline, size_t* done);
-  Status WriteAll(const std::byte* p, size_t n, Clock::time_point deadline);
+  Status WriteAll(const std::byte* p, size_t n, Clock::time_point deadline) REQUIRES(send_mu_);
 
   int fd_;
   std::string peer_name_;
-  std::mutex send_mu_;
+  Mutex send_mu_;  // one frame at a time on fd_
   std::atomic<bool> closed_{false};
 };
 

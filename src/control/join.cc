@@ -52,23 +52,26 @@ HeartbeatPump::HeartbeatPump(transport::ControlChannel* channel, uint32_t job_ha
   h.job = job_hash;
   h.sender = sender;
   thread_ = std::thread([this, channel, h] {
-    std::unique_lock lock(mu_);
+    UniqueLock lock(mu_);
     while (!stop_) {
       lock.unlock();
       // A failure is the control loop's to see (it sends and reads next): nothing to do here.
       channel->Send(h, {}, transport::Clock::now() + std::chrono::milliseconds(100)).IgnoreError();
       lock.lock();
-      cv_.wait_for(lock, transport::kHeartbeatInterval, [this] { return stop_; });
+      cv_.WaitUntil(mu_, transport::Clock::now() + transport::kHeartbeatInterval, [this] {
+        mu_.AssertHeld();  // the wait runs it under `lock`
+        return stop_;
+      });
     }
   });
 }
 
 HeartbeatPump::~HeartbeatPump() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   thread_.join();
 }
 

@@ -2,15 +2,15 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "gradlink/status.h"
 #include "control/control_channel.h"
 #include "transport/transport.h"
@@ -84,9 +84,9 @@ class HeartbeatPump {
   HeartbeatPump& operator=(const HeartbeatPump&) = delete;
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -459,12 +459,13 @@ void SchedulerImpl::Finish(Status result) {
     server_abort_due_ = now + kFlushBeforeClose;
     SendServerAbortWhenDue(now);  // at once when every worker's socket took it
   }
+  finished_ = true;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    finished_ = true;
+    MutexLock lock(mu_);
+    ended_ = true;
     result_ = std::move(result);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 void SchedulerImpl::SendServerAbortWhenDue(Clock::time_point now) {

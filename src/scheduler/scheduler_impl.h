@@ -23,11 +23,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -35,6 +33,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "gradlink/scheduler.h"
 #include "scheduler/member_connection.h"
 #include "scheduler/placement.h"
@@ -247,7 +247,7 @@ class SchedulerImpl final : public Scheduler {
   void SendServerAbortWhenDue(Clock::time_point now);
   std::string MemberName(const Connection& c) const;
   wire::Header MakeHeader(wire::MsgType t) const;
-  bool finished() const { return finished_; }  // loop thread: the only writer
+  bool finished() const { return finished_; }  // loop thread only
 
   const SchedulerOptions opts_;
   const uint32_t job_hash_;
@@ -257,12 +257,13 @@ class SchedulerImpl final : public Scheduler {
   std::atomic<uint64_t> auth_failures_{0};
   std::atomic<bool> stop_requested_{false};
 
-  // What Wait() and Stop() read; written by the loop thread (finished_, result_) and Stop().
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool finished_ = false;
-  Status result_;
-  bool stop_called_ = false;
+  // What Wait() and Stop() read; written by the loop thread (Finish: ended_, result_) and Stop().
+  Mutex mu_;
+  CondVar cv_;
+  bool ended_ GUARDED_BY(mu_) = false;  // finished_, as Wait() sees it
+  Status result_ GUARDED_BY(mu_);
+  bool stop_called_ GUARDED_BY(mu_) = false;
+  bool finished_ = false;  // loop thread only: Finish() ran
 
   // Loop thread only.
   std::vector<std::shared_ptr<Connection>> conns_;

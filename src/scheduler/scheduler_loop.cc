@@ -55,8 +55,11 @@ SchedulerImpl::~SchedulerImpl() {
 }
 
 Status SchedulerImpl::Wait(Clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_until(lock, deadline, [this] { return finished_; })) {
+  MutexLock lock(mu_);
+  if (!cv_.WaitUntil(mu_, deadline, [this] {
+        mu_.AssertHeld();  // the wait runs it under `lock`
+        return ended_;
+      })) {
     return Timeout("job '" + opts_.job + "' still running");
   }
   return result_;
@@ -64,7 +67,7 @@ Status SchedulerImpl::Wait(Clock::time_point deadline) {
 
 void SchedulerImpl::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stop_called_) return;
     stop_called_ = true;
   }

@@ -16,10 +16,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 
 namespace gradlink::server {
 
@@ -31,7 +33,7 @@ class BufferPool {
   std::vector<std::byte> Take(size_t bytes) {
     std::vector<std::byte> buf;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       auto it = free_.find(bytes);
       if (it != free_.end() && !it->second.empty()) {
         buf = std::move(it->second.back());
@@ -54,7 +56,7 @@ class BufferPool {
     if (bytes == 0) return;
     std::vector<std::byte> freed;  // freed outside the lock
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       in_use_bytes_ -= bytes;
       if (free_bytes_ + bytes <= max_free_bytes_) {
         free_[bytes].push_back(std::move(buf));
@@ -68,11 +70,11 @@ class BufferPool {
 
   // Bytes in the rounds' hands, kept free for reuse, and the most of the two together so far.
   uint64_t in_use_bytes() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return in_use_bytes_;
   }
   uint64_t free_bytes() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return free_bytes_;
   }
   uint64_t peak_bytes() const { return peak_bytes_.load(std::memory_order_relaxed); }
@@ -80,9 +82,10 @@ class BufferPool {
 
  private:
   const uint64_t max_free_bytes_;
-  mutable std::mutex mu_;
-  std::unordered_map<size_t, std::vector<std::vector<std::byte>>> free_;
-  uint64_t free_bytes_ = 0, in_use_bytes_ = 0;
+  mutable Mutex mu_;
+  std::unordered_map<size_t, std::vector<std::vector<std::byte>>> free_ GUARDED_BY(mu_);
+  uint64_t free_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t in_use_bytes_ GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> peak_bytes_{0};  // written under mu_, read without it
   std::atomic<uint64_t> allocations_{0};
 };

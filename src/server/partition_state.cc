@@ -59,13 +59,13 @@ std::string PartitionState::Describe() const {
 }
 
 uint64_t PartitionState::round() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return round_;
 }
 
 Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bool* run_engine) {
   *run_engine = false;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const uint32_t sender = h.sender;
   const int32_t index = IndexOf(sender);
   if (index < 0) {
@@ -134,7 +134,7 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
 }
 
 bool PartitionState::EndPush(uint32_t sender, bool ok) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const int32_t index = IndexOf(sender);
   if (index < 0 || stage_[index] != Stage::kReceiving) return false;
   const uint32_t rank = static_cast<uint32_t>(index);
@@ -209,7 +209,7 @@ void PartitionState::ApplyJoinedLocked() {
 }
 
 bool PartitionState::SetJoined(uint32_t worker, bool joined) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (host_of_.empty()) return SetJoinedLocked(IndexOf(worker), joined);
   // Summed per host first: the host sits a round out only once all its workers have joined;
   // until then its pusher (joined or not) pushes what the others summed, naming how many.
@@ -256,7 +256,7 @@ bool PartitionState::SetJoinedLocked(int32_t index, bool joined) {
 }
 
 void PartitionState::Adopt() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   adopting_ = true;
   reported_.assign(num_part_, 0);
   reported_round_.assign(num_part_, 0);
@@ -267,12 +267,12 @@ void PartitionState::Adopt() {
 }
 
 bool PartitionState::adopting() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return adopting_;
 }
 
 Result<std::span<std::byte>> PartitionState::BeginRecover(const wire::Header& h) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const int32_t index = IndexOf(h.sender);
   if (!adopting_ || index < 0 || reported_[index] != 0) {
     return ProtocolError(Describe() + ": kRecover from rank " + std::to_string(h.sender) +
@@ -301,7 +301,7 @@ Result<std::span<std::byte>> PartitionState::BeginRecover(const wire::Header& h)
 }
 
 bool PartitionState::EndRecover(uint32_t sender, bool ok) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const int32_t index = IndexOf(sender);
   if (!adopting_ || index < 0 || reported_[index] != 1) return false;
   reported_[index] = 2;
@@ -399,8 +399,9 @@ std::optional<Completion> PartitionState::Progress() {
   uint32_t slot;
   uint32_t first, last;  // ranks [first, last) to add now
   bool direct;           // rank 0's push is in the accumulator
+  bool started;          // acc_started_: written back under mu_ once summed
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (adopting_) {
       if (!AdoptionReadyLocked()) return std::nullopt;
       if (std::optional<Completion> answered = FinishAdoptionLocked()) return answered;
@@ -410,6 +411,7 @@ std::optional<Completion> PartitionState::Progress() {
     first = next_;
     last = SummableEndLocked();
     direct = direct_;
+    started = acc_started_;
   }
 
   std::vector<std::byte>& acc = acc_[slot];
@@ -418,14 +420,14 @@ std::optional<Completion> PartitionState::Progress() {
     // staged pushes stay staged until the loop below: reading them unlocked is safe.
     Take(acc, acc_bytes_);
     const ReduceOp op = routing_.op;
-    const auto present = [&](uint32_t i) { return stage_[i] != Stage::kAbsent; };
+    const auto present = [&](uint32_t i) { return StagedPresent(i); };
     for (uint32_t r = first; r < last; ++r) {
       if (!present(r)) continue;
-      if (acc_started_) {
+      if (started) {
         reduce::Fold(op, dtype_, acc.data(), staging_[r].data(), count_);
         continue;
       }
-      acc_started_ = true;
+      started = true;
       if (r == 0 && direct) continue;  // rank 0's push is in the accumulator already
       if (routing_.copy) {
         std::memcpy(acc.data(), staging_[r].data(), wire_bytes_);
@@ -445,7 +447,8 @@ std::optional<Completion> PartitionState::Progress() {
     for (uint32_t r = first; r < last; ++r) Give(staging_[r]);
   }
 
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
+  acc_started_ = started;
   for (uint32_t r = first; r < last; ++r) {
     if (stage_[r] != Stage::kAbsent) stage_[r] = Stage::kSummed;
   }
@@ -572,7 +575,7 @@ void PartitionState::FailRankLocked(uint32_t index) {
 }
 
 bool PartitionState::MarkGone(uint32_t worker) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const int32_t index = host_of_.empty() ? IndexOf(worker)
                         : worker < host_of_.size() && host_of_[worker] < num_part_
                             ? static_cast<int32_t>(host_of_[worker])
@@ -587,12 +590,12 @@ bool PartitionState::MarkGone(uint32_t worker) {
 }
 
 bool PartitionState::WaitsForSlot(uint32_t slot) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return round_ % 2 == slot;
 }
 
 bool PartitionState::SendDone(uint32_t slot) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (slot > 1 || sends_pending_[slot] == 0) return false;
   if (--sends_pending_[slot] != 0) return false;
   // Every reply is out: the round's accumulator and result go back (under mu_, so that the

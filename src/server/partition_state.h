@@ -18,12 +18,13 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "gradlink/collective.h"
 #include "gradlink/options.h"
 #include "gradlink/status.h"
@@ -164,20 +165,28 @@ class PartitionState {
     return r;
   }
   std::string Describe() const;
+  // Whether contributor `i` of [next_, SummableEndLocked()), as Progress() read them under
+  // mu_, pushes this round (is not kAbsent), read without mu_: the analysis cannot see it, so
+  // it is not checked. Safe because only Progress()'s thread moves such a stage (to kSummed
+  // under mu_, or to and from kAbsent: SetJoined, the round's reset), and the other threads
+  // write other ranks' stages (a distinct byte each).
+  bool StagedPresent(uint32_t i) const NO_THREAD_SAFETY_ANALYSIS {
+    return stage_[i] != Stage::kAbsent;
+  }
   // The contributor index of `rank`; -1 when it pushes nothing here.
   int32_t IndexOf(uint32_t rank) const {
     return rank < index_of_.size() ? index_of_[rank] : -1;
   }
   // With mu_ held (indices are contributor indices): [next_, SummableEndLocked()) can be summed
   // now; RoundOverLocked(): every contributor is summed or failed (or staged in a failed round).
-  uint32_t SummableEndLocked() const;
-  bool RoundOverLocked() const;
-  void FailRankLocked(uint32_t index);
+  uint32_t SummableEndLocked() const REQUIRES(mu_);
+  bool RoundOverLocked() const REQUIRES(mu_);
+  void FailRankLocked(uint32_t index) REQUIRES(mu_);
   // With mu_ held, at the start of a round or a join: joined participants that have not pushed
   // sit a sum's round out (kAbsent); in another collective they fail it.
-  void ApplyJoinedLocked();
+  void ApplyJoinedLocked() REQUIRES(mu_);
   // SetJoined() for participant `index` (-1: none).
-  bool SetJoinedLocked(int32_t index, bool joined);
+  bool SetJoinedLocked(int32_t index, bool joined) REQUIRES(mu_);
   bool SumsWithoutAbsent() const {
     return routing_.op == ReduceOp::kSum && !routing_.copy && routing_.requesters.empty();
   }
@@ -206,41 +215,45 @@ class PartitionState {
   const size_t wire_bytes_;
   const size_t acc_bytes_;
 
-  mutable std::mutex mu_;
-  uint64_t round_ = 0;             // the round being summed
+  mutable Mutex mu_;
+  uint64_t round_ GUARDED_BY(mu_) = 0;  // the round being summed
   // Per contributor, from here on.
-  std::vector<Stage> stage_;
-  std::vector<uint64_t> cookie_;
-  std::vector<uint64_t> sent_cookies_[2];  // per slot: cookie_ as its round completed
-  std::vector<uint16_t> flags_;
-  std::vector<uint16_t> ranks_;    // per contributor: its push's Header::ranks (0: all)
-  std::string failure_;            // why the current round fails; empty: it does not
-  Code failure_code_ = Code::kOk;
-  std::vector<bool> gone_;         // left the job
-  std::vector<bool> joined_;       // joined (SetJoined), per participant
-  uint32_t joined_count_ = 0;      // how many are
-  // Summed per host first (host_of_ set): per contributor (host), its workers and how many
-  // of them have joined; per rank, whether it has.
-  std::vector<uint32_t> host_ranks_, host_joined_;
-  std::vector<bool> rank_joined_;
-  bool acc_started_ = false;       // the accumulator holds this round's first contributions
-  Clock::time_point last_landed_{};  // this round's latest push payload (EndPush)
-  uint32_t next_ = 0;              // ranks [0, next_) are in the accumulator
-  uint32_t sends_pending_[2] = {0, 0};
-  bool direct_ = false;            // rank 0's push of round_ landed in acc_[round_ % 2]
+  std::vector<Stage> stage_ GUARDED_BY(mu_);
+  std::vector<uint64_t> cookie_ GUARDED_BY(mu_);
+  std::vector<uint64_t> sent_cookies_[2] GUARDED_BY(mu_);  // per slot: cookie_ as it completed
+  std::vector<uint16_t> flags_ GUARDED_BY(mu_);
+  std::vector<uint16_t> ranks_ GUARDED_BY(mu_);  // its push's Header::ranks (0: all)
+  std::string failure_ GUARDED_BY(mu_);  // why the current round fails; empty: it does not
+  Code failure_code_ GUARDED_BY(mu_) = Code::kOk;
+  std::vector<bool> gone_ GUARDED_BY(mu_);  // left the job
+  std::vector<bool> joined_ GUARDED_BY(mu_);  // joined (SetJoined), per participant
+  uint32_t joined_count_ GUARDED_BY(mu_) = 0;  // how many are
+  // Summed per host first (host_of_ set): per contributor (host), its workers (set by the
+  // constructor, then read-only) and how many of them have joined; per rank, whether it has.
+  std::vector<uint32_t> host_ranks_;
+  std::vector<uint32_t> host_joined_ GUARDED_BY(mu_);
+  std::vector<bool> rank_joined_ GUARDED_BY(mu_);
+  // The accumulator holds this round's first contributions.
+  bool acc_started_ GUARDED_BY(mu_) = false;
+  Clock::time_point last_landed_ GUARDED_BY(mu_){};  // this round's latest push payload (EndPush)
+  uint32_t next_ GUARDED_BY(mu_) = 0;  // ranks [0, next_) are in the accumulator
+  uint32_t sends_pending_[2] GUARDED_BY(mu_) = {0, 0};
+  bool direct_ GUARDED_BY(mu_) = false;  // rank 0's push of round_ landed in acc_[round_ % 2]
 
   // Failover (Adopt()): per worker, whether its kRecover is in (0 no, 1 landing, 2 in), the
   // round it named, whether that is a result's (in reported_result_[i]), whether its push
   // follows; and each push's round while adopting.
-  bool adopting_ = false;
-  std::vector<uint8_t> reported_;
-  std::vector<uint64_t> reported_round_, push_round_;
-  std::vector<bool> has_result_, input_follows_;
-  std::vector<std::vector<std::byte>> reported_result_;
-  bool AdoptionReadyLocked() const;
+  bool adopting_ GUARDED_BY(mu_) = false;
+  std::vector<uint8_t> reported_ GUARDED_BY(mu_);
+  std::vector<uint64_t> reported_round_ GUARDED_BY(mu_);
+  std::vector<uint64_t> push_round_ GUARDED_BY(mu_);
+  std::vector<bool> has_result_ GUARDED_BY(mu_);
+  std::vector<bool> input_follows_ GUARDED_BY(mu_);
+  std::vector<std::vector<std::byte>> reported_result_ GUARDED_BY(mu_);
+  bool AdoptionReadyLocked() const REQUIRES(mu_);
   // Every worker has reported: sets the round, and returns the completion that answers the
   // pushes of the latest result's round, if any.
-  std::optional<Completion> FinishAdoptionLocked();
+  std::optional<Completion> FinishAdoptionLocked() REQUIRES(mu_);
 
   std::vector<std::vector<std::byte>> staging_;  // wire dtype
   std::vector<std::byte> acc_[2];                // accumulator dtype

@@ -24,7 +24,7 @@ uint32_t ServersSpanned(const std::vector<wire::PartitionPlan>& parts) {
 }  // namespace
 
 void WorkerImpl::OnDataPeerFailed(transport::PeerId peer, const Status& s) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (uint32_t id = 0; id < server_peers_.size(); ++id) {
     if (server_peers_[id] != peer) continue;
     if (lost_servers_[id]) return;  // declared lost: its partitions have moved
@@ -51,7 +51,7 @@ bool WorkerImpl::NoteServerFailureLocked(uint32_t server, const Status& s) {
 }
 
 void WorkerImpl::OnServerLost(uint32_t server) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (server >= lost_servers_.size() || lost_servers_[server]) {
     protocol_errors_++;
     return;
@@ -95,7 +95,7 @@ Status WorkerImpl::OnServerJoined(const transport::Frame& f) {
   std::string name = "server " + std::to_string(id) + " (" + m.host + ")";
   // Through the lane's progress thread: not under mu_.
   Result<PeerId> peer = lanes_.push().Connect(m.push_address, name);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (id < server_peers_.size() && !lost_servers_[id]) {
     return ProtocolError("kServerJoined for " + name + ", which this worker knows already");
   }
@@ -245,7 +245,7 @@ void WorkerImpl::NoteDataPeerFailureLocked(const Status& s) {
 }
 
 std::optional<Status> WorkerImpl::ExpiredPeerFailure() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const auto grace = failover_ && pending_server_ ? kFailoverGrace : kVerdictGrace;
   if (!verdict_pending_ || Clock::now() - pending_since_ < grace) return std::nullopt;
   if (pending_peer_) {
@@ -262,7 +262,7 @@ void WorkerImpl::FailJob(const Status& s) {
 }
 
 void WorkerImpl::FailAll(const Status& s, bool force) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (failure_.ok()) failure_ = s;
   verdict_pending_ = false;
   // Same-host ops end on their driving thread, which alone touches their buffers.
@@ -313,7 +313,7 @@ ControlVerdict WorkerImpl::OnControl(const transport::Frame& f) {
       }
       break;
     case MsgType::kBarrierRelease: {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       barrier_released_ = std::max(barrier_released_, f.header.round);
       cv_.notify_all();
       break;
@@ -355,7 +355,7 @@ Result<Rejoining> WorkerImpl::PrepareRejoin(const std::string& why) {
   wire::ResumeState st;
   std::vector<ControlFrame> frames;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!failure_.ok()) return failure_;
     if (joining_) {
       return PeerLost(why + "; this rank had joined (join()), and a join does not survive a "
@@ -412,7 +412,7 @@ void WorkerImpl::OnRejoined(const Status& result, uint64_t generation) {
   std::vector<std::pair<wire::Header, wire::DeclareMsg>> declares;
   uint64_t barrier = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     reconnecting_ = false;
     cv_.notify_all();
     if (!result.ok()) return;
@@ -446,7 +446,7 @@ Status WorkerImpl::OnJoinRelease(const transport::Frame& f) {
   // Every rank has joined, so none is summing: the segment forgets who joined before anyone
   // starts again (each catches its own counters up as it starts a tensor's next round).
   if (local_) local_->ClearJoined();
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [key, round] : release.rounds) {
     auto it = tensors_.find(key);
     if (it == tensors_.end()) {
@@ -467,7 +467,7 @@ Status WorkerImpl::OnJoinRelease(const transport::Frame& f) {
 Status WorkerImpl::OnAssign(const transport::Frame& f) {
   std::shared_ptr<TensorState> t;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = tensors_.find(f.header.key);
     if (it == tensors_.end()) return ProtocolError("kAssign for a key this worker never declared");
     t = it->second;
@@ -485,7 +485,7 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     }
     uint32_t server_ids;  // the job's servers and the standbys that joined it
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       server_ids = static_cast<uint32_t>(server_peers_.size());
     }
     GL_ASSIGN_OR_RETURN(wire::AssignMsg a, wire::DecodeAssign(f.payload, t->count, server_ids));
@@ -505,7 +505,7 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
   if (f.header.flags & wire::kFlagReplan) {
     if (!plan_status.ok()) return ProtocolError("a refusal sent as a replan");
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       GL_RETURN_IF_ERROR(ReplanLocked(*t, std::move(parts)));
       PumpLocked();  // what the replan let back into the queue
       TakeIssueLocked(&batch);
@@ -514,7 +514,7 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     return Status::Ok();
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (t->planned) return ProtocolError("key assigned twice");
     for (const wire::PartitionPlan& p : parts) {
       if (lost_servers_[p.server]) {

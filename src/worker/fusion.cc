@@ -20,7 +20,7 @@ PushPullHandle WorkerImpl::PushPullGroup(std::span<const TensorHandle> tensors,
   counters_->groups.fetch_add(1, std::memory_order_relaxed);
   g->what = "push_pull group of " + std::to_string(tensors.size()) + " tensors";
   auto fail = [&](Status s) {
-    std::lock_guard<std::mutex> lock(g->mu);
+    MutexLock lock(g->mu);
     g->status = Status(s.code(), g->what + ": " + s.message());
     g->t_started = g->t_finished = Clock::now();
     g->finished = true;
@@ -84,12 +84,12 @@ std::string WorkerImpl::Shorten(const std::string& s) {
 Result<std::shared_ptr<const WorkerImpl::GroupPlan>> WorkerImpl::PlanFor(
     std::vector<const TensorState*> members, std::span<const TensorHandle> tensors) {
   {
-    std::lock_guard<std::mutex> lock(plans_mu_);
+    MutexLock lock(plans_mu_);
     auto it = plans_.find(members);
     if (it != plans_.end()) return it->second;
   }
   GL_ASSIGN_OR_RETURN(std::shared_ptr<const GroupPlan> plan, BuildPlan(tensors));
-  std::lock_guard<std::mutex> lock(plans_mu_);
+  MutexLock lock(plans_mu_);
   if (plans_.size() >= kMaxCachedPlans) plans_.clear();
   plans_.emplace(std::move(members), plan);
   return plan;
@@ -153,7 +153,7 @@ Status WorkerImpl::DeclareFused(GroupPlan::Chunk& c, std::span<const TensorHandl
   GL_ASSIGN_OR_RETURN(c.fused, Declare(name, dtype, c.bytes / DataTypeSize(dtype)));
   const std::string members = std::to_string(c.members.size()) + " members (" + listed + ")";
   c.what = "fused tensor '" + name + "' (key " + KeyHex(c.fused.key()) + ") of " + members;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   TensorState& f = *c.fused.state_;
   if (!f.fused_members.empty()) return Status::Ok();  // declared by an earlier plan
   f.fused_members = members;

@@ -3,8 +3,10 @@
 
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <vector>
+
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 
 namespace gradlink::internal {
 
@@ -16,7 +18,7 @@ class FusionPool {
   static std::shared_ptr<std::byte> Take(const std::shared_ptr<FusionPool>& pool) {
     std::byte* p = nullptr;
     {
-      std::lock_guard<std::mutex> lock(pool->mu_);
+      MutexLock lock(pool->mu_);
       if (!pool->free_.empty()) {
         p = pool->free_.back().release();
         pool->free_.pop_back();
@@ -33,13 +35,13 @@ class FusionPool {
 
   void Give(std::byte* b) {
     std::unique_ptr<std::byte[]> owned(b);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (free_.size() < kMaxFree) free_.push_back(std::move(owned));
   }
 
   const size_t buffer_bytes_;
-  std::mutex mu_;
-  std::vector<std::unique_ptr<std::byte[]>> free_;
+  Mutex mu_;
+  std::vector<std::unique_ptr<std::byte[]>> free_ GUARDED_BY(mu_);
 };
 
 }  // namespace gradlink::internal

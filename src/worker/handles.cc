@@ -14,14 +14,17 @@ using internal::Op;
 namespace {
 
 bool IsDone(Op& op) {
-  std::lock_guard<std::mutex> lock(op.mu);
+  MutexLock lock(op.mu);
   return op.done;
 }
 
 bool WaitDone(Op& op, Clock::time_point deadline) {
   if (op.local) return op.local->Wait([&op] { return IsDone(op); }, deadline);
-  std::unique_lock<std::mutex> lock(op.mu);
-  return op.cv.wait_until(lock, deadline, [&op] { return op.done; });
+  MutexLock lock(op.mu);
+  while (!op.done) {
+    if (!op.cv.WaitUntil(op.mu, deadline)) return op.done;
+  }
+  return true;
 }
 
 // IsDone(), after driving the same-host path once on this thread.
@@ -31,10 +34,10 @@ bool PollDone(Op& op) {
 }
 
 // Records a done part and copies a fused part's result into its members. Group::mu held.
-void EndPartLocked(Group& g, Group::Part& p) {
+void EndPartLocked(Group& g, Group::Part& p) REQUIRES(g.mu) {
   Op& op = *p.op;
   {
-    std::lock_guard<std::mutex> lock(op.mu);
+    MutexLock lock(op.mu);
     p.status = op.status;
   }
   p.t_call = op.t_call;
@@ -59,7 +62,7 @@ void EndPartLocked(Group& g, Group::Part& p) {
 }
 
 // Every part has ended: the group's result is the first failing part's. Group::mu held.
-void FinishGroupLocked(Group& g) {
+void FinishGroupLocked(Group& g) REQUIRES(g.mu) {
   if (g.finished) return;
   for (Group::Part& p : g.parts) {
     if (!p.status.ok()) {
@@ -76,7 +79,7 @@ Status WaitGroup(Group& g, Clock::time_point deadline) {
   for (Group::Part& p : g.parts) {
     std::shared_ptr<Op> op;
     {
-      std::lock_guard<std::mutex> lock(g.mu);
+      MutexLock lock(g.mu);
       if (g.finished) return g.status;
       if (p.ended) continue;
       op = p.op;
@@ -88,17 +91,17 @@ Status WaitGroup(Group& g, Clock::time_point deadline) {
                                           "tensors never meet)"
                                         : " ('" + op->tensor->name + "' still running)"));
     }
-    std::lock_guard<std::mutex> lock(g.mu);
+    MutexLock lock(g.mu);
     if (!p.ended) EndPartLocked(g, p);
   }
-  std::lock_guard<std::mutex> lock(g.mu);
+  MutexLock lock(g.mu);
   FinishGroupLocked(g);
   return g.status;
 }
 
 bool PollGroup(Group& g) {
   {
-    std::lock_guard<std::mutex> lock(g.mu);
+    MutexLock lock(g.mu);
     if (g.finished) return true;
     for (Group::Part& p : g.parts) {
       if (!p.ended && !PollDone(*p.op)) return false;
@@ -152,7 +155,7 @@ Status PushPullHandle::Wait(Clock::time_point deadline) const {
                    std::to_string(op_->round) + ") not complete at the deadline" +
                    (op_->describer ? op_->describer->Describe(*op_) : std::string()));
   }
-  std::lock_guard<std::mutex> lock(op_->mu);
+  MutexLock lock(op_->mu);
   return op_->status;
 }
 
@@ -171,7 +174,7 @@ bool PushPullHandle::Poll() const {
 PushPullTiming PushPullHandle::Timing() const {
   if (group_) {
     Group& g = *group_;
-    std::lock_guard<std::mutex> lock(g.mu);
+    MutexLock lock(g.mu);
     if (!g.finished) return {};
     Clock::time_point first_issue{}, pushed{}, arrived{}, done{};
     Clock::duration server{};
@@ -188,7 +191,7 @@ PushPullTiming PushPullHandle::Timing() const {
     return t;
   }
   if (!op_) return {};
-  std::lock_guard<std::mutex> lock(op_->mu);
+  MutexLock lock(op_->mu);
   if (!op_->done) return {};
   const Op& op = *op_;
   PushPullTiming t = MakeTiming(op.t_call, op.t_call, op.t_first_issue, op.t_pushed,

@@ -33,7 +33,7 @@ Status WorkerImpl::OpenHostPath(const wire::WelcomeMsg& welcome, Clock::time_poi
   // As for the same-host path: a host's worker that hung or died is the scheduler's to name.
   lo.deadline = std::max(deadline, Clock::now() + transport::kSilenceLimit + std::chrono::seconds(1));
   lo.cancelled = [this] {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return failure_;
   };
   if (ranks.size() > LocalReduce::kMaxRanks) {
@@ -55,7 +55,7 @@ Status WorkerImpl::OpenHostPath(const wire::WelcomeMsg& welcome, Clock::time_poi
     GL_LOG(kInfo) << "worker " << rank_ << ": hierarchical on (" << what << ", host "
                   << hosts_.machine[host] << ", " << local->arena_bytes() << "-byte segment)";
   }
-  std::lock_guard lock(mu_);  // FailAll (the control thread) reads it
+  MutexLock lock(mu_);  // FailAll (the control thread) reads it
   local_ = std::move(local);
   host_path_ = true;
   in_force_.hierarchy = what;
@@ -86,7 +86,7 @@ uint8_t WorkerImpl::BindHost(TensorState& t) {
                   << (c.ok() ? "the host's segment is full" : c.status().ToString());
     return static_cast<uint8_t>(topology::Mode::kFlat);
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   t.host = **c;
   return static_cast<uint8_t>(mode);
 }
@@ -151,7 +151,7 @@ void WorkerImpl::HostSummed(const std::shared_ptr<Op>& op, uint32_t part,
                             std::span<std::byte> partial, uint16_t flags, uint32_t ranks) {
   IssueBatch batch;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (op->finished || op->abandoned) return;
     op->partial[part] = partial;
     op->push_flags[part] = flags;
@@ -173,7 +173,7 @@ void WorkerImpl::PublishLocked(Op& op, uint32_t part, Code code) {
 
 void WorkerImpl::HostDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,
                           Clock::time_point last, Clock::time_point arrived) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (op->t_first_issue == Clock::time_point{}) op->t_first_issue = first;
   (void)last;
   op->t_arrived = arrived;
@@ -206,7 +206,7 @@ void WorkerImpl::StartSatOutRoundsLocked(std::vector<SatOutWatch>* watch) {
 
 Status WorkerImpl::SitOutUntilReleased(Clock::time_point deadline) {
   std::vector<SatOutWatch> watch;
-  std::unique_lock lock(mu_);
+  UniqueLock lock(mu_);
   while (!join_released_ && failure_.ok() && !shut_down_.load()) {
     if (Clock::now() >= deadline) {
       // The host's other workers still need this one's pushes: a thread goes on with them

@@ -50,7 +50,7 @@ Status WorkerImpl::OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_po
   // least that long, and a worker that gives up blames the right process, not a timeout.
   lo.deadline = std::max(deadline, Clock::now() + transport::kSilenceLimit + std::chrono::seconds(1));
   lo.cancelled = [this] {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return failure_;
   };
   GL_ASSIGN_OR_RETURN(std::shared_ptr<LocalReduce> local, LocalReduce::Open(lo));
@@ -58,7 +58,7 @@ Status WorkerImpl::OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_po
   GL_LOG(kInfo) << "worker " << rank_ << ": same-host path on (" << size_
                 << " workers on host " << MachineOf(*host) << ", " << local->arena_bytes()
                 << "-byte segment)";
-  std::lock_guard lock(mu_);  // FailAll (the control thread) reads it
+  MutexLock lock(mu_);  // FailAll (the control thread) reads it
   local_ = std::move(local);
   if (!failure_.ok()) local_->Fail(failure_);
   return Status::Ok();
@@ -84,7 +84,7 @@ void WorkerImpl::BindLocal(TensorState& t) {
       GL_LOG(kInfo) << "worker " << rank_ << ": '" << t.name
                     << "' goes through the servers: the same-host segment is full";
     }
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     t.local_bound = true;
     if (c.ok()) {
       t.local = *c;
@@ -141,7 +141,7 @@ void WorkerImpl::EndParkedOpsLocked() {
 
 void WorkerImpl::EndParkedOps() {
   if (!has_parked_ops_.load(std::memory_order_relaxed)) return;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   EndParkedOpsLocked();
 }
 
@@ -172,7 +172,7 @@ void WorkerImpl::StartLocalLocked(TensorState& t, const std::shared_ptr<Op>& op)
 
 void WorkerImpl::LocalDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,
                Clock::time_point last, Clock::time_point arrived) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   op->t_first_issue = first;
   op->t_pushed = last;
   op->t_arrived = arrived;

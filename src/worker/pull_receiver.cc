@@ -24,14 +24,14 @@ Status WorkerImpl::CheckPullFrame(const wire::Header& h) {
 Result<std::span<std::byte>> WorkerImpl::OnHeader(const wire::Header& h) {
   reply_kept_ = false;
   GL_RETURN_IF_ERROR(CheckPullFrame(h));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return OnHeaderLocked(h);
 }
 
 void WorkerImpl::OnPayload(const wire::Header& h, bool ok, const Status& why) {
   IssueBatch batch;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     OnPayloadLocked(h, ok, why, &batch);
   }
   Issue(std::move(batch));
@@ -43,7 +43,7 @@ Result<uint64_t> WorkerImpl::OnFrame(const wire::Header& h, std::span<const std:
   IssueBatch batch;
   {
     // One acquisition for the whole reply: where it lands, the copy, what it completes.
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Result<std::span<std::byte>> dest = OnHeaderLocked(h);
     if (!dest.ok()) return dest.status();
     if (dest->size() == payload.size()) {
@@ -122,7 +122,7 @@ Result<std::span<std::byte>> WorkerImpl::OnHeaderLocked(const wire::Header& h) {
 }
 
 std::string WorkerImpl::DescribePending(const Op& op) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (op.finished) return "";
   if (!op.started) return "; not started (it waits for its key's plan or its tensor's op before)";
   static constexpr const char* kState[] = {"queued", "sending", "pushed", "answered"};

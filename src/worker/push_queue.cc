@@ -99,7 +99,7 @@ std::shared_ptr<Op> WorkerImpl::StartOp(const TensorHandle& tensor, std::span<st
   bool queued_behind_local = false;
   IssueBatch batch;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     op->id = next_op_id_++;
     TensorState& t = *op->tensor;
     if (!failure_.ok()) {
@@ -312,7 +312,7 @@ void WorkerImpl::Issue(IssueBatch batch) {
     // Others pumped while we sent: everything they queued is in to_issue_, and each of them
     // counted a request under mu_, so the count read under mu_ covers exactly that. The
     // emptied vector goes back with its capacity: no allocation per batch.
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     batch.items->swap(to_issue_);
     batch.requests = issue_requests_.load(std::memory_order_acquire);
   }
@@ -322,7 +322,7 @@ void WorkerImpl::PushDone(PushSent* sent, const Status& s) {
   IssueBatch batch;
   std::shared_ptr<Op> op;  // released after the lock
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     op = std::move(sent->op);
     const uint32_t part = sent->part, server = sent->server;
     push_sent_free_.push_back(sent);
@@ -449,10 +449,10 @@ void WorkerImpl::FinishLocked(Op& op, const Status& s) {
 
 void WorkerImpl::Complete(Op& op, const Status& s) {
   {
-    std::lock_guard<std::mutex> lock(op.mu);
+    MutexLock lock(op.mu);
     op.done = true;
     op.status = s;
-    op.cv.notify_all();
+    op.cv.NotifyAll();
   }
   if (op.local) op.local->Wake();  // a waiter may sleep on the segment (LocalReduce::Wait)
 }

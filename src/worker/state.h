@@ -4,21 +4,23 @@
 // under the worker's state lock (worker_impl.h says which threads take it). An Op's completion
 // (`done`, `status`, `cv`) has its own small lock, `Op::mu`, which waiters take without mu_;
 // a Group's results are under `Group::mu`. Lock order: Group::mu -> Op::mu, and mu_ -> Op::mu;
-// never Op::mu -> mu_.
+// never Op::mu -> mu_. The fields under Op::mu, Group::mu and the small locks here are
+// GUARDED_BY them (checked by clang: tests/thread_safety/check.py); those under the worker's
+// mu_, and a Group::Part's under its group's mu, cannot name their lock from here and are not.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <cstddef>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "control/layout.h"
 #include "control/topology.h"
 #include "gradlink/worker.h"
@@ -162,7 +164,7 @@ class OpMemory {
   }
   void* Take(size_t bytes) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (block_ == 0) block_ = bytes;
       if (bytes == block_ && !free_.empty()) {
         void* p = free_.back();
@@ -174,7 +176,7 @@ class OpMemory {
   }
   void Give(void* p, size_t bytes) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (bytes == block_ && free_.size() < kMaxFree) {
         free_.push_back(p);
         return;
@@ -185,9 +187,9 @@ class OpMemory {
 
  private:
   static constexpr size_t kMaxFree = 1024;
-  std::mutex mu_;
-  size_t block_ = 0;  // the one size it keeps (an op's, with its control block)
-  std::vector<void*> free_;
+  Mutex mu_;
+  size_t block_ GUARDED_BY(mu_) = 0;  // the one size it keeps (an op's, with its control block)
+  std::vector<void*> free_ GUARDED_BY(mu_);
 };
 
 template <typename T>
@@ -210,17 +212,18 @@ class PendingDescriber {
   explicit PendingDescriber(std::function<std::string(const Op&)> describe)
       : describe_(std::move(describe)) {}
   std::string Describe(const Op& op) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return describe_ ? describe_(op) : std::string();
   }
   void Detach() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     describe_ = nullptr;
   }
 
  private:
-  std::mutex mu_;
-  std::function<std::string(const Op&)> describe_;
+  // Taken before WorkerImpl::mu_ (describe_ takes it: DescribePending), never under it.
+  Mutex mu_;
+  std::function<std::string(const Op&)> describe_ GUARDED_BY(mu_);
 };
 
 struct Op {
@@ -274,10 +277,10 @@ struct Op {
   Clock::time_point t_call, t_first_issue, t_pushed, t_arrived, t_done;
   Clock::duration t_server{};  // the most a partition's server reported (PushPullTiming::server)
   // Completion, guarded by `mu`.
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Status status;
+  Mutex mu;
+  CondVar cv;
+  bool done GUARDED_BY(mu) = false;
+  Status status GUARDED_BY(mu);
 };
 
 // One PushPullGroup: its fused and unfused operations ("parts").
@@ -291,7 +294,8 @@ struct Group {
     std::span<std::byte> packed;  // fused: the bytes of the fusion buffer (owned by `op`)
     std::vector<Member> members;  // fused: where each member's result goes
     const std::string* what = nullptr;  // fused: names the fused tensor and its members
-    // Guarded by `mu`: once the op is done, its status and times, the result unpacked.
+    // Guarded by the group's `mu` (which the analysis cannot name from here): once the op is
+    // done, its status and times, the result unpacked.
     bool ended = false;
     Status status;
     Clock::time_point t_call, t_first_issue, t_pushed, t_arrived, t_done;
@@ -303,10 +307,10 @@ struct Group {
   std::shared_ptr<const void> plan;  // keeps the `what` strings of the parts alive
   Clock::time_point t_call, t_started;
   std::vector<Part> parts;  // fixed once the group is handed out
-  std::mutex mu;
-  bool finished = false;
-  Status status;
-  Clock::time_point t_finished;
+  Mutex mu;
+  bool finished GUARDED_BY(mu) = false;
+  Status status GUARDED_BY(mu);
+  Clock::time_point t_finished GUARDED_BY(mu);
 };
 
 }  // namespace gradlink::internal

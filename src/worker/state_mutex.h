@@ -8,6 +8,10 @@
 // atomics of their own.
 //
 // Threads: any. StartCounting/Counts may be called from any thread.
+//
+// For clang's thread-safety analysis it is a capability (common/thread_annotations.h): fields
+// of WorkerImpl are GUARDED_BY it, and it is held through MutexLock / UniqueLock
+// (common/mutex.h), which std::condition_variable_any also takes.
 #pragma once
 
 #include <mutex>
@@ -15,30 +19,34 @@
 #include <utility>
 #include <vector>
 
+#include "common/thread_annotations.h"
+
 namespace gradlink::internal {
 
-class StateMutex {
+class CAPABILITY("mutex") StateMutex {
  public:
-  void lock() {
+  void lock() ACQUIRE() {
     mu_.lock();
     if (counting_) Count();
   }
-  bool try_lock() {
+  bool try_lock() TRY_ACQUIRE(true) {
     if (!mu_.try_lock()) return false;
     if (counting_) Count();
     return true;
   }
-  void unlock() { mu_.unlock(); }
+  void unlock() RELEASE() { mu_.unlock(); }
+  // Tells the analysis that the caller holds this lock (a lambda run under it); checks nothing.
+  void AssertHeld() const ASSERT_CAPABILITY(this) {}
 
   // Clears the counts and counts every acquisition from now on.
-  void StartCounting() {
+  void StartCounting() EXCLUDES(this) {
     std::lock_guard<std::mutex> lock(mu_);
     counts_.clear();
     counting_ = true;
   }
   // Acquisitions since StartCounting, per thread that took the lock (StartCounting's own and
   // this call's excluded).
-  std::vector<std::pair<std::thread::id, uint64_t>> Counts() {
+  std::vector<std::pair<std::thread::id, uint64_t>> Counts() EXCLUDES(this) {
     std::lock_guard<std::mutex> lock(mu_);
     return counts_;
   }

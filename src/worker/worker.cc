@@ -85,17 +85,19 @@ Status WorkerImpl::Init() {
   rank_ = welcome.your_id;
   size_ = welcome.num_workers;
   num_servers_ = welcome.num_servers;
-  server_peers_.assign(num_servers_, 0);
-  server_names_.assign(num_servers_, "");
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
+    server_peers_.assign(num_servers_, 0);
+    server_names_.assign(num_servers_, "");
     lost_servers_.assign(num_servers_, false);
     failover_ = num_servers_ > 1;  // a lost server's partitions can move to another
   }
   for (const wire::Member& m : welcome.members) {
     if (m.role != wire::Role::kServer) continue;
     std::string name = "server " + std::to_string(m.id) + " (" + m.host + ")";
-    GL_ASSIGN_OR_RETURN(server_peers_[m.id], lanes_.push().Connect(m.push_address, name));
+    GL_ASSIGN_OR_RETURN(const transport::PeerId peer, lanes_.push().Connect(m.push_address, name));
+    MutexLock lock(mu_);  // connecting (above) is never under it
+    server_peers_[m.id] = peer;
     server_names_[m.id] = std::move(name);
   }
   // What the options leave unset, chosen for this job (control/tuning.h); the scheduler makes
@@ -196,7 +198,7 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
   const uint64_t key = wire::TensorKey(opts_.job, name);
   std::shared_ptr<TensorState> t;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!failure_.ok()) return failure_;
     auto it = tensors_.find(key);
     if (it != tensors_.end()) {
@@ -246,7 +248,7 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
   wire::Header h;
   wire::DeclareMsg d;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     t->declared_mode = mode;
     t->declared = true;
     // Rejoining a restarted scheduler: sent once it is back.
@@ -325,7 +327,7 @@ Status WorkerImpl::Barrier(Clock::time_point deadline) {
   uint64_t seq, gen;
   bool send;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!failure_.ok()) return failure_;
     seq = ++barrier_sent_;
     send = !reconnecting_;  // else the rejoin tells the restarted scheduler
@@ -340,9 +342,11 @@ Status WorkerImpl::Barrier(Clock::time_point deadline) {
     Status sent = membership_->SendOn(gen, h, {}, deadline);
     if (!sent.ok() && opts_.scheduler_reconnect_timeout.count() == 0) return sent;
   }
-  std::unique_lock lock(mu_);
-  if (!cv_.wait_until(lock, deadline,
-                      [&] { return barrier_released_ >= seq || !failure_.ok(); })) {
+  UniqueLock lock(mu_);
+  if (!cv_.wait_until(lock, deadline, [&] {
+        mu_.AssertHeld();  // the wait runs it under `lock`
+        return barrier_released_ >= seq || !failure_.ok();
+      })) {
     return Timeout("barrier " + std::to_string(seq) + " on rank " + std::to_string(rank_) +
                    ": not every worker arrived before the deadline");
   }
@@ -352,7 +356,7 @@ Status WorkerImpl::Barrier(Clock::time_point deadline) {
 Result<uint32_t> WorkerImpl::Join(Clock::time_point deadline) {
   bool resume = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (joining_) return InvalidArgument("join() on rank " + std::to_string(rank_) +
                                          ": another join() of this worker is in progress");
     // An earlier join() that timed out stands (the scheduler has this rank as joined): this
@@ -369,7 +373,7 @@ Result<uint32_t> WorkerImpl::Join(Clock::time_point deadline) {
   struct Unjoin {
     WorkerImpl* w;
     ~Unjoin() {
-      std::lock_guard lock(w->mu_);
+      MutexLock lock(w->mu_);
       w->joining_ = false;
     }
   } unjoin{this};
@@ -378,15 +382,18 @@ Result<uint32_t> WorkerImpl::Join(Clock::time_point deadline) {
   if (host_path_) {
     released = SitOutUntilReleased(deadline);
   } else {
-    std::unique_lock lock(mu_);
-    if (!cv_.wait_until(lock, deadline, [&] { return join_released_ || !failure_.ok(); })) {
+    UniqueLock lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [&] {
+          mu_.AssertHeld();  // the wait runs it under `lock`
+          return join_released_ || !failure_.ok();
+        })) {
       released = Timeout("join() on rank " + std::to_string(rank_) +
                          ": not every worker had joined by the deadline");
     } else if (!join_released_) {
       released = failure_;
     }
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (released.code() == Code::kTimeout) join_timed_out_ = true;
   if (!released.ok()) return released;
   return join_last_;
@@ -397,7 +404,7 @@ Status WorkerImpl::AnnounceJoin(Clock::time_point deadline) {
   wire::JoinMsg msg;
   for (;;) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (!failure_.ok()) return failure_;
       const bool idle = std::none_of(tensors_.begin(), tensors_.end(), [](const auto& kv) {
         return kv.second->busy || !kv.second->queue.empty();
@@ -429,7 +436,7 @@ Status WorkerImpl::AnnounceJoin(Clock::time_point deadline) {
   h.sender = rank_;
   uint64_t gen;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (reconnecting_) {
       return Unavailable("join() on rank " + std::to_string(rank_) +
                          ": the scheduler is being restarted; a join needs it");
@@ -446,8 +453,11 @@ Status WorkerImpl::Shutdown(Clock::time_point deadline) {
     {
       // A goodbye needs a scheduler: one being restarted gets until the deadline to take this
       // worker back (else the job would wait for a member that is gone).
-      std::unique_lock lock(mu_);
-      if (!cv_.wait_until(lock, deadline, [&] { return !reconnecting_; })) {
+      UniqueLock lock(mu_);
+      if (!cv_.wait_until(lock, deadline, [&] {
+            mu_.AssertHeld();  // the wait runs it under `lock`
+            return !reconnecting_;
+          })) {
         membership_->CancelRejoin();
       }
     }
@@ -460,7 +470,7 @@ Status WorkerImpl::Shutdown(Clock::time_point deadline) {
   // up a receive it could not cancel (a hung server), the fabric may still write into one, so
   // they are never freed.
   if (lanes_.pull() && lanes_.pull()->stats().receives_abandoned != 0) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto* leaked = new std::vector<std::vector<std::byte>>(std::move(orphans_));
     for (auto& [key, t] : tensors_) {
       for (auto& r : t->results) leaked->push_back(std::move(r));

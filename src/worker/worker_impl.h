@@ -19,6 +19,11 @@
 // that waits on another process (the same-host segment's claims, a socket) never runs under it.
 // The lanes' callbacks read the server directory (`servers_`), which is written once in Init()
 // before any server is connected, so no callback can run before it exists.
+//
+// Checked by clang's thread-safety analysis (tests/thread_safety/check.py): the fields below
+// are GUARDED_BY their lock, every `*Locked` function REQUIRES(mu_), and the functions that take
+// mu_ themselves (or wait on a socket or another process) EXCLUDES(mu_). The fields of
+// TensorState and Op that mu_ guards (state.h) cannot name it, and are not checked.
 #pragma once
 
 #include <atomic>
@@ -36,6 +41,8 @@
 #include "control/control_channel.h"
 #include "control/member_lanes.h"
 #include "control/membership.h"
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "control/topology.h"
 #include "control/tuning.h"
 #include "gradlink/worker.h"
@@ -79,7 +86,7 @@ class WorkerImpl final : public Worker, private MembershipHandler {
     describer_->Detach();
   }
 
-  Status Init();
+  Status Init() EXCLUDES(mu_);
 
   uint32_t rank() const override { return rank_; }
   uint32_t size() const override { return size_; }
@@ -129,7 +136,7 @@ class WorkerImpl final : public Worker, private MembershipHandler {
     PushSent* sent = nullptr;  // null for a kRecover, whose payload `owned` holds
     std::shared_ptr<const std::vector<std::byte>> owned;
   };
-  PushSent* NewPushSentLocked(std::shared_ptr<Op> op, uint32_t part, uint32_t server);
+  PushSent* NewPushSentLocked(std::shared_ptr<Op> op, uint32_t part, uint32_t server) REQUIRES(mu_);
 
   // How one group layout (its members, in order) is cut into operations: fused tensors, each
   // the members of one dtype that fill a fusion buffer, and members that go on their own.
@@ -169,15 +176,15 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   // Declares the fused tensor of `c`. Its name is derived from the layout (dtype, and each
   // member's name and count, in order), so workers that group alike meet on one key, and
   // workers that group differently never share one (no sum of unrelated elements).
-  Status DeclareFused(GroupPlan::Chunk& c, std::span<const TensorHandle> tensors);
+  Status DeclareFused(GroupPlan::Chunk& c, std::span<const TensorHandle> tensors) EXCLUDES(mu_);
   // Both Declare()s: `shape` empty when the caller gave none.
   Result<TensorHandle> DeclareShaped(std::string_view name, DataType dtype, uint64_t count,
                                      std::span<const uint64_t> shape,
-                                     const CollectiveSpec& spec = {});
+                                     const CollectiveSpec& spec = {}) EXCLUDES(mu_);
 
   // Member `t` of fused tensor `f` failed its plan (e.g. another worker declared it with
   // another shape): f's key will never be planned, so its ops fail now with t's error.
-  void MemberFailedLocked(TensorState& f, const TensorState& t);
+  void MemberFailedLocked(TensorState& f, const TensorState& t) REQUIRES(mu_);
 
   // A new op on `tensor` (from op_memory_), with what every op carries: its call time, timeout,
   // describer and this worker's segment.
@@ -186,7 +193,7 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   // `input`: what a collective other than the sum pushes (a sum pushes `data`).
   std::shared_ptr<Op> StartOp(const TensorHandle& tensor, std::span<std::byte> data,
                               const PushPullOptions& options, std::shared_ptr<std::byte> owned,
-                              std::span<const std::byte> input = {});
+                              std::span<const std::byte> input = {}) EXCLUDES(mu_);
 
   struct Pending {
     int32_t priority;
@@ -200,10 +207,10 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   };
 
   // Starts t's next queued op if t is planned and idle.
-  void StartNextLocked(TensorState& t);
+  void StartNextLocked(TensorState& t) REQUIRES(mu_);
 
   // Moves queued partitions to to_issue_ (for Issue) while the bytes in flight allow.
-  void PumpLocked();
+  void PumpLocked() REQUIRES(mu_);
 
   // Hands what PumpLocked queued to the push lane, in the order it was pumped. Outside the lock:
   // a lane may complete a send inline. Three threads pump (the caller, and the two lanes' as
@@ -217,27 +224,27 @@ class WorkerImpl final : public Worker, private MembershipHandler {
     std::vector<Outgoing>* items = nullptr;  // issuing_, while this thread is the issuer
     uint32_t requests = 0;                   // 0: this thread is not the issuer
   };
-  void Issue(IssueBatch batch);
+  void Issue(IssueBatch batch) EXCLUDES(mu_);
   // Under mu_, after PumpLocked: counts this section's pushes as one issue request; when no
   // thread is issuing, makes this one the issuer and moves the pushes into `batch` (for Issue,
   // once the lock is released).
-  bool TakeIssueLocked(IssueBatch* batch);
+  bool TakeIssueLocked(IssueBatch* batch) REQUIRES(mu_);
 
   // A push has left (or failed). Credit comes back here, not at the pull: a worker waiting for
   // its pulls must never hold the credit that the other workers' rounds need. Which partitions
   // a worker pushes first depends on its own timing, so credit held until the pull can make two
   // workers each wait on partitions only the other can still send.
-  void PushDone(PushSent* sent, const Status& s);
+  void PushDone(PushSent* sent, const Status& s) EXCLUDES(mu_);
   // The kPush of `part` of `op` (its bytes: PartBytes).
   wire::Header PushHeader(const Op& op, uint32_t part, uint64_t bytes) const;
 
-  void AnsweredLocked(const std::shared_ptr<Op>& op, uint32_t part);
+  void AnsweredLocked(const std::shared_ptr<Op>& op, uint32_t part) REQUIRES(mu_);
 
   // A partition of `bytes` would take the op past its lead. Never true of the first one: a
   // partition bigger than the limit is sent on its own.
   static bool OverLead(const Op& op, uint64_t bytes);
 
-  void AddAheadLocked(Op& op, uint64_t bytes);
+  void AddAheadLocked(Op& op, uint64_t bytes) REQUIRES(mu_);
 
   // The bytes this worker pushes of `part` (0 where it only asks for the result).
   uint64_t PartBytes(const Op& op, uint32_t part) const;
@@ -249,13 +256,13 @@ class WorkerImpl final : public Worker, private MembershipHandler {
 
   // Lets the op's held partitions back into the queue, in order, as far as its lead allows;
   // their bytes count from now on, so the next answer does not let the same bytes in twice.
-  void ReleaseHeldLocked(const std::shared_ptr<Op>& op);
+  void ReleaseHeldLocked(const std::shared_ptr<Op>& op) REQUIRES(mu_);
 
   // A push's send has completed (`left`: whole; else failed, or its server is lost and it
   // goes again): its bytes leave the window, and, where it left whole and is ahead only until
   // sent (AheadUntilSent), the op's lead (kLeft). A failed one keeps its lead until answered,
   // so that pushes failing fast at a lost server do not all pump at once.
-  void ReleaseCreditLocked(const std::shared_ptr<Op>& op, uint32_t part, bool left);
+  void ReleaseCreditLocked(const std::shared_ptr<Op>& op, uint32_t part, bool left) REQUIRES(mu_);
 
   // Whether `part` of t counts in its op's lead only until its push has left, not until its
   // reply: a push that gets no data back (an allgather's sender, an all-to-all block's) on a
@@ -271,16 +278,16 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   // scheduler admitted for the key.
   static bool AheadUntilSent(const TensorState& t, uint32_t part);
 
-  void RecordFailureLocked(Op& op, const Status& s);
+  void RecordFailureLocked(Op& op, const Status& s) REQUIRES(mu_);
 
-  void AbandonLocked(Op& op, const Status& s);
+  void AbandonLocked(Op& op, const Status& s) REQUIRES(mu_);
 
   // Finishes `op` once nothing will touch its buffer any more: every partition answered (or the
   // op abandoned), no push still being read by the transport, no pull being written.
-  void TryFinishLocked(Op& op);
+  void TryFinishLocked(Op& op) REQUIRES(mu_);
 
   // The op is over: release its tensor for the next op and wake its waiters.
-  void FinishLocked(Op& op, const Status& s);
+  void FinishLocked(Op& op, const Status& s) REQUIRES(mu_);
 
   static void Complete(Op& op, const Status& s);
 
@@ -290,13 +297,13 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   // job with this status.
   // `peer` is a push-lane endpoint (Lane::Connect); it is named (ServerOfPeer) only on the
   // control thread, which starts after every endpoint's server is recorded.
-  void OnDataPeerFailed(transport::PeerId peer, const Status& s);
+  void OnDataPeerFailed(transport::PeerId peer, const Status& s) EXCLUDES(mu_);
   // "server 3 (host)", or "server 3" for an id that never joined. Under mu_.
-  std::string ServerNameLocked(uint32_t id) const;
+  std::string ServerNameLocked(uint32_t id) const REQUIRES(mu_);
   // The name of the server whose push-lane endpoint is `peer` ("a server" if none is).
-  std::string ServerOfPeer(transport::PeerId peer) const;
+  std::string ServerOfPeer(transport::PeerId peer) const REQUIRES(mu_);
 
-  void NoteDataPeerFailureLocked(const Status& s);
+  void NoteDataPeerFailureLocked(const Status& s) REQUIRES(mu_);
 
   // ---- Failover (docs/operations.md, "Server failover") --------------------------------------
 
@@ -304,33 +311,33 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   // partition stays pushed, to be pushed again where the scheduler moves it, and the failure
   // waits kFailoverGrace for the scheduler's word. A server already declared lost: nothing.
   // False when the op must fail (no failover, or the job failed).
-  bool NoteServerFailureLocked(uint32_t server, const Status& s);
+  bool NoteServerFailureLocked(uint32_t server, const Status& s) REQUIRES(mu_);
   // kServerLost: its replies are refused from now on; its keys' replans follow.
-  void OnServerLost(uint32_t server);
+  void OnServerLost(uint32_t server) EXCLUDES(mu_);
   // A standby server joined (kServerJoined): connects to it; its id may name partitions from
   // now on.
-  Status OnServerJoined(const transport::Frame& f);
+  Status OnServerJoined(const transport::Frame& f) EXCLUDES(mu_);
   // kAssign with kFlagReplan: t's partitions that lay on a lost server moved to `parts`. For
   // each (of a hierarchical key: each this worker pushes for its host): this worker's standing
   // (kRecover) to its new server, then the push again of the partition of t's op in flight
   // (or of the host's partial), if it was pushed and not answered.
-  Status ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan> parts);
+  Status ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan> parts) REQUIRES(mu_);
   // Whether pull replies of t's partitions land in t.results first, and in the tensor (or, for
   // a hierarchical op, the host's entry) only once whole: failover needs the input intact
   // until then, and the result kept for the server that takes over.
-  bool KeepsResults(const TensorState& t) const;
+  bool KeepsResults(const TensorState& t) const REQUIRES(mu_);
 
   // On the control thread: the endpoint failure whose grace has run out, if any.
-  std::optional<Status> ExpiredPeerFailure();
+  std::optional<Status> ExpiredPeerFailure() EXCLUDES(mu_);
 
   // The job is over: fail everything now. A hung peer may never complete a transfer, so the
   // lanes are stopped (after which nothing touches a caller's buffer) and every op finishes.
   // Runs on the control thread, never on a lane's.
-  void FailJob(const Status& s);
+  void FailJob(const Status& s) EXCLUDES(mu_);
 
   // Sticky failure of this worker. With `force` (the lanes are stopped: no callback will come)
   // every op finishes now; otherwise each finishes when the transport lets go of its buffer.
-  void FailAll(const Status& s, bool force = false);
+  void FailAll(const Status& s, bool force = false) EXCLUDES(mu_);
 
   // ---- Pull lane -----------------------------------------------------------------------------
 
@@ -338,11 +345,12 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   // at once, under one acquisition of mu_, for a payload the lane already holds whole (OnFrame:
   // eager, copied from the lane's buffer). *Locked: mu_ held.
   Status CheckPullFrame(const wire::Header& h);
-  Result<std::span<std::byte>> OnHeader(const wire::Header& h);
-  void OnPayload(const wire::Header& h, bool ok, const Status& why);
-  Result<uint64_t> OnFrame(const wire::Header& h, std::span<const std::byte> payload);
-  Result<std::span<std::byte>> OnHeaderLocked(const wire::Header& h);
-  void OnPayloadLocked(const wire::Header& h, bool ok, const Status& why, IssueBatch* batch);
+  Result<std::span<std::byte>> OnHeader(const wire::Header& h) EXCLUDES(mu_);
+  void OnPayload(const wire::Header& h, bool ok, const Status& why) EXCLUDES(mu_);
+  Result<uint64_t> OnFrame(const wire::Header& h, std::span<const std::byte> payload) EXCLUDES(mu_);
+  Result<std::span<std::byte>> OnHeaderLocked(const wire::Header& h) REQUIRES(mu_);
+  void OnPayloadLocked(const wire::Header& h, bool ok, const Status& why, IssueBatch* batch)
+      REQUIRES(mu_);
 
   class Receiver final : public transport::Receiver {
    public:
@@ -372,29 +380,29 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   // ---- Control plane -------------------------------------------------------------------------
 
   // MembershipHandler (control/membership.h), on the control thread.
-  ControlVerdict OnControl(const transport::Frame& f) override;
+  ControlVerdict OnControl(const transport::Frame& f) override EXCLUDES(mu_);
   // A data peer's failure whose grace for the job's verdict has passed fails the job.
-  Status OnTick() override;
+  Status OnTick() override EXCLUDES(mu_);
   // The scheduler is gone (`why`) without ending the job: the membership rejoins one restarted
   // on its address (scheduler/restart.cc) within opts_.scheduler_reconnect_timeout, told every
   // tensor and plan and the barriers; the data path runs on meanwhile. What is declared or
   // entered during the rejoin is sent once it is back (OnRejoined).
-  Result<Rejoining> PrepareRejoin(const std::string& why) override;
+  Result<Rejoining> PrepareRejoin(const std::string& why) override EXCLUDES(mu_);
   Status CheckWelcome(const wire::WelcomeMsg& welcome) override;
-  void OnRejoined(const Status& result, uint64_t generation) override;
-  void OnLost(const Status& why) override { FailJob(why); }
+  void OnRejoined(const Status& result, uint64_t generation) override EXCLUDES(mu_);
+  void OnLost(const Status& why) override EXCLUDES(mu_) { FailJob(why); }
   // t's kDeclare (header and payload), as Declare sends it and a rejoin tells it again.
   std::pair<wire::Header, wire::DeclareMsg> DeclarationOf(const TensorState& t) const;
 
-  Status OnAssign(const transport::Frame& f);
+  Status OnAssign(const transport::Frame& f) EXCLUDES(mu_);
   // kJoinRelease: every rank has joined; each key's rounds resume where the others left them.
-  Status OnJoinRelease(const transport::Frame& f);
+  Status OnJoinRelease(const transport::Frame& f) EXCLUDES(mu_);
 
   // ---- Same-host path (src/worker/local_reduce.h) --------------------------------------------
 
   // Opens the shared-memory segment when WorkerOptions::local_arena_bytes asks for it and every
   // worker of the job is on this host (the address book's host names agree).
-  Status OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_point deadline);
+  Status OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_point deadline) EXCLUDES(mu_);
   // The segment's size its creator asks for: the option, fitted to /dev/shm at its default.
   uint64_t ArenaBytes(bool creator) const;
 
@@ -402,40 +410,40 @@ class WorkerImpl final : public Worker, private MembershipHandler {
 
   // Opens this host's segment when the job is hierarchical (topology::Hosts) and the options
   // allow it; every worker of the host waits for the others there.
-  Status OpenHostPath(const wire::WelcomeMsg& welcome, Clock::time_point deadline);
+  Status OpenHostPath(const wire::WelcomeMsg& welcome, Clock::time_point deadline) EXCLUDES(mu_);
   // At Declare, outside mu_: binds t to its host channel; the topology::Mode to declare.
-  uint8_t BindHost(TensorState& t);
+  uint8_t BindHost(TensorState& t) EXCLUDES(mu_);
   // At the plan: how the key goes, and who pushes each partition for this host.
-  Status PlanHostLocked(TensorState& t, topology::Mode mode);
-  void StartHostLocked(TensorState& t, const std::shared_ptr<Op>& op);
+  Status PlanHostLocked(TensorState& t, topology::Mode mode) REQUIRES(mu_);
+  void StartHostLocked(TensorState& t, const std::shared_ptr<Op>& op) REQUIRES(mu_);
   // On the driving thread: this worker's partition `part` of the host's sum is ready to push.
   void HostSummed(const std::shared_ptr<Op>& op, uint32_t part, std::span<std::byte> partial,
-                  uint16_t flags, uint32_t ranks);
+                  uint16_t flags, uint32_t ranks) EXCLUDES(mu_);
   // Join() on a host path: until every rank has joined, runs the rounds the host's other
   // workers begin on keys this worker pushes partitions of, with nothing of its own
   // (LocalReduce::Job::sits_out), so that its share of the host's partials still goes out.
-  Status SitOutUntilReleased(Clock::time_point deadline);
+  Status SitOutUntilReleased(Clock::time_point deadline) EXCLUDES(mu_);
   // Join(): waits for this worker's own operations to end, then tells the scheduler (kJoin).
-  Status AnnounceJoin(Clock::time_point deadline);
+  Status AnnounceJoin(Clock::time_point deadline) EXCLUDES(mu_);
   // Under mu_: starts those rounds that have begun; returns the keys still to watch.
   struct SatOutWatch {
     LocalReduce::HostChannel channel;
     uint64_t round;
     uint32_t parts;
   };
-  void StartSatOutRoundsLocked(std::vector<SatOutWatch>* watch);
+  void StartSatOutRoundsLocked(std::vector<SatOutWatch>* watch) REQUIRES(mu_);
   // The pulled sum of `part` (or its failure) is in the host channel: the host's workers copy it.
-  void PublishLocked(Op& op, uint32_t part, Code code);
+  void PublishLocked(Op& op, uint32_t part, Code code) REQUIRES(mu_);
   void HostDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,
-                Clock::time_point last, Clock::time_point arrived);
+                Clock::time_point last, Clock::time_point arrived) EXCLUDES(mu_);
 
   // Binds t to its same-host channel, once, on its first op's caller; never under mu_ (a claim
   // may wait up to 5 s on another process). No-op without the same-host path.
-  void BindLocal(TensorState& t);
+  void BindLocal(TensorState& t) EXCLUDES(mu_);
   // False, finishing `op` with the error, if binding t failed.
-  bool LocalBindingOkLocked(TensorState& t, Op& op);
+  bool LocalBindingOkLocked(TensorState& t, Op& op) REQUIRES(mu_);
 
-  void StartLocalLocked(TensorState& t, const std::shared_ptr<Op>& op);
+  void StartLocalLocked(TensorState& t, const std::shared_ptr<Op>& op) REQUIRES(mu_);
   // The fields of a segment job (same-host path or host channel) that come from t and op.
   static LocalReduce::Job SegmentJob(const TensorState& t, const Op& op);
   // A segment op that ended kAborted or kPeerLost (a peer of the segment left, or a sum was
@@ -450,19 +458,19 @@ class WorkerImpl final : public Worker, private MembershipHandler {
     Clock::time_point until;   // the end of its grace
   };
   // Parks `op` and returns true if `s` is such a failure and the job has not failed. mu_ held.
-  bool ParkForVerdictLocked(const std::shared_ptr<Op>& op, const Status& s);
+  bool ParkForVerdictLocked(const std::shared_ptr<Op>& op, const Status& s) REQUIRES(mu_);
   // Ends the parked ops: all with the job's failure once it has one, else those whose grace has
   // passed with their own. mu_ held.
-  void EndParkedOpsLocked();
+  void EndParkedOpsLocked() REQUIRES(mu_);
   // EndParkedOpsLocked, taking mu_ only when an op is parked: the control thread, every tick.
-  void EndParkedOps();
+  void EndParkedOps() EXCLUDES(mu_);
   // The segment's work on `op` is over with `s`: a same-host op finishes; a host op finishes
   // once its partitions are answered too. mu_ held.
-  void EndSegmentJobLocked(Op& op, const Status& s);
+  void EndSegmentJobLocked(Op& op, const Status& s) REQUIRES(mu_);
 
   // On the thread driving the same-host path (LocalReduce::Job::done); never waits.
   void LocalDone(const std::shared_ptr<Op>& op, const Status& s, Clock::time_point first,
-                 Clock::time_point last, Clock::time_point arrived);
+                 Clock::time_point last, Clock::time_point arrived) EXCLUDES(mu_);
 
   const WorkerOptions opts_;
   const uint32_t job_hash_;
@@ -479,8 +487,8 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   // By server id; written in Init() before the control thread starts and before any op exists
   // (lane callbacks that may run during Init read neither), then under mu_ (a standby that
   // joins adds its id: OnServerJoined).
-  std::vector<transport::PeerId> server_peers_;
-  std::vector<std::string> server_names_;
+  std::vector<transport::PeerId> server_peers_ GUARDED_BY(mu_);
+  std::vector<std::string> server_names_ GUARDED_BY(mu_);
   // The job membership: the scheduler connection and the control thread. Its channel is
   // replaced (the generation counted up) when the worker rejoins a restarted scheduler. A
   // sender decides under mu_ (not while `reconnecting_`), noting the generation; SendOn drops
@@ -491,76 +499,81 @@ class WorkerImpl final : public Worker, private MembershipHandler {
 
   internal::StateMutex mu_;
   std::condition_variable_any cv_;
-  Status failure_;  // sticky
-  bool verdict_pending_ = false;  // a data endpoint failed; see OnDataPeerFailed
+  Status failure_ GUARDED_BY(mu_);  // sticky
+  bool verdict_pending_ GUARDED_BY(mu_) = false;  // a data endpoint failed; see OnDataPeerFailed
   // Failover: possible (the job has more than one server), the servers declared lost, and the
   // server behind the pending failure when one is known.
-  bool failover_ = false;
-  std::vector<bool> lost_servers_;
-  std::optional<uint32_t> pending_server_;
+  bool failover_ GUARDED_BY(mu_) = false;
+  std::vector<bool> lost_servers_ GUARDED_BY(mu_);
+  std::optional<uint32_t> pending_server_ GUARDED_BY(mu_);
   // Result buffers that a lost server's unfinished replies may still write into.
-  std::vector<std::vector<std::byte>> orphans_;
+  std::vector<std::vector<std::byte>> orphans_ GUARDED_BY(mu_);
   // Pull lane's progress thread only: the span the last OnHeader() returned is a kept result.
   bool reply_kept_ = false;
-  Status pending_peer_failure_;
+  Status pending_peer_failure_ GUARDED_BY(mu_);
   // The endpoint behind pending_peer_failure_ when a lane reported it (named when it expires).
-  std::optional<transport::PeerId> pending_peer_;
-  Clock::time_point pending_since_;
-  std::unordered_map<uint64_t, std::shared_ptr<TensorState>> tensors_;
-  std::unordered_map<uint64_t, std::shared_ptr<Op>> ops_;  // by id; in flight
+  std::optional<transport::PeerId> pending_peer_ GUARDED_BY(mu_);
+  Clock::time_point pending_since_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<TensorState>> tensors_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<Op>> ops_ GUARDED_BY(mu_);  // by id; in flight
   // ops_'s nodes, kept when an op ends for the next one (a node per op otherwise).
   using OpsNode = decltype(ops_)::node_type;
   static constexpr size_t kMaxFreeOpNodes = 1024;
-  std::vector<OpsNode> free_op_nodes_;
+  std::vector<OpsNode> free_op_nodes_ GUARDED_BY(mu_);
   // Where ops are made (state.h OpMemory): shared with every op, which may outlive the worker.
   const std::shared_ptr<internal::OpMemory> op_memory_ = std::make_shared<internal::OpMemory>();
-  void TrackOpLocked(const std::shared_ptr<Op>& op);  // into ops_
-  void UntrackOpLocked(uint64_t id);                  // out of ops_ (the op lives on elsewhere)
-  std::map<std::pair<uint64_t, uint32_t>, std::vector<std::byte>> error_text_;
-  std::priority_queue<Pending> pending_;
-  uint64_t next_op_id_ = 1, next_seq_ = 0, bytes_in_flight_ = 0;
+  void TrackOpLocked(const std::shared_ptr<Op>& op) REQUIRES(mu_);  // into ops_
+  void UntrackOpLocked(uint64_t id) REQUIRES(mu_);  // out of ops_ (the op lives on elsewhere)
+  std::map<std::pair<uint64_t, uint32_t>, std::vector<std::byte>> error_text_ GUARDED_BY(mu_);
+  std::priority_queue<Pending> pending_ GUARDED_BY(mu_);
+  uint64_t next_op_id_ GUARDED_BY(mu_) = 1;
+  uint64_t next_seq_ GUARDED_BY(mu_) = 0;
+  uint64_t bytes_in_flight_ GUARDED_BY(mu_) = 0;
   // Fixed at Init: the options' values, or what tuning_ chose where they are unset.
   tuning::Choice tuning_;
   uint64_t max_bytes_in_flight_ = 0, max_bytes_ahead_ = 0;
-  std::vector<Outgoing> to_issue_;  // pumped, not yet handed to the push lane (Issue)
+  // Pumped, not yet handed to the push lane (Issue).
+  std::vector<Outgoing> to_issue_ GUARDED_BY(mu_);
   // The issuer's batch: swapped with to_issue_, so both keep their capacity (no allocation per
   // batch). Only the issuer touches it outside mu_ (issue_requests_ makes one at a time).
   std::vector<Outgoing> issuing_;
   // PushSent records: every one made (for the destructor), and those free for the next push.
-  std::vector<std::unique_ptr<PushSent>> push_sent_all_;
-  std::vector<PushSent*> push_sent_free_;
-  bool pumped_ = false;             // PumpLocked queued pushes this critical section
+  std::vector<std::unique_ptr<PushSent>> push_sent_all_ GUARDED_BY(mu_);
+  std::vector<PushSent*> push_sent_free_ GUARDED_BY(mu_);
+  bool pumped_ GUARDED_BY(mu_) = false;  // PumpLocked queued pushes this critical section
   // Requests to issue not yet answered; nonzero while a thread is in Issue() (push_queue.cc).
   std::atomic<uint32_t> issue_requests_{0};
-  uint64_t barrier_sent_ = 0, barrier_released_ = 0;
+  uint64_t barrier_sent_ GUARDED_BY(mu_) = 0;
+  uint64_t barrier_released_ GUARDED_BY(mu_) = 0;
   // Restart: the scheduler is gone and the control thread is rejoining a restarted one.
-  bool reconnecting_ = false;
-  uint64_t rejoin_barriers_told_ = 0;  // the barriers entered as the rejoin's ResumeState says
+  bool reconnecting_ GUARDED_BY(mu_) = false;
+  // The barriers entered as the rejoin's ResumeState says.
+  uint64_t rejoin_barriers_told_ GUARDED_BY(mu_) = 0;
   // Join(): in progress; released (every rank joined) with the rank that joined last; the next
   // round of keys this worker had not declared when it sat their rounds out (for Declare).
-  bool joining_ = false;
+  bool joining_ GUARDED_BY(mu_) = false;
   std::atomic<bool> join_released_{false};  // written under mu_; read without it too (host path)
   // A join() timed out after its kJoin was sent: the join stands, and the next join() takes
   // its release (or waits for it) instead of joining again.
-  bool join_timed_out_ = false;
+  bool join_timed_out_ GUARDED_BY(mu_) = false;
   // Join() on a host path that timed out: goes on running the sat-out rounds until the release
   // (SitOutUntilReleased); joined in Shutdown().
   std::thread sit_out_;
   std::atomic<bool> sit_out_running_{false};
-  uint32_t join_last_ = 0;
-  std::unordered_map<uint64_t, uint64_t> resume_rounds_;
+  uint32_t join_last_ GUARDED_BY(mu_) = 0;
+  std::unordered_map<uint64_t, uint64_t> resume_rounds_ GUARDED_BY(mu_);
 
   const std::shared_ptr<internal::Counters> counters_ = std::make_shared<internal::Counters>();
   // "; waiting for partition 3 on server 1 (pushed), ...": what a timed-out Wait() names.
-  std::string DescribePending(const Op& op);
+  std::string DescribePending(const Op& op) EXCLUDES(mu_);
   const std::shared_ptr<internal::PendingDescriber> describer_ =
       std::make_shared<internal::PendingDescriber>(
       [this](const Op& op) { return DescribePending(op); });
   const std::shared_ptr<internal::FusionPool> pool_ =
       std::make_shared<internal::FusionPool>(opts_.fusion_buffer_bytes);
-  std::mutex plans_mu_;  // taken before mu_ (BuildPlan declares), never under it
+  Mutex plans_mu_ ACQUIRED_BEFORE(mu_);  // taken before mu_ (BuildPlan declares), never under it
   std::unordered_map<std::vector<const TensorState*>, std::shared_ptr<const GroupPlan>, LayoutHash>
-      plans_;
+      plans_ GUARDED_BY(plans_mu_);
 };
 
 }  // namespace gradlink

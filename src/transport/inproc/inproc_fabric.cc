@@ -2,14 +2,14 @@
 // has a progress thread, so the threading contract is the same as UCX's: receiver callbacks
 // and send completions run on the lane's own thread.
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <set>
-#include <mutex>
 #include <thread>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "common/log.h"
 #include "transport/transport.h"
 
@@ -24,25 +24,25 @@ class InprocFabric final : public Fabric, public std::enable_shared_from_this<In
   std::string_view kind() const override { return "inproc"; }
 
   void Register(uint64_t id, InprocLane* lane) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     lanes_[id] = lane;
   }
   void Unregister(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     lanes_.erase(id);
   }
   // Runs fn(lane) with the lane kept alive; false when there is no such (running) lane.
   template <typename Fn>
   bool WithLane(uint64_t id, Fn&& fn) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = lanes_.find(id);
     if (it == lanes_.end()) return false;
     return fn(it->second);
   }
 
  private:
-  std::mutex mu_;
-  std::map<uint64_t, InprocLane*> lanes_;
+  Mutex mu_;  // taken before a lane's mu_ (WithLane's callers), never under it
+  std::map<uint64_t, InprocLane*> lanes_ GUARDED_BY(mu_);
   std::atomic<uint64_t> next_id_{1};
 };
 
@@ -75,7 +75,7 @@ class InprocLane final : public Lane {
     std::memcpy(&target, remote.data(), sizeof(target));
     PeerId id;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       peers_.push_back(Peer{target, std::move(peer_name), Status::Ok()});
       id = static_cast<PeerId>(peers_.size() - 1);
     }
@@ -100,7 +100,7 @@ class InprocLane final : public Lane {
     uint64_t target = 0;
     Status failed;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (peer >= peers_.size()) {
         failed = InvalidArgument("unknown peer " + std::to_string(peer));
       } else {
@@ -117,7 +117,7 @@ class InprocLane final : public Lane {
     // what is left with kAborted (Loop), so every `done` runs exactly once.
     uint64_t send_id;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       send_id = next_send_id_++;
       pending_sends_[send_id] = {peer, std::move(done)};
     }
@@ -141,7 +141,7 @@ class InprocLane final : public Lane {
   }
 
   SendCallback TakePending(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto node = pending_sends_.extract(id);
     return node.empty() ? SendCallback() : std::move(node.mapped().second);
   }
@@ -156,7 +156,7 @@ class InprocLane final : public Lane {
   void FailPeer(PeerId peer, const Status& why) override {
     std::vector<SendCallback> cancelled;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (peer >= peers_.size()) return;
       for (auto it = pending_sends_.begin(); it != pending_sends_.end();) {
         if (it->second.first == peer) {
@@ -179,12 +179,12 @@ class InprocLane final : public Lane {
 
   void Stop() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (stopped_) return;
       stopped_ = true;
     }
     fabric_->Unregister(id_);
-    cv_.notify_all();
+    cv_.NotifyAll();
     if (thread_.joinable()) thread_.join();
   }
 
@@ -199,10 +199,10 @@ class InprocLane final : public Lane {
   }
 
   bool Post(std::function<void()> fn) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopped_) return false;
     queue_.push_back(std::move(fn));
-    cv_.notify_one();
+    cv_.NotifyOne();
     return true;
   }
 
@@ -220,7 +220,7 @@ class InprocLane final : public Lane {
   void FailPeer(PeerId peer, Status s, SendCallback done) {
     bool first = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       Peer& p = peers_[peer];
       if (p.failed.ok()) {
         p.failed = Status(s.code(), s.message() + " (" + p.name + ")");
@@ -264,9 +264,9 @@ class InprocLane final : public Lane {
   }
 
   void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
+    UniqueLock lock(mu_);
     while (true) {
-      cv_.wait(lock, [this] { return stopped_ || !queue_.empty(); });
+      while (!stopped_ && queue_.empty()) cv_.Wait(mu_);
       if (queue_.empty()) break;  // stopped and drained
       auto fn = std::move(queue_.front());
       queue_.pop_front();
@@ -285,15 +285,15 @@ class InprocLane final : public Lane {
   const std::string name_;
   Receiver* receiver_ = nullptr;
   std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  std::vector<Peer> peers_;
-  std::map<uint64_t, std::pair<PeerId, SendCallback>> pending_sends_;  // by send id
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> queue_ GUARDED_BY(mu_);
+  std::vector<Peer> peers_ GUARDED_BY(mu_);
+  std::map<uint64_t, std::pair<PeerId, SendCallback>> pending_sends_ GUARDED_BY(mu_);  // by id
   std::shared_ptr<const security::LaneAuthenticator> auth_;  // set before Start()
   std::set<uint64_t> authenticated_;  // sending lanes whose hello verified (lane thread only)
-  uint64_t next_send_id_ = 0;
-  bool stopped_ = false;
+  uint64_t next_send_id_ GUARDED_BY(mu_) = 0;
+  bool stopped_ GUARDED_BY(mu_) = false;
   AtomicStats stats_;
 };
 

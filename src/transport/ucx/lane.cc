@@ -6,11 +6,9 @@
 
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -108,7 +106,7 @@ UcxLane::~UcxLane() {
 
 Status UcxLane::Start(Receiver* receiver) {
   if (receiver == nullptr) return InvalidArgument("ucx lane '" + name_ + "': null receiver");
-  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  MutexLock lock(lifecycle_mu_);
   if (shut_down_ || stop_requested_.load()) {
     return Aborted("ucx lane '" + name_ + "' is stopped");
   }
@@ -123,7 +121,7 @@ Result<PeerId> UcxLane::Connect(std::span<const std::byte> remote_address,
                                 std::string peer_name) {
   if (OnProgressThread()) return ConnectNow(remote_address, std::move(peer_name));
   {
-    std::lock_guard<std::mutex> lock(lifecycle_mu_);
+    MutexLock lock(lifecycle_mu_);
     if (shut_down_) return Aborted("ucx lane '" + name_ + "' is stopped");
     if (!started_) {
       // No progress thread yet: this thread may use the worker, serialized by the lock.
@@ -132,25 +130,27 @@ Result<PeerId> UcxLane::Connect(std::span<const std::byte> remote_address,
   }
 
   struct Call {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool abandoned = false;
-    std::optional<Result<PeerId>> result;
+    Mutex mu;
+    CondVar cv;
+    bool abandoned GUARDED_BY(mu) = false;
+    std::optional<Result<PeerId>> result GUARDED_BY(mu);
   };
   auto call = std::make_shared<Call>();
   std::vector<std::byte> addr(remote_address.begin(), remote_address.end());
   bool queued = Enqueue([this, call, addr = std::move(addr), name = peer_name]() mutable {
-    std::lock_guard<std::mutex> lock(call->mu);
+    MutexLock lock(call->mu);
     // A caller that gave up must not get an endpoint it will never use.
     if (call->abandoned) return;
     call->result = ConnectNow(addr, std::move(name));
-    call->cv.notify_all();
+    call->cv.NotifyAll();
   });
   if (!queued) return Aborted("ucx lane '" + name_ + "' is stopped");
 
-  std::unique_lock<std::mutex> lock(call->mu);
-  if (!call->cv.wait_until(lock, Clock::now() + kConnectDeadline,
-                           [&] { return call->result.has_value(); })) {
+  MutexLock lock(call->mu);
+  if (!call->cv.WaitUntil(call->mu, Clock::now() + kConnectDeadline, [&] {
+        call->mu.AssertHeld();  // the wait runs it under `lock`
+        return call->result.has_value();
+      })) {
     call->abandoned = true;
     return Timeout("ucx lane '" + name_ + "': connecting to '" + peer_name +
                    "' timed out waiting for the progress thread");
@@ -165,7 +165,7 @@ void UcxLane::Stop() {
     stop_requested_.store(true);
     return;
   }
-  std::lock_guard<std::mutex> lock(lifecycle_mu_);
+  MutexLock lock(lifecycle_mu_);
   if (thread_.joinable()) {
     stop_requested_.store(true);
     Wake();

@@ -46,7 +46,7 @@ bool UcxLane::OnProgressThread() const { return t_progress_lane == this; }
 bool UcxLane::Enqueue(std::function<void()> fn) {
   bool was_empty;
   {
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    MutexLock lock(queue_mu_);
     if (queue_closed_) return false;
     was_empty = queue_.empty();
     queue_.push_back(std::move(fn));
@@ -131,7 +131,7 @@ void UcxLane::ProgressLoop() {
 std::vector<std::function<void()>> UcxLane::TakeQueued(bool close_if_empty) {
   std::vector<std::function<void()>> batch = std::move(running_);
   batch.clear();
-  std::lock_guard<std::mutex> lock(queue_mu_);
+  MutexLock lock(queue_mu_);
   batch.swap(queue_);
   queue_nonempty_.store(false, std::memory_order_relaxed);
   if (close_if_empty && batch.empty()) queue_closed_ = true;

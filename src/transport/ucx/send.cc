@@ -129,7 +129,7 @@ void UcxLane::OnSendDone(SendOp* op, ucs_status_t status) {
 
 UcxLane::SendOp* UcxLane::NewSendOp() {
   {
-    std::lock_guard<std::mutex> lock(free_sends_mu_);
+    MutexLock lock(free_sends_mu_);
     if (!free_sends_.empty()) {
       SendOp* op = free_sends_.back();
       free_sends_.pop_back();
@@ -151,7 +151,7 @@ void UcxLane::FreeSendOp(SendOp* op) {
   op->peer_link = {};
   op->lane_link = {};
   {
-    std::lock_guard<std::mutex> lock(free_sends_mu_);
+    MutexLock lock(free_sends_mu_);
     if (free_sends_.size() < kMaxFreeSendOps) {
       free_sends_.push_back(op);
       return;

@@ -55,7 +55,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -63,6 +62,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "transport/transport.h"
 #include "transport/ucx/context.h"
 #include "wire/frame.h"
@@ -209,8 +210,8 @@ class UcxLane final : public Lane {
   void FreeRecvOp(RecvOp* op);
   // SendOps done with, kept for the next sends: Send() runs on any thread, UCX gives them back
   // on the progress thread; one small lock each way instead of an allocation per message.
-  std::mutex free_sends_mu_;
-  std::vector<SendOp*> free_sends_;
+  Mutex free_sends_mu_;
+  std::vector<SendOp*> free_sends_ GUARDED_BY(free_sends_mu_);
   SendOp* NewSendOp();
   void FreeSendOp(SendOp* op);
 
@@ -262,8 +263,8 @@ class UcxLane final : public Lane {
   std::vector<std::byte> address_;
 
   // Start/Stop/pre-start Connect.
-  std::mutex lifecycle_mu_;
-  bool started_ = false;
+  Mutex lifecycle_mu_;
+  bool started_ GUARDED_BY(lifecycle_mu_) = false;
   std::atomic<bool> shut_down_{false};  // written by the progress thread as it exits
   std::thread thread_;
   std::atomic<bool> stop_requested_{false};
@@ -272,14 +273,14 @@ class UcxLane final : public Lane {
   // Work handed to the progress thread. The progress thread swaps the whole queue out into
   // `running_` (progress thread only), which it empties and keeps: both keep their capacity, so
   // handing work over allocates nothing in the steady state (a fresh deque per round did, twice).
-  std::mutex queue_mu_;
-  std::vector<std::function<void()>> queue_;
+  Mutex queue_mu_;
+  std::vector<std::function<void()>> queue_ GUARDED_BY(queue_mu_);
   std::vector<std::function<void()>> running_;
   // Takes what is queued (running_'s capacity reused); then RunBatch() runs it and gives the
   // vector back. A nested call (queued work that drains the queue) gets a vector of its own.
   std::vector<std::function<void()>> TakeQueued(bool close_if_empty);
   void RunBatch(std::vector<std::function<void()>> batch);
-  bool queue_closed_ = false;
+  bool queue_closed_ GUARDED_BY(queue_mu_) = false;
   std::atomic<bool> queue_nonempty_{false};
 
   // Progress-thread state.

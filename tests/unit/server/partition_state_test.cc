@@ -10,7 +10,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -18,6 +20,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace gradlink::server {
@@ -1156,6 +1159,69 @@ TEST(PartitionStateFailoverTest, UnexpectedReportsAreRefused) {
   const std::vector<float> wrong = {1, 2, 3};
   EXPECT_EQ(RecoverTo(st, 1, 0, &wrong, false, &ready).code(), Code::kProtocolError);
   EXPECT_EQ(RecoverTo(st, 1, UINT64_MAX, nullptr, false, &ready).code(), Code::kProtocolError);
+}
+
+// Regression (found by clang's thread-safety analysis): Progress() set acc_started_ outside the
+// lock while it summed, and a push landing meanwhile read it under the lock (EndPush ->
+// SummableEndLocked): a data race, which ThreadSanitizer reported here on the old code
+// (make test-tsan). Rank 2's push lands while the engine thread sums ranks 0 and 1, at varying
+// points of the sum; every round's result must still be the sum of all three.
+TEST(PartitionStateTest, PushLandingWhileTheEngineSumsIsNoRace) {
+  constexpr uint64_t kCount = 1 << 16;
+  constexpr uint32_t kWorkers = 3;
+  constexpr uint64_t kRounds = 16;
+  PartitionState st(kKey, 0, "layer.grad", DataType::kFloat32, kCount, kWorkers);
+  const std::vector<float> ones(kCount, 1.0f);
+  const auto push = [&](uint32_t rank, uint64_t round) {
+    wire::Header h;
+    h.type = wire::MsgType::kPush;
+    h.sender = rank;
+    h.key = kKey;
+    h.partition = 0;
+    h.dtype = static_cast<uint8_t>(DataType::kFloat32);
+    h.round = round;
+    h.count = kCount;
+    h.payload_bytes = kCount * sizeof(float);
+    h.cookie = 10 * round + rank + 1;
+    bool run_engine = false;
+    Result<std::span<std::byte>> dest = st.BeginPush(h, &run_engine);
+    ASSERT_TRUE(dest.ok()) << dest.status().ToString();
+    ASSERT_EQ(dest->size(), kCount * sizeof(float));
+    std::memcpy(dest->data(), ones.data(), dest->size());
+    st.EndPush(rank, true);
+  };
+  std::atomic<uint64_t> summing{0}, finished{0};
+  std::vector<float> sums;  // element 0 and the last of each round's result (engine thread)
+  std::thread engine([&] {
+    for (uint64_t r = 0; r < kRounds; ++r) {
+      while (summing.load() <= r) std::this_thread::yield();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      std::optional<Completion> c;
+      while (!c && std::chrono::steady_clock::now() < deadline) c = st.Progress();
+      if (!c) break;  // the main thread's wait fails the test
+      const std::vector<float> out = FromBytes<float>(c->result);
+      sums.push_back(out.empty() ? 0.0f : out.front());
+      sums.push_back(out.empty() ? 0.0f : out.back());
+      for (uint32_t i = 0; i < kWorkers; ++i) st.SendDone(c->slot);
+      finished = r + 1;
+    }
+  });
+  for (uint64_t r = 0; r < kRounds; ++r) {
+    push(0, r);
+    push(1, r);
+    summing = r + 1;  // the engine sums ranks 0 and 1 now
+    std::this_thread::sleep_for(std::chrono::microseconds(50 * (r % 8)));
+    push(2, r);  // lands before, during or after that sum
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (finished.load() <= r && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    if (finished.load() <= r) break;  // the engine gives up too (its own deadline)
+  }
+  engine.join();
+  ASSERT_EQ(finished.load(), kRounds) << "a round never completed";
+  ASSERT_EQ(sums.size(), 2 * kRounds);
+  for (float v : sums) EXPECT_EQ(v, 3.0f);
 }
 
 }  // namespace
