@@ -118,8 +118,8 @@ def local_size():
 
 
 def fail_fast():
-    """GRADLINK_FAIL_FAST: on unless 0, false or empty."""
-    return switch("GRADLINK_FAIL_FAST", True, off=("0", "", "false"))
+    """GRADLINK_FAIL_FAST: on unless 0 or false (unset or empty: on)."""
+    return text("GRADLINK_FAIL_FAST", default="1") not in ("0", "false")
 
 
 def staging_chunk_bytes():
