@@ -118,6 +118,36 @@ def test_no_import_cycle():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+def test_every_name_used_from_core_is_there(built):
+    """_core is split by concern and re-exports what the other front ends, the tests, the
+    benchmarks and the examples take from it (gradlink.torch._core.X, `from ._core import X`):
+    every such name, found in the source, is still there."""
+    import gradlink.torch
+    from gradlink.torch import _core
+    used = set()
+    for top in ("python", "tests", "bench", "examples"):
+        for d, _, files in os.walk(os.path.join(REPO, top)):
+            for f in files:
+                if not f.endswith(".py"):
+                    continue
+                tree = ast.parse(open(os.path.join(d, f)).read())
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                            and node.value.id == "_core":
+                        used.add(node.attr)
+                    elif isinstance(node, ast.Attribute) and node.attr != "_core" and \
+                            isinstance(node.value, ast.Attribute) and node.value.attr == "_core":
+                        used.add(node.attr)
+                    elif isinstance(node, ast.ImportFrom) and (node.module or "").endswith(
+                            "_core"):
+                        used.update(a.name for a in node.names)
+    assert {"staging_stats", "stats", "start_collective", "_require"} <= used, used
+    missing = sorted(n for n in used if not hasattr(_core, n))
+    assert not missing, "gone from gradlink.torch._core: %s" % missing
+    missing = sorted(n for n in gradlink.torch.__all__ if not hasattr(gradlink.torch, n))
+    assert not missing, "gone from gradlink.torch: %s" % missing
+
+
 # -- The environment ---------------------------------------------------------------------------
 
 ENV_FILE = os.path.join(PACKAGE, "_env.py")
