@@ -513,7 +513,8 @@ py::dict EnvironmentOptions(const std::string& role) {
     d["job"] = o.job;
     d["has_secret"] = o.secret.has_value();
   } else {
-    Raise(gl::InvalidArgument("unknown role '" + role + "' (expected worker, server or scheduler)"));
+    Raise(gl::InvalidArgument("unknown role '" + role +
+                              "' (expected worker, server or scheduler)"));
   }
   return d;
 }

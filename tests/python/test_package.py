@@ -172,8 +172,8 @@ def _environ_uses(path):
         key = None
         if isinstance(node, ast.Subscript) and is_environ(node.value):
             key = node.slice
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
-                is_environ(node.func.value) or node.func.attr in ("getenv", "putenv")) and node.args:
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args \
+                and (is_environ(node.func.value) or node.func.attr in ("getenv", "putenv")):
             key = node.args[0]
         elif isinstance(node, ast.Compare) and any(is_environ(c) for c in node.comparators):
             key = node.left
