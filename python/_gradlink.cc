@@ -464,6 +464,61 @@ class PyWorker {
   std::vector<std::pair<gl::PushPullHandle, py::object>> inflight_;
 };
 
+double Seconds(std::chrono::milliseconds d) { return std::chrono::duration<double>(d).count(); }
+
+// A role's options with the GRADLINK_* environment applied over the C++ defaults, by
+// gl::ApplyEnvironment (the one parser of those variables), as a dict; for gradlink/_env.py, so
+// that Python reads them as the C++ does. Durations in seconds; the secret only as whether one
+// is set. Raises InvalidArgumentError naming the variable and its value.
+py::dict EnvironmentOptions(const std::string& role) {
+  py::dict d;
+  if (role == "worker") {
+    gl::WorkerOptions o;
+    Check(gl::ApplyEnvironment(&o));
+    d["scheduler"] = o.scheduler;
+    d["job"] = o.job;
+    d["host_name"] = o.host_name;
+    d["rank"] = o.rank;
+    d["partition_bytes"] = o.partition_bytes;
+    d["max_bytes_in_flight"] = o.max_bytes_in_flight;
+    d["max_bytes_ahead"] = o.max_bytes_ahead;
+    d["single_lane"] = o.single_lane;
+    d["fusion_buffer_bytes"] = o.fusion_buffer_bytes;
+    d["fusion_threshold_bytes"] = o.fusion_threshold_bytes;
+    d["local_arena_bytes"] = o.local_arena_bytes;
+    d["local_chunk_bytes"] = o.local_chunk_bytes;
+    d["hierarchical"] = o.hierarchical;
+    d["half_partials"] = o.half_partials;
+    d["connect_timeout"] = Seconds(o.connect_timeout);
+    d["scheduler_reconnect_timeout"] = Seconds(o.scheduler_reconnect_timeout);
+    d["operation_timeout"] = Seconds(o.operation_timeout);
+    d["has_secret"] = o.secret.has_value();
+  } else if (role == "server") {
+    gl::ServerOptions o;
+    Check(gl::ApplyEnvironment(&o));
+    d["scheduler"] = o.scheduler;
+    d["job"] = o.job;
+    d["host_name"] = o.host_name;
+    d["id"] = o.id;
+    d["weight"] = o.weight;
+    d["memory_budget_bytes"] = o.memory_budget_bytes;
+    d["engine_threads"] = o.engine_threads;
+    d["cpus"] = o.cpus;
+    d["connect_timeout"] = Seconds(o.connect_timeout);
+    d["scheduler_reconnect_timeout"] = Seconds(o.scheduler_reconnect_timeout);
+    d["has_secret"] = o.secret.has_value();
+  } else if (role == "scheduler") {
+    gl::SchedulerOptions o;
+    Check(gl::ApplyEnvironment(&o));
+    d["job"] = o.job;
+    d["has_secret"] = o.secret.has_value();
+  } else {
+    Raise(gl::InvalidArgument("unknown role '" + role +
+                              "' (expected worker, server or scheduler)"));
+  }
+  return d;
+}
+
 PyObject* NewError(py::module_& m, const char* name, py::handle bases, const char* doc) {
   const std::string qualified = std::string("gradlink.") + name;
   PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), nullptr);
@@ -694,4 +749,8 @@ PYBIND11_MODULE(_gradlink, m) {
         "The machine this process counts as (GRADLINK_HOST's machine part, else the host name "
         "with a network namespace that is not the machine's own).");
   m.def("generate_secret", &gl::GenerateSecret, "A fresh random job secret.");
+  m.def("environment_options", &EnvironmentOptions, py::arg("role"),
+        "The options of `role` (worker, server, scheduler) with the GRADLINK_* environment "
+        "applied, parsed by gradlink::ApplyEnvironment; raises InvalidArgumentError naming a "
+        "malformed variable. For gradlink/_env.py.");
 }

@@ -18,13 +18,15 @@ For PyTorch use :mod:`gradlink.torch`.
 
 import os as _os
 
+from . import _env  # the GRADLINK_* environment (pure Python: before the extension)
+
 _here = _os.path.dirname(_os.path.abspath(__file__))
 _repo = _os.path.dirname(_os.path.dirname(_here))
 
 
 def _build_dirs():
     dirs = []
-    env = _os.environ.get("GRADLINK_BUILD_DIR")
+    env = _env.build_dir()
     if env:
         dirs.append(_os.path.abspath(env))
     dirs.append(_os.path.join(_repo, "build"))
@@ -90,7 +92,7 @@ __all__ = [
 def bin_dir():
     """The directory with gradlink-scheduler and gradlink-server ($GRADLINK_BIN_DIR, else the
     build directory's bin/)."""
-    env = _os.environ.get("GRADLINK_BIN_DIR")
+    env = _env.bin_dir()
     if env:
         return env
     for d in _build_dirs():

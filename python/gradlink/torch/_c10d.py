@@ -11,7 +11,7 @@ operations. This module does the rendezvous through the Store torch hands the ba
 
 * ``GRADLINK_SCHEDULER`` set (gradlink-run, or an external server pool): join that job.
 * Otherwise rank 0 hosts the scheduler in this process and publishes its address, the job
-  name and a fresh job secret in the store; the first rank of each host starts one
+  name and a fresh job secret in the store (_rendezvous.py); the first rank of each host starts one
   gradlink-server for the job (``GRADLINK_SERVERS_PER_HOST``, default 1), a child process that
   ends with the job. Every worker then joins.
 
@@ -20,27 +20,15 @@ are the servers' group operations over those ranks.
 """
 
 import atexit
-import ctypes
 import datetime
-import os
-import signal
-import subprocess
-import sys
-import time
-import zlib
 
-import torch
 import torch.distributed as dist
 
-import gradlink
-from gradlink import InvalidArgumentError
+from gradlink import InvalidArgumentError, _env
 
-from . import _core
-
-BACKEND = "gradlink"
-_PREFIX = "gradlink/"
-
-_job = {"scheduler": None, "servers": [], "groups": {}}
+from . import _context, _init
+from ._rendezvous import BACKEND, init_from_store, rendezvous  # noqa: F401
+from ._rendezvous import _end_job, _job, group_uid
 
 
 def _module():
@@ -54,182 +42,6 @@ def _module():
     return _gradlink_c10d
 
 
-def _bin(name):
-    """A gradlink binary: $GRADLINK_BIN_DIR, else the build directory's bin/."""
-    dirs = [os.environ.get("GRADLINK_BIN_DIR")] + [os.path.join(d, "bin")
-                                                   for d in gradlink._build_dirs()]
-    for d in dirs:
-        if d and os.access(os.path.join(d, name), os.X_OK):
-            return os.path.join(d, name)
-    raise InvalidArgumentError(
-        "gradlink: %s not found (looked in %s): build gradlink, or set GRADLINK_BIN_DIR"
-        % (name, ", ".join(d for d in dirs if d)))
-
-
-def _die_with_parent():
-    # The server is this worker's child: it must not outlive it (PR_SET_PDEATHSIG).
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    except OSError:
-        pass
-
-
-def _interface_addresses():
-    """This machine's IPv4 addresses, loopback last."""
-    import fcntl
-    import socket
-    import struct
-    found = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                raw = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
-                                  struct.pack("256s", name[:15].encode()))
-            except OSError:
-                continue
-            found.append(socket.inet_ntoa(raw[20:24]))
-    return sorted(set(found), key=lambda a: (a.startswith("127."), a))
-
-
-class _Probe:
-    """A listening socket on rank 0 that the other ranks try each of rank 0's addresses
-    against, to find one that reaches it (tcp:// and file:// init name no address for it)."""
-
-    def __init__(self):
-        import socket
-        import threading
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("0.0.0.0", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self):
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            c.close()
-
-    def close(self):
-        import socket
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-
-
-def _reachable(candidates, port, timeout_s=2.0):
-    import socket
-    for a in candidates:
-        try:
-            socket.create_connection((a, port), timeout=timeout_s).close()
-            return a
-        except OSError:
-            continue
-    raise gradlink.UnavailableError(
-        "gradlink: none of rank 0's addresses (%s) answers from this host; set "
-        "GRADLINK_SCHEDULER_HOST (or MASTER_ADDR) to an address of rank 0's host that the other "
-        "hosts reach" % ", ".join(candidates))
-
-
-def rendezvous(store, rank, size, timeout_s):
-    """Through `store` (torch's): starts the job's scheduler (rank 0) and servers (a host's
-    first rank) unless GRADLINK_SCHEDULER names a running job; returns the scheduler's
-    host:port, and sets this process's GRADLINK_JOB, GRADLINK_SECRET, GRADLINK_LOCAL_RANK and
-    GRADLINK_LOCAL_SIZE for the worker."""
-    from gradlink import _gradlink
-    me = _gradlink.machine_name()
-    store.set(_PREFIX + "host/%d" % rank, me)
-    hosts = [store.get(_PREFIX + "host/%d" % r).decode() for r in range(size)]
-    machines = []
-    for h in hosts:  # numbered by their first rank
-        if h not in machines:
-            machines.append(h)
-    local = [r for r in range(size) if hosts[r] == me]
-    os.environ["GRADLINK_LOCAL_RANK"] = str(local.index(rank))
-    os.environ["GRADLINK_LOCAL_SIZE"] = str(len(local))
-    if os.environ.get("GRADLINK_SCHEDULER"):
-        return os.environ["GRADLINK_SCHEDULER"]
-    per_host = int(os.environ.get("GRADLINK_SERVERS_PER_HOST", "1"))
-    if per_host < 1:
-        raise InvalidArgumentError("GRADLINK_SERVERS_PER_HOST=%d: at least 1" % per_host)
-    if rank == 0:
-        job = "torch-%s" % _gradlink.generate_secret()[:12]
-        secret = os.environ.get("GRADLINK_SECRET") or _gradlink.generate_secret()
-        single = len(machines) == 1
-        sched = _gradlink.Scheduler(
-            host="127.0.0.1" if single else "0.0.0.0",
-            port=int(os.environ.get("GRADLINK_SCHEDULER_PORT", "0")), workers=size,
-            servers=per_host * len(machines), job=job, secret=secret,
-            join_timeout=timeout_s)
-        _job["scheduler"] = sched
-        named = os.environ.get("GRADLINK_SCHEDULER_HOST") or os.environ.get("MASTER_ADDR")
-        if single:
-            hosts_ = "127.0.0.1"
-        elif named:
-            hosts_ = named
-        else:  # the others find which of this host's addresses reaches it
-            probe = _Probe()
-            hosts_ = "probe:%d:%s" % (probe.port, ",".join(_interface_addresses()))
-        store.set(_PREFIX + "job", "\n".join([hosts_, str(sched.port), job, secret]))
-    hosts_, port, job, secret = store.get(_PREFIX + "job").decode().split("\n")
-    if hosts_.startswith("probe:"):
-        _, probe_port, candidates = hosts_.split(":", 2)
-        host = "127.0.0.1" if rank == 0 else _reachable(candidates.split(","), int(probe_port))
-        store.add(_PREFIX + "probed", 1)
-        if rank == 0:
-            end = time.monotonic() + timeout_s
-            while store.add(_PREFIX + "probed", 0) < size and time.monotonic() < end:
-                time.sleep(0.01)  # until every rank has found it
-            probe.close()
-    else:
-        host = hosts_
-    address = "%s:%s" % (host, port)
-    os.environ["GRADLINK_JOB"] = job
-    os.environ["GRADLINK_SECRET"] = secret
-    if local[0] == rank:
-        env = dict(os.environ, GRADLINK_SCHEDULER=address)
-        machine = machines.index(me)
-        for i in range(per_host):
-            _job["servers"].append(subprocess.Popen(
-                [_bin("gradlink-server"), "--scheduler", address, "--id",
-                 str(machine * per_host + i)],
-                env=env, preexec_fn=_die_with_parent))
-    return address
-
-
-def _end_job():
-    """At exit, after the worker has left: the servers end with the job; rank 0 keeps the
-    scheduler until every worker has left (or 30 s)."""
-    sched = _job["scheduler"]
-    if sched is not None:
-        sched.wait(30.0)
-        sched.stop()
-        _job["scheduler"] = None
-    for p in _job["servers"]:
-        try:
-            p.wait(10.0)
-        except subprocess.TimeoutExpired:
-            p.terminate()
-            p.wait(5.0)
-    _job["servers"] = []
-
-
-def _uid(members):
-    """The group's name, alike on its members: its ranks, and how many gradlink groups of those
-    ranks were made before (only members make a group, all in one order)."""
-    ranks = ",".join(str(r) for r in members)
-    if len(ranks) > 64:
-        ranks = "%dx%08x" % (len(members), zlib.crc32(ranks.encode()))
-    n = _job["groups"].get(ranks, 0)
-    _job["groups"][ranks] = n + 1
-    return "g%s.%d" % (ranks, n)
-
-
 def _create(opts, pg_options=None):
     """torch's creator (extended API): a gradlink process group for opts.group_rank of
     opts.group_size over opts.global_ranks_in_group."""
@@ -239,13 +51,13 @@ def _create(opts, pg_options=None):
         else float(opts.timeout)
     members = sorted(int(r) for r in (opts.global_ranks_in_group or []))
     if not members:  # the default group
-        if not _core.is_initialized():
+        if not _context.is_initialized():
             first = not _job["servers"] and _job["scheduler"] is None
             address = rendezvous(opts.store, rank, size, timeout_s)
             if first:
                 atexit.register(_end_job)  # runs after the worker's shutdown (registered later)
-            _core.init(scheduler=address, rank=rank, **_core.pending_options())
-        ctx = _core._require()
+            _init.init(scheduler=address, rank=rank, **_init.pending_options())
+        ctx = _context._require()
         if ctx.size != size or ctx.rank != rank:
             raise InvalidArgumentError(
                 "gradlink: the default process group is rank %d of %d, but this process's "
@@ -253,30 +65,19 @@ def _create(opts, pg_options=None):
                 % (rank, size, ctx.rank, ctx.size))
         uid = "world"
     else:
-        if not _core.is_initialized():
+        if not _context.is_initialized():
             raise InvalidArgumentError(
                 "gradlink: new_group(backend='gradlink') needs a gradlink job: make the default "
                 "process group gradlink too, or call gradlink.torch.init() first")
-        ctx = _core._require()
-        uid = _uid(members)
+        ctx = _context._require()
+        uid = group_uid(members)
         if members == list(range(ctx.size)):
             members = []  # every worker: plain sums take the hierarchical path
     # Keys per signature (python/c10d/process_group.h): 1 unless code keeps several collectives
     # of one signature in flight at once and they must overlap (each slot costs the servers the
     # key's memory).
-    slots = int(os.environ.get("GRADLINK_C10D_SLOTS", "1"))
-    if slots < 1:
-        raise InvalidArgumentError("GRADLINK_C10D_SLOTS=%d: at least 1" % slots)
+    slots = _env.c10d_slots()
     return c10d.create(ctx.worker._shared(), rank, size, members, uid, timeout_s, slots)
-
-
-def init_from_store(store, rank, size, timeout_s):
-    """gradlink.torch.init() beside another default group: the rendezvous through its store."""
-    first = not _job["servers"] and _job["scheduler"] is None
-    address = rendezvous(dist.PrefixStore("gradlink.torch", store), rank, size, timeout_s)
-    if first:
-        atexit.register(_end_job)
-    return address
 
 
 def register():

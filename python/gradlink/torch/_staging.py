@@ -27,33 +27,24 @@ whose copies complete at once, which runs host tensors through the very same pip
 GRADLINK_STAGE_HOST=1 (how make test exercises it on machines without a GPU).
 """
 
-import os
 import threading
 import time
 
 import torch
 
-from gradlink import AbortedError, InvalidArgumentError, TimeoutError  # noqa: A004
+from gradlink import AbortedError, InvalidArgumentError, TimeoutError, _env  # noqa: A004
 
-_DEFAULT_CHUNK_BYTES = 4 << 20
+_DEFAULT_CHUNK_BYTES = _env.STAGING_CHUNK_DEFAULT
 
 
 def chunk_bytes():
-    v = os.environ.get("GRADLINK_STAGING_CHUNK_BYTES")
-    if v is None:
-        return _DEFAULT_CHUNK_BYTES
-    try:
-        n = int(v)
-    except ValueError:
-        n = 0
-    if n < 1024:
-        raise InvalidArgumentError("GRADLINK_STAGING_CHUNK_BYTES=%r: expected bytes >= 1024" % v)
-    return n
+    """GRADLINK_STAGING_CHUNK_BYTES (4 MiB; at least 1 KiB)."""
+    return _env.staging_chunk_bytes()
 
 
 def stage_host_tensors():
     """GRADLINK_STAGE_HOST=1: host tensors go through the staging pipeline (CpuCopyEngine)."""
-    return os.environ.get("GRADLINK_STAGE_HOST", "0") not in ("", "0")
+    return _env.stage_host()
 
 
 class _Done:

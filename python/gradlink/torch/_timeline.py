@@ -2,14 +2,18 @@
 Perfetto) of every push_pull this worker waited for, one row per tensor, its stages as measured
 by the worker (queue: to the first partition handed to the transport; push: to every push sent;
 reduce: to the last sum back, with the servers' own time on it nested inside as "server sum",
-from their clocks; pull: to every sum written; pack and unpack for fused groups). Times are this process's monotonic clock, in microseconds."""
+from their clocks; pull: to every sum written; pack and unpack for fused groups). Times are this
+process's monotonic clock, in microseconds.
+
+While it records, the timeline is an observer of the context (_context.py): finished operations
+reach record(), and shutdown writes it. The core never imports this module."""
 
 import json
 import threading
 
 from gradlink import InvalidArgumentError
 
-from . import _core
+from . import _context
 
 _STAGES = ("pack", "queue", "push", "reduce", "pull", "unpack")
 _lock = threading.Lock()
@@ -20,12 +24,13 @@ def start_timeline(file_path, mark_cycles=False):
     """Starts recording; stop_timeline() (or shutdown) writes `file_path`. `mark_cycles` is
     accepted for Horovod's signature (gradlink has no cycles to mark)."""
     global _active
-    _core._require()
+    _context._require()
     with _lock:
         if _active is not None:
             raise InvalidArgumentError("start_timeline: a timeline is already being recorded to "
                                        "%s" % _active["path"])
         _active = {"path": str(file_path), "events": [], "rows": {}}
+        _context.add_observer(_OBSERVER)
 
 
 def stop_timeline():
@@ -33,9 +38,10 @@ def stop_timeline():
     global _active
     with _lock:
         t, _active = _active, None
+        _context.remove_observer(_OBSERVER)
     if t is None:
         return
-    rank = _core.rank() if _core.is_initialized() else 0
+    rank = _context.rank() if _context.is_initialized() else 0
     meta = [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": "rank %d" % rank}}]
     meta += [{"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": n}}
              for n, tid in t["rows"].items()]
@@ -50,7 +56,7 @@ def record(name, started, timing):
         if t is None:
             return
         tid = t["rows"].setdefault(name, len(t["rows"]))
-        rank = _core.rank()
+        rank = _context.rank()
         t["ops"] = op = t.get("ops", 0) + 1  # the spans of one operation share args["op"]
         at = started * 1e6
         push_start = arrived = None
@@ -77,3 +83,16 @@ def record(name, started, timing):
 
 def active():
     return _active is not None
+
+
+class _Observer:
+    """What the context calls while a timeline records."""
+
+    def operation_done(self, name, started, timing):
+        record(name, started, timing)
+
+    def shutting_down(self):
+        stop_timeline()  # a timeline still recording is written, as Horovod does
+
+
+_OBSERVER = _Observer()

@@ -1,0 +1,132 @@
+"""The process-wide context of gradlink.torch: the worker this process joined (set by init(),
+cleared by shutdown(): _init.py), its ranks and sizes, the per-job caches (declared tensors,
+collective keys, the counter that names unnamed calls), and the observers that others register
+to hear of finished operations and of shutdown (the timeline is one: _timeline.py).
+
+This module imports no other module of gradlink.torch: the others import it.
+Threads: any. `setting_lock` orders setting and clearing the context; Context.lock its caches.
+"""
+
+import itertools
+import threading
+
+from gradlink import InvalidArgumentError
+
+_ctx = None
+setting_lock = threading.Lock()  # held while the context is set (init()) or cleared
+_observers = ()  # replaced whole under _observers_lock; read without it
+
+
+class Context:
+    """One joined worker and what the front end keeps about it."""
+
+    def __init__(self, worker, local_rank, local_size, timeout):
+        self.worker = worker
+        self.rank = worker.rank
+        self.size = worker.size
+        self.local_rank = local_rank
+        self.local_size = local_size
+        self.timeout = timeout
+        self.tensors = {}  # name -> gradlink.Tensor
+        self.collectives = {}  # key (name + spec) -> gradlink.Tensor
+        self.noname = itertools.count()
+        self.lock = threading.Lock()
+        self.completer = None  # _handles.Completer, made on first use
+        self.stager = None  # _staging.Stager: device tensors (and GRADLINK_STAGE_HOST=1)
+
+    def declare(self, name, dtype, count, shape=None):
+        t = self.tensors.get(name)
+        if t is not None and t.dtype == dtype and t.count == count and (
+                shape is None or t.shape is None or t.shape == shape):
+            return t
+        # New, or redeclared with another shape (the worker raises MismatchError).
+        t = self.worker.declare(name, dtype, count, shape)
+        self.tensors[name] = t
+        return t
+
+
+def current():
+    """The context, or None before init() and after shutdown()."""
+    return _ctx
+
+
+def install(ctx):
+    """Sets the context (init(), holding `setting_lock`)."""
+    global _ctx
+    _ctx = ctx
+
+
+def take():
+    """Clears the context; returns what it was (shutdown())."""
+    global _ctx
+    with setting_lock:
+        ctx, _ctx = _ctx, None
+    return ctx
+
+
+def _require():
+    ctx = _ctx
+    if ctx is None:
+        raise InvalidArgumentError("gradlink.torch is not initialized: call gradlink.torch.init()")
+    return ctx
+
+
+def is_initialized():
+    return _ctx is not None
+
+
+def rank():
+    """This worker's rank, 0 .. size()-1."""
+    return _require().rank
+
+
+def size():
+    """Number of workers in the job."""
+    return _require().size
+
+
+def local_rank():
+    """Rank among the workers on this machine (GRADLINK_LOCAL_RANK or torchrun's LOCAL_RANK)."""
+    return _require().local_rank
+
+
+def local_size():
+    """Number of workers on this machine (GRADLINK_LOCAL_SIZE or LOCAL_WORLD_SIZE)."""
+    return _require().local_size
+
+
+def num_servers():
+    return _require().worker.num_servers
+
+
+# -- Observers ---------------------------------------------------------------------------------
+#
+# An observer has operation_done(name, started, timing): an operation this process waited for
+# has finished (`started`: time.monotonic() when it was started; `timing`: its stages in
+# seconds, as Handle.timing()), called on the thread that waited; and shutting_down(): the
+# worker is about to leave the job (called before it does, while rank() still answers).
+
+_observers_lock = threading.Lock()
+
+
+def add_observer(observer):
+    global _observers
+    with _observers_lock:
+        if observer not in _observers:
+            _observers = _observers + (observer,)
+
+
+def remove_observer(observer):
+    global _observers
+    with _observers_lock:
+        _observers = tuple(o for o in _observers if o is not observer)
+
+
+def observers():
+    """The observers now (a tuple: empty, the common case, costs the caller one test)."""
+    return _observers
+
+
+def notify_shutdown():
+    for o in _observers:
+        o.shutting_down()
