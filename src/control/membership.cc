@@ -28,7 +28,7 @@ Result<wire::WelcomeMsg> Membership::Join(const wire::RegisterMsg& reg, Clock::t
                                              config_.secret));
   id_.store(joined.welcome.your_id, std::memory_order_relaxed);
   name_ += " " + std::to_string(joined.welcome.your_id);
-  std::lock_guard lock(channel_mu_);
+  MutexLock lock(channel_mu_);
   channel_ = std::move(joined.channel);
   return std::move(joined.welcome);
 }
@@ -42,7 +42,7 @@ void Membership::Run(MembershipHandler* handler, std::function<void()> on_start)
 }
 
 std::shared_ptr<transport::ControlChannel> Membership::channel() const {
-  std::lock_guard lock(channel_mu_);
+  MutexLock lock(channel_mu_);
   return channel_;
 }
 
@@ -57,7 +57,7 @@ Status Membership::SendOn(uint64_t generation, const wire::Header& h,
                           std::span<const std::byte> payload, Clock::time_point deadline) {
   std::shared_ptr<transport::ControlChannel> c;
   {
-    std::lock_guard lock(channel_mu_);
+    MutexLock lock(channel_mu_);
     if (generation != generation_.load()) return Status::Ok();  // told in the ResumeState
     c = channel_;
   }
@@ -159,7 +159,7 @@ Status Membership::Rejoin(const std::string& why) {
   }
   uint64_t generation = generation_.load();
   if (result.ok()) {
-    std::lock_guard lock(channel_mu_);
+    MutexLock lock(channel_mu_);
     channel_ = std::move(joined->channel);
     generation = ++generation_;
   }

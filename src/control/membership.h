@@ -29,6 +29,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "control/control_channel.h"
 #include "control/join.h"
 #include "gradlink/status.h"
@@ -110,7 +112,7 @@ class Membership {
   void Run(MembershipHandler* handler, std::function<void()> on_start = {});
 
   // The current channel (replaced by a rejoin), for a sender that must outlive a rejoin.
-  std::shared_ptr<transport::ControlChannel> channel() const;
+  std::shared_ptr<transport::ControlChannel> channel() const EXCLUDES(channel_mu_);
   // Counts the channels: a rejoin makes the next generation.
   uint64_t generation() const { return generation_.load(); }
 
@@ -150,8 +152,8 @@ class Membership {
   MembershipHandler* handler_ = nullptr;  // set by Run(), before the thread starts
 
   // Replaced by a rejoin on the control thread; read by senders on any thread.
-  mutable std::mutex channel_mu_;
-  std::shared_ptr<transport::ControlChannel> channel_;
+  mutable Mutex channel_mu_;
+  std::shared_ptr<transport::ControlChannel> channel_ GUARDED_BY(channel_mu_);
   std::atomic<uint64_t> generation_{0};
 
   std::atomic<bool> leaving_{false};

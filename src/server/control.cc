@@ -99,7 +99,7 @@ void ServerImpl::OnMemberLeft(uint64_t rank) {
     protocol_errors_++;
     return;
   }
-  std::shared_lock<std::shared_mutex> lock(parts_mu_);
+  ReaderLock lock(parts_mu_);
   for (auto& [id, part] : parts_) {
     PartitionState* p = part.get();
     RunOnOwner(*p, [this, p, rank] {
@@ -116,7 +116,7 @@ void ServerImpl::OnJoined(uint64_t rank) {
     return;
   }
   joined_.push_back(static_cast<uint32_t>(rank));
-  std::shared_lock<std::shared_mutex> lock(parts_mu_);
+  ReaderLock lock(parts_mu_);
   for (auto& [id, part] : parts_) {
     PartitionState* p = part.get();
     RunOnOwner(*p, [this, p, rank] {
@@ -135,7 +135,7 @@ void ServerImpl::OnJoinRelease() {
   joined_.clear();
   release->deadline = transport::Clock::now() + kJoinReleaseLimit;
   {
-    std::shared_lock<std::shared_mutex> lock(parts_mu_);
+    ReaderLock lock(parts_mu_);
     if (release->ranks.empty() || parts_.empty()) {
       AckJoinRelease();
       return;

@@ -29,7 +29,7 @@ void ServerImpl::SendToWorker(uint32_t rank, const wire::Header& h,
 }
 
 PartitionState* ServerImpl::Find(uint64_t key, uint32_t partition) {
-  std::shared_lock<std::shared_mutex> lock(parts_mu_);
+  ReaderLock lock(parts_mu_);
   auto it = parts_.find({key, partition});
   return it == parts_.end() ? nullptr : it->second.get();
 }

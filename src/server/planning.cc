@@ -29,7 +29,7 @@ Status ServerImpl::OnAssign(const transport::Frame& f) {
   // What travels: the tensor's dtype, or fp32 for a 16-bit tensor's host partials.
   const DataType dtype = topology::WireType(static_cast<DataType>(f.header.dtype), mode);
   {
-    std::unique_lock<std::shared_mutex> lock(parts_mu_);
+    MutexLock lock(parts_mu_);
     for (uint32_t p = 0; p < a.partitions.size(); ++p) {
       if (a.partitions[p].server != id_) continue;
       const layout::Peers peers =

@@ -87,8 +87,11 @@ Status ServerImpl::Init() {
 }
 
 Status ServerImpl::Wait(std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_until(lock, deadline, [this] { return finished_; })) {
+  MutexLock lock(mu_);
+  if (!cv_.WaitUntil(mu_, deadline, [this] {
+        mu_.AssertHeld();  // the wait runs it under `lock`
+        return finished_;
+      })) {
     return Timeout("server " + std::to_string(id_) + " still serving");
   }
   return result_;
@@ -109,7 +112,7 @@ void ServerImpl::Stop() {
   // the lane gave up a receive it could not cancel (a hung worker), the fabric may still
   // write into one, so they are never freed.
   if (lanes_.open() && lanes_.push().stats().receives_abandoned != 0) {
-    std::unique_lock<std::shared_mutex> lock(parts_mu_);
+    MutexLock lock(parts_mu_);
     GL_LOG(kWarn) << "server " << id_ << ": " << lanes_.push().stats().receives_abandoned
                   << " push receive(s) abandoned; leaking " << parts_.size()
                   << " partition(s) whose staging buffers they may still write";
@@ -153,16 +156,16 @@ Status ServerImpl::StartEngines(const wire::WelcomeMsg& book, std::string_view h
 }
 
 bool ServerImpl::finished() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return finished_;
 }
 
 void ServerImpl::Finish(Status s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (finished_) return;
   finished_ = true;
   result_ = std::move(s);
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 Result<std::unique_ptr<Server>> StartServerOn(const ServerOptions& options,

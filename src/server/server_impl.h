@@ -36,6 +36,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "common/work_queue.h"
 #include "control/member_lanes.h"
 #include "control/membership.h"
@@ -88,8 +90,8 @@ class ServerImpl final : public Server, private MembershipHandler {
 
   // ---- server.cc: life ---------------------------------------------------------------------
   Status StartEngines(const wire::WelcomeMsg& book, std::string_view host);
-  bool finished();
-  void Finish(Status s);
+  bool finished() EXCLUDES(mu_);
+  void Finish(Status s) EXCLUDES(mu_);
   void LogSummary() const;
 
   // ---- control.cc: the scheduler's frames (MembershipHandler, control thread) -----------------
@@ -109,7 +111,7 @@ class ServerImpl final : public Server, private MembershipHandler {
   Status OnAssign(const transport::Frame& f);
 
   // ---- data_plane.cc: pushes in, sums, results out ---------------------------------------------
-  PartitionState* Find(uint64_t key, uint32_t partition);
+  PartitionState* Find(uint64_t key, uint32_t partition) EXCLUDES(parts_mu_);
   bool SummedInline(const PartitionState& p) const;
   WorkQueue& EngineFor(const PartitionState& p);
   // Runs `fn` on the one thread that sums `p` (its only writer).
@@ -183,15 +185,16 @@ class ServerImpl final : public Server, private MembershipHandler {
   // Every partition's round buffers; kept free for reuse up to kPoolFreeBytes. Declared before
   // parts_, which give their buffers back to it.
   server::BufferPool pool_{kPoolFreeBytes};
-  mutable std::shared_mutex parts_mu_;
-  std::map<std::pair<uint64_t, uint32_t>, std::unique_ptr<PartitionState>> parts_;
+  mutable SharedMutex parts_mu_;  // taken before a PartitionState's own lock, never under it
+  std::map<std::pair<uint64_t, uint32_t>, std::unique_ptr<PartitionState>> parts_
+      GUARDED_BY(parts_mu_);
 
   double cpu_at_start_ = 0;  // ProcessCpuSeconds() when Init() began
   std::atomic<bool> stopped_{false};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool finished_ = false;
-  Status result_;
+  Mutex mu_;  // a leaf
+  CondVar cv_;
+  bool finished_ GUARDED_BY(mu_) = false;
+  Status result_ GUARDED_BY(mu_);
 
   std::atomic<uint64_t> rounds_completed_{0}, bytes_reduced_{0}, protocol_errors_{0},
       mismatches_{0};

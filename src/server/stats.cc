@@ -20,7 +20,7 @@ ServerStats ServerImpl::stats() const {
   s.protocol_errors = protocol_errors_.load() + lanes_.protocol_errors();
   s.mismatches = mismatches_.load();
   {
-    std::shared_lock<std::shared_mutex> lock(parts_mu_);
+    ReaderLock lock(parts_mu_);
     for (const auto& [id, part] : parts_) s.bytes_in_rounds += part->bytes_held();
   }
   s.bytes_held = s.bytes_in_rounds + pool_.free_bytes();

@@ -46,9 +46,9 @@ long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* 
 }  // namespace
 
 void LocalReduce::WantBackground() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   background_wanted_ = true;
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 bool LocalReduce::PostsLeft() {
@@ -56,12 +56,12 @@ bool LocalReduce::PostsLeft() {
     // A host job waits on the servers too: its sums come back while nobody else drives.
     if (r->job.host || r->next_post < r->job.channel.chunks) return true;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return !incoming_.empty();
 }
 
-void LocalReduce::ReleaseDrive(std::unique_lock<std::mutex>& drive, uint32_t waiters_besides_me) {
-  drive.unlock();
+void LocalReduce::ReleaseDrive(uint32_t waiters_besides_me) {
+  drive_mu_.unlock();
   // A waiter that found the drive taken sleeps on the bell until it is free.
   if (callers_waiting_.load(std::memory_order_acquire) > waiters_besides_me) Ring(opts_.rank);
 }
@@ -72,8 +72,7 @@ void LocalReduce::Progress(Step step) {
     WantBackground();
     return;
   }
-  std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
-  if (!drive.owns_lock()) {
+  if (!drive_mu_.try_lock()) {
     // Another thread drives. A job just started is taken on its next pass; a poll has nothing
     // to do.
     if (step == Step::kPost) Progress(Step::kBackground);
@@ -83,7 +82,7 @@ void LocalReduce::Progress(Step step) {
   // push_pull several microseconds); chunks not yet posted hold back the other workers.
   DriveOnce(step == Step::kPost ? 0 : kPollSums);
   const bool posts_left = PostsLeft();
-  ReleaseDrive(drive, 0);
+  ReleaseDrive(0);
   if (posts_left) WantBackground();
 }
 
@@ -102,8 +101,7 @@ bool LocalReduce::Wait(const std::function<bool()>& done, Clock::time_point dead
     // waiter, a Progress) rings this bell when it lets go, so sleep until then: never wait for the
     // drive itself, another waiter may hold it for a whole large tensor. Nobody sleeps holding it.
     const uint32_t before = bell.load(std::memory_order_seq_cst);
-    std::unique_lock<std::mutex> drive(drive_mu_, std::try_to_lock);
-    if (!drive.owns_lock()) {
+    if (!drive_mu_.try_lock()) {
       SleepOnBell(before, std::min(deadline, Clock::now() + kNap));
       continue;
     }
@@ -125,7 +123,7 @@ bool LocalReduce::Wait(const std::function<bool()>& done, Clock::time_point dead
         break;
       }
     }
-    ReleaseDrive(drive, /*waiters_besides_me=*/1);
+    ReleaseDrive(/*waiters_besides_me=*/1);
     if (!sleep) {
       ok = done();
       break;
@@ -141,14 +139,15 @@ bool LocalReduce::Wait(const std::function<bool()>& done, Clock::time_point dead
 
 void LocalReduce::Background() {
   std::atomic<uint32_t>& bell = seg_->bells[opts_.rank].word;
-  auto stopping = [this] {
-    std::lock_guard<std::mutex> lock(mu_);
+  auto stopping = [this]() EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     return stopping_;
   };
   for (;;) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] {
+      MutexLock lock(mu_);
+      cv_.Wait(mu_, [this] {
+        mu_.AssertHeld();  // the wait runs it under `lock`
         return stopping_ ||
                (background_wanted_ && callers_waiting_.load(std::memory_order_acquire) == 0);
       });
@@ -158,11 +157,11 @@ void LocalReduce::Background() {
     // Drive until nothing is left, unless a caller takes over (it drives everything too).
     for (;;) {
       const uint32_t seen = bell.load(std::memory_order_seq_cst);
-      std::unique_lock<std::mutex> drive(drive_mu_);
+      drive_mu_.lock();
       while (DriveOnce(kPassSums) && callers_waiting_.load(std::memory_order_acquire) == 0) {
       }
       const bool work_left = !running_.empty() || PostsLeft();
-      ReleaseDrive(drive, 0);
+      ReleaseDrive(0);
       if (!work_left || callers_waiting_.load(std::memory_order_acquire) > 0 || stopping()) break;
       SleepOnBell(seen, Clock::now() + kNap);
     }
@@ -172,7 +171,7 @@ void LocalReduce::Background() {
 bool LocalReduce::DriveOnce(uint64_t sums_per_job) {
   Status failure;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     fresh_.swap(incoming_);  // both keep their capacity: no allocation per operation
     if (failed_.load(std::memory_order_acquire)) failure = failure_;
   }

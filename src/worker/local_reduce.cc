@@ -33,17 +33,17 @@ LocalReduce::~LocalReduce() {
 
 void LocalReduce::Start(Job job) {
   jobs_.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   incoming_.push_back(std::move(job));
 }
 
 void LocalReduce::Fail(const Status& s) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (failure_.ok()) failure_ = s;
     failed_.store(true, std::memory_order_release);
     background_wanted_ = true;
-    cv_.notify_one();
+    cv_.NotifyOne();
   }
   Ring(opts_.rank);
 }
@@ -51,17 +51,17 @@ void LocalReduce::Fail(const Status& s) {
 void LocalReduce::Stop() {
   std::string why;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     stopping_ = true;
     if (failure_.ok()) failure_ = Aborted(Name(opts_.rank) + " shut down");
     why = failure_.ToString();
     failed_.store(true, std::memory_order_release);
-    cv_.notify_one();
+    cv_.NotifyOne();
   }
   Ring(opts_.rank);  // the background thread may be asleep on the bell
   if (background_.joinable()) background_.join();
-  std::lock_guard<std::mutex> drive(drive_mu_);
+  MutexLock drive(drive_mu_);
   DriveOnce(kPassSums);  // failed: ends every job
   // The others stop waiting for this worker's chunks (AdvanceFlat, AdvanceHost), and learn why.
   std::snprintf(seg_->why_gone[opts_.rank], sizeof(seg_->why_gone[opts_.rank]), "%s",

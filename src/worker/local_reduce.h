@@ -43,6 +43,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include <optional>
 #include <span>
 #include <string>
@@ -197,10 +200,10 @@ class LocalReduce {
 
   // drive_mu_ held (local_driver.cc). One pass: takes new jobs, advances each (posting what it
   // may, summing up to `sums_per_job` chunks), ends those done or failed. True if anything moved.
-  bool DriveOnce(uint64_t sums_per_job);
+  bool DriveOnce(uint64_t sums_per_job) REQUIRES(drive_mu_) EXCLUDES(mu_);
   // drive_mu_ held: one pass of a flat job (local_flat.cc) or a host job (local_host.cc).
-  bool AdvanceFlat(Running& r, uint64_t max_sums);
-  bool AdvanceHost(Running& r, uint64_t max_sums);
+  bool AdvanceFlat(Running& r, uint64_t max_sums) REQUIRES(drive_mu_);
+  bool AdvanceHost(Running& r, uint64_t max_sums) REQUIRES(drive_mu_);
   // drive_mu_ held: the job has nothing left to do on this worker.
   static bool Finished(const Running& r);
   // Claims (or finds) the table entry of `key` with `need` arena bytes: its offset, nullopt
@@ -213,15 +216,16 @@ class LocalReduce {
   std::string Name(uint32_t local) const { return "worker " + std::to_string(JobRank(local)); }
   // "worker J left the job (why it stopped)", once J's `gone` flag is seen.
   std::string LeftJob(uint32_t j) const;
-  bool PostsLeft();  // drive_mu_ held: chunks not yet posted, or jobs not yet taken
+  // Chunks not yet posted, or jobs not yet taken.
+  bool PostsLeft() REQUIRES(drive_mu_) EXCLUDES(mu_);
   // Lets go of the drive; rings this worker's bell if more than `waiters_besides_me` callers
   // wait (one of them may sleep until the drive is free).
-  void ReleaseDrive(std::unique_lock<std::mutex>& drive, uint32_t waiters_besides_me);
-  void WantBackground();
+  void ReleaseDrive(uint32_t waiters_besides_me) RELEASE(drive_mu_);
+  void WantBackground() EXCLUDES(mu_);
   void Ring(uint32_t rank);
   void RingPeers();
   void SleepOnBell(uint32_t seen, Clock::time_point until);
-  void Background();
+  void Background() EXCLUDES(drive_mu_, mu_);
 
   // Whether worker j has joined and its join's epoch is not yet released (Segment::joined).
   bool HasJoined(uint32_t j) const;
@@ -230,21 +234,21 @@ class LocalReduce {
   Segment* const seg_;
   uint32_t releases_seen_ = 0;  // join releases this worker saw (SetJoined, ClearJoined)
   const uint64_t mapped_bytes_;
-  std::vector<std::byte> scratch_;  // fp32 accumulator for fp16/bf16 chunks; drive_mu_
+  std::vector<std::byte> scratch_ GUARDED_BY(drive_mu_);  // fp32 accumulator for fp16/bf16 chunks
 
   // Held by the one thread driving, which never sleeps holding it; taken before mu_ (and before
   // the worker's state lock, which Job::done takes), never under them. Callers only try it;
   // the background thread and Stop() wait for it.
-  std::mutex drive_mu_;
-  std::vector<std::unique_ptr<Running>> running_;  // drive_mu_
-  std::vector<Job> fresh_;                         // drive_mu_: jobs just taken from incoming_
+  Mutex drive_mu_ ACQUIRED_BEFORE(mu_);
+  std::vector<std::unique_ptr<Running>> running_ GUARDED_BY(drive_mu_);
+  std::vector<Job> fresh_ GUARDED_BY(drive_mu_);  // jobs just taken from incoming_
 
-  std::mutex mu_;  // guards what follows up to failed_; taken under drive_mu_, held briefly
-  std::condition_variable cv_;  // the background thread's wake-up (background_wanted_, stopping_)
-  std::vector<Job> incoming_;
-  Status failure_;
-  bool stopping_ = false;
-  bool background_wanted_ = false;  // work is left that no caller drives
+  Mutex mu_;  // taken under drive_mu_, held briefly
+  CondVar cv_;  // the background thread's wake-up (background_wanted_, stopping_)
+  std::vector<Job> incoming_ GUARDED_BY(mu_);
+  Status failure_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
+  bool background_wanted_ GUARDED_BY(mu_) = false;  // work is left that no caller drives
   std::atomic<bool> failed_{false};
   std::atomic<uint32_t> callers_waiting_{0};
   std::atomic<uint64_t> jobs_{0};  // started, not yet done
