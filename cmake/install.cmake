@@ -109,7 +109,11 @@ install(CODE "
     string(REPLACE \"=\" \";\" _entry \"\${_entry}\")
     list(GET _entry 0 _file)
     list(GET _entry 1 _rpath)
-    file(RPATH_SET FILE \"\${CMAKE_INSTALL_PREFIX}/\${_file}\" NEW_RPATH \"\${_rpath}\")
+    # (libucm has none: it needs nothing but libc.)
+    file(READ_ELF \"\${CMAKE_INSTALL_PREFIX}/\${_file}\" RUNPATH _old RPATH _old_rpath)
+    if(_old OR _old_rpath)
+      file(RPATH_SET FILE \"\${CMAKE_INSTALL_PREFIX}/\${_file}\" NEW_RPATH \"\${_rpath}\")
+    endif()
     if(CMAKE_INSTALL_DO_STRIP)  # cmake --install --strip strips install(TARGETS) files only
       execute_process(COMMAND \"${CMAKE_STRIP}\" --strip-unneeded
                               \"\${CMAKE_INSTALL_PREFIX}/\${_file}\" COMMAND_ERROR_IS_FATAL ANY)

@@ -5,12 +5,13 @@
 //
 // As LevelDB's LEVELDB_EXPORT: a user may define GRADLINK_EXPORT to override it. On ELF the
 // attribute is the same for the library and its users (default visibility), so users need
-// define nothing.
+// define nothing. The standard attribute syntax, so that it goes beside [[nodiscard]] and
+// [[noreturn]] (GCC takes no __attribute__ between those and the name).
 #pragma once
 
 #if !defined(GRADLINK_EXPORT)
 #if defined(__GNUC__) || defined(__clang__)
-#define GRADLINK_EXPORT __attribute__((visibility("default")))
+#define GRADLINK_EXPORT [[gnu::visibility("default")]]
 #else
 #define GRADLINK_EXPORT
 #endif
