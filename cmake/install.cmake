@@ -110,6 +110,8 @@ install(CODE "
     list(GET _entry 0 _file)
     list(GET _entry 1 _rpath)
     # (libucm has none: it needs nothing but libc.)
+    unset(_old)
+    unset(_old_rpath)
     file(READ_ELF \"\${CMAKE_INSTALL_PREFIX}/\${_file}\" RUNPATH _old RPATH _old_rpath)
     if(_old OR _old_rpath)
       file(RPATH_SET FILE \"\${CMAKE_INSTALL_PREFIX}/\${_file}\" NEW_RPATH \"\${_rpath}\")
