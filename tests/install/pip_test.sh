@@ -12,8 +12,8 @@
 #    the build), installed into a second fresh venv, then step 2's job again with it.
 #
 # The pip build is CMake's in build-pip/ (setup.cfg, setup.py), never build/; the second build
-# (pip wheel) reuses it. Needs root (unshare, mount). About 10 minutes on 2 cores, most of it
-# the first build.
+# (pip wheel) reuses it. Needs root (unshare, mount). About a minute when ccache holds build/'s
+# objects (make test-install), else 10-15 minutes of compiling on 2 cores.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 ucx=${GRADLINK_UCX_PREFIX:-$HOME/.cache/gradlink/ucx-1.13.1-gl1}
