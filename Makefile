@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?=
 
-.PHONY: all setup build test test-arm test-torch2 demo bench bench-scale compare bench-reduce netcluster train-cluster fuzz soak test-asan test-tsan clean
+.PHONY: all setup build test test-install test-arm test-torch2 demo bench bench-scale compare bench-reduce netcluster train-cluster fuzz soak test-asan test-tsan clean
 
 all: build
 
@@ -24,6 +24,15 @@ build: setup $(BUILD)/CMakeCache.txt
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 600 -j$(JOBS)
+
+# The pip routes (README, "Installing"): `pip install .` into a fresh venv, the job run with the
+# checkout and ~/.cache/gradlink hidden, then `pip wheel .` installed into another venv. Builds
+# gradlink again in build-pip/ (minutes); needs root (unshare). tests/install/pip_test.sh.
+# With ccache (make setup installs it) the pip build reuses what build/ compiled: the same
+# sources and flags; the debug information's directory, which it then misnames, is stripped.
+test-install: setup
+	CMAKE_CXX_COMPILER_LAUNCHER=$$(command -v ccache || true) CCACHE_NOHASHDIR=true \
+	  tests/install/pip_test.sh
 
 # The main job: a small transformer language model trained by 2 workers through 2 aggregation
 # servers (gradlink-run starts the scheduler, servers and workers), then a check that the

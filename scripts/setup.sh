@@ -13,6 +13,11 @@ packages=(
   iproute2
   # The Python layer: Debian's torch/pybind11/pytest belong to /usr/bin/python3 (no PyPI).
   python3-dev python3-pybind11 pybind11-dev python3-torch libtorch-dev python3-pytest python3-venv
+  # pip install . / pip wheel . (pyproject.toml, setup.py: setuptools builds through CMake);
+  # binutils' nm, c++filt and readelf for tests/install; util-linux's unshare.
+  python3-pip python3-setuptools python3-wheel binutils util-linux
+  # make test-install's pip build reuses build/'s objects through it.
+  ccache
   # The BLAS Debian's torch recommends (--no-install-recommends skips it): without it torch runs
   # the reference BLAS, 3.4x slower in bench/train_cluster's dense layers (a 4096 x 4096
   # matrix times 2 rows: 21 ms against 6.1 ms) and 19x in a 512 x 512 product. The OpenMP

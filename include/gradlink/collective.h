@@ -32,6 +32,8 @@
 #include <string_view>
 #include <vector>
 
+#include "gradlink/export.h"
+
 namespace gradlink {
 
 enum class Collective : uint8_t {
@@ -45,8 +47,8 @@ enum class Collective : uint8_t {
 enum class ReduceOp : uint8_t { kSum = 0, kMin = 1, kMax = 2, kProduct = 3 };
 
 // "allreduce", "broadcast", ...; "sum", "min", "max", "product".
-std::string_view CollectiveName(Collective c);
-std::string_view ReduceOpName(ReduceOp op);
+GRADLINK_EXPORT std::string_view CollectiveName(Collective c);
+GRADLINK_EXPORT std::string_view ReduceOpName(ReduceOp op);
 
 struct CollectiveSpec {
   Collective kind = Collective::kAllreduce;
@@ -70,6 +72,6 @@ struct CollectiveSpec {
 };
 
 // "allgather of [3, 5]", "broadcast from rank 2", "allreduce (max)": for error messages.
-std::string DescribeSpec(const CollectiveSpec& s);
+GRADLINK_EXPORT std::string DescribeSpec(const CollectiveSpec& s);
 
 }  // namespace gradlink

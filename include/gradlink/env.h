@@ -11,41 +11,42 @@
 #include <optional>
 #include <string>
 
+#include "gradlink/export.h"
 #include "gradlink/options.h"
 #include "gradlink/status.h"
 
 namespace gradlink {
 
 // GRADLINK_JOB; the secret (GRADLINK_SECRET, else GRADLINK_SECRET_FILE's contents).
-Status ApplyEnvironment(SchedulerOptions* options);
+GRADLINK_EXPORT Status ApplyEnvironment(SchedulerOptions* options);
 // GRADLINK_SCHEDULER, GRADLINK_JOB, GRADLINK_HOST, GRADLINK_SERVER_ID, GRADLINK_SERVER_WEIGHT,
 // GRADLINK_SERVER_MEMORY, GRADLINK_SERVER_ENGINES, GRADLINK_SERVER_CPUS, GRADLINK_CONNECT_TIMEOUT
 // and GRADLINK_SCHEDULER_RECONNECT (seconds), the secret.
-Status ApplyEnvironment(ServerOptions* options);
+GRADLINK_EXPORT Status ApplyEnvironment(ServerOptions* options);
 // GRADLINK_SCHEDULER, GRADLINK_JOB, GRADLINK_HOST, GRADLINK_RANK, GRADLINK_PARTITION_BYTES,
 // GRADLINK_MAX_BYTES_IN_FLIGHT, GRADLINK_MAX_BYTES_AHEAD, GRADLINK_SINGLE_LANE,
 // GRADLINK_FUSION_BUFFER_BYTES, GRADLINK_FUSION_THRESHOLD_BYTES, GRADLINK_LOCAL_ARENA_BYTES,
 // GRADLINK_LOCAL_CHUNK_BYTES, GRADLINK_CONNECT_TIMEOUT, GRADLINK_SCHEDULER_RECONNECT and
 // GRADLINK_TIMEOUT (seconds), the secret.
-Status ApplyEnvironment(WorkerOptions* options);
+GRADLINK_EXPORT Status ApplyEnvironment(WorkerOptions* options);
 
 // The job secret alone: GRADLINK_SECRET, else the contents of GRADLINK_SECRET_FILE, else nullopt.
-Result<std::optional<std::string>> SecretFromEnvironment();
+GRADLINK_EXPORT Result<std::optional<std::string>> SecretFromEnvironment();
 // A byte count as the GRADLINK_* variables take it: digits, optionally K, M or G (binary
 // multiples). kInvalidArgument naming `what` and the value otherwise. For the tools' flags.
-Result<uint64_t> ParseByteCount(const std::string& what, const std::string& value);
+GRADLINK_EXPORT Result<uint64_t> ParseByteCount(const std::string& what, const std::string& value);
 
 // What the kernel says can still be allocated without swapping (/proc/meminfo's MemAvailable),
 // in bytes; 0 when unknown. Servers report it when they join (their default memory budget is a
 // share of it); tools check sizes against it.
-uint64_t AvailableMemory();
+GRADLINK_EXPORT uint64_t AvailableMemory();
 
 // The machine this process counts as (what decides which workers share a host): GRADLINK_HOST's
 // machine part when it is set, else the host name, with the network namespace where it is not
 // the machine's own. For launchers that place one server per host (the torch.distributed
 // backend's rendezvous).
-std::string LocalMachineName();
+GRADLINK_EXPORT std::string LocalMachineName();
 // A fresh random job secret (64 hex characters), for launchers to hand to a job's members.
-std::string GenerateSecret();
+GRADLINK_EXPORT std::string GenerateSecret();
 
 }  // namespace gradlink

@@ -13,12 +13,13 @@
 #include <cstdint>
 #include <memory>
 
+#include "gradlink/export.h"
 #include "gradlink/options.h"
 #include "gradlink/status.h"
 
 namespace gradlink {
 
-class Scheduler {
+class GRADLINK_EXPORT Scheduler {
  public:
   // Binds the port and starts accepting. kUnavailable naming the port when it is in use.
   static Result<std::unique_ptr<Scheduler>> Start(const SchedulerOptions& options);

@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "gradlink/export.h"
 #include "gradlink/options.h"
 #include "gradlink/status.h"
 
@@ -46,7 +47,7 @@ struct ServerStats {
   std::string threads;
 };
 
-class Server {
+class GRADLINK_EXPORT Server {
  public:
   // Joins the job through the scheduler; returns once the address book has arrived.
   static Result<std::unique_ptr<Server>> Start(const ServerOptions& options);

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <utility>
 
+#include "gradlink/export.h"
+
 namespace gradlink {
 
 enum class Code : uint8_t {
@@ -28,9 +30,9 @@ enum class Code : uint8_t {
 };
 inline constexpr uint8_t kMaxCode = 10;
 
-std::string_view CodeName(Code code);
+GRADLINK_EXPORT std::string_view CodeName(Code code);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] GRADLINK_EXPORT Status {
  public:
   Status() = default;  // OK
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
@@ -51,20 +53,20 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-Status InvalidArgument(std::string msg);
-Status Timeout(std::string msg);
-Status PeerLost(std::string msg);
-Status ProtocolError(std::string msg);
-Status Mismatch(std::string msg);
-Status Aborted(std::string msg);
-Status ResourceExhausted(std::string msg);
-Status Unavailable(std::string msg);
-Status Internal(std::string msg);
+GRADLINK_EXPORT Status InvalidArgument(std::string msg);
+GRADLINK_EXPORT Status Timeout(std::string msg);
+GRADLINK_EXPORT Status PeerLost(std::string msg);
+GRADLINK_EXPORT Status ProtocolError(std::string msg);
+GRADLINK_EXPORT Status Mismatch(std::string msg);
+GRADLINK_EXPORT Status Aborted(std::string msg);
+GRADLINK_EXPORT Status ResourceExhausted(std::string msg);
+GRADLINK_EXPORT Status Unavailable(std::string msg);
+GRADLINK_EXPORT Status Internal(std::string msg);
 
 namespace internal {
 // Reading the value of a Result that holds an error is a bug in the caller: this prints the
 // error ("Result::value() on an error: ...") and aborts, never undefined behaviour.
-[[noreturn]] void ValueOfErrorResult(const Status& status);
+[[noreturn]] GRADLINK_EXPORT void ValueOfErrorResult(const Status& status);
 }  // namespace internal
 
 // A value or the Status that explains why there is none. value(), * and -> on an error abort

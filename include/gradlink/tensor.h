@@ -6,6 +6,8 @@
 #include <optional>
 #include <string_view>
 
+#include "gradlink/export.h"
+
 namespace gradlink {
 
 // Values are stable: they travel on the wire.
@@ -34,14 +36,14 @@ constexpr size_t DataTypeSize(DataType t) {
 constexpr bool IsValidDataType(uint8_t raw) { return raw >= 1 && raw <= 6; }
 
 // "fp32", "fp64", "fp16", "bf16", "int32", "int64".
-std::string_view DataTypeName(DataType t);
-std::optional<DataType> ParseDataType(std::string_view name);
+GRADLINK_EXPORT std::string_view DataTypeName(DataType t);
+GRADLINK_EXPORT std::optional<DataType> ParseDataType(std::string_view name);
 
 // fp16 / bf16 <-> fp32, exactly as the servers convert (round to nearest even; NaN stays NaN),
 // for filling and checking 16-bit tensors.
-float HalfToFloat(uint16_t h);
-uint16_t FloatToHalf(float f);
-float BFloat16ToFloat(uint16_t b);
-uint16_t FloatToBFloat16(float f);
+GRADLINK_EXPORT float HalfToFloat(uint16_t h);
+GRADLINK_EXPORT uint16_t FloatToHalf(float f);
+GRADLINK_EXPORT float BFloat16ToFloat(uint16_t b);
+GRADLINK_EXPORT uint16_t FloatToBFloat16(float f);
 
 }  // namespace gradlink

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "gradlink/collective.h"
+#include "gradlink/export.h"
 #include "gradlink/options.h"
 #include "gradlink/status.h"
 #include "gradlink/tensor.h"
@@ -52,7 +53,7 @@ struct TensorState;
 }  // namespace internal
 
 // A declared tensor. Cheap to copy; valid while its Worker lives.
-class TensorHandle {
+class GRADLINK_EXPORT TensorHandle {
  public:
   TensorHandle() = default;
   uint64_t key() const;
@@ -169,7 +170,7 @@ struct WorkerStats {
 };
 
 // The pending result of one PushPull or PushPullGroup. Cheap to copy.
-class PushPullHandle {
+class GRADLINK_EXPORT PushPullHandle {
  public:
   PushPullHandle() = default;
   // OK once the sum is in the caller's buffer; the operation's error if it failed; kTimeout if it
@@ -194,7 +195,7 @@ class PushPullHandle {
   std::shared_ptr<internal::Group> group_;
 };
 
-class Worker {
+class GRADLINK_EXPORT Worker {
  public:
   // Joins the job; returns once the address book has arrived and the lanes are connected.
   static Result<std::unique_ptr<Worker>> Connect(const WorkerOptions& options);

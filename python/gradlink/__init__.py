@@ -4,8 +4,9 @@ The package is pure Python around the compiled module ``_gradlink`` (pybind11 ov
 worker). CMake builds that module into ``<build>/python/gradlink/``; this package finds it in
 
 1. ``$GRADLINK_BUILD_DIR/python/gradlink`` if GRADLINK_BUILD_DIR is set (gradlink-run sets it),
-2. ``<repo>/build/python/gradlink`` (the default build directory),
-3. next to this file (an installed copy).
+2. ``<repo>/build/python/gradlink`` (the default build directory) in a source tree,
+3. next to this file (an installed package: ``pip install .``, whose compiled parts and
+   binaries, in ``bin/``, are all inside the package; it never looks for a build directory).
 
 Errors are exceptions: :class:`GradlinkError` is the base; each C++ status code has a subclass
 (:class:`MismatchError`, :class:`PeerLostError`, :class:`TimeoutError` (also a builtin
@@ -22,14 +23,18 @@ from . import _env  # the GRADLINK_* environment (pure Python: before the extens
 
 _here = _os.path.dirname(_os.path.abspath(__file__))
 _repo = _os.path.dirname(_os.path.dirname(_here))
+# An installed package (cmake/install.cmake's GRADLINK_PYTHON_PACKAGE layout) has its binaries
+# in bin/ here; a source tree's python/gradlink/ has none.
+_installed = _os.path.isdir(_os.path.join(_here, "bin"))
 
 
 def _build_dirs():
+    """Directories with python/gradlink/ (the compiled modules) and bin/ (the binaries)."""
     dirs = []
     env = _env.build_dir()
     if env:
         dirs.append(_os.path.abspath(env))
-    dirs.append(_os.path.join(_repo, "build"))
+    dirs.append(_here if _installed else _os.path.join(_repo, "build"))
     return dirs
 
 
@@ -91,7 +96,7 @@ __all__ = [
 
 def bin_dir():
     """The directory with gradlink-scheduler and gradlink-server ($GRADLINK_BIN_DIR, else the
-    build directory's bin/)."""
+    build directory's bin/, or the installed package's)."""
     env = _env.bin_dir()
     if env:
         return env
