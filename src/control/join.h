@@ -1,4 +1,5 @@
-// What the server and the worker share: joining a job through the scheduler and creating lanes.
+// Joining a job through the scheduler (and again, through a restarted one) and the member's half
+// of control-plane liveness: what control/membership.h is built on.
 #pragma once
 
 #include <atomic>

@@ -1,5 +1,6 @@
-// The worker's control thread (worker_impl.h): heartbeats, plans (kAssign), barrier releases and
-// the scheduler's verdicts; the job's failure, sticky, handed to every op.
+// The scheduler's frames as the worker takes them (worker_impl.h), on the membership's control
+// thread (control/membership.h): plans (kAssign), barrier releases, failover, the scheduler's
+// verdicts, rejoining a restarted scheduler; the job's failure, sticky, handed to every op.
 #include <algorithm>
 
 #include "common/log.h"
