@@ -85,6 +85,7 @@ def main():
     ap.add_argument("-n", "--workers", type=int, default=4)
     ap.add_argument("-k", "--servers", type=int, default=4)
     ap.add_argument("--skip-one-host", action="store_true")
+    ap.add_argument("--jobs", default="defaults,servers", help="one-host jobs to run")
     a = ap.parse_args()
     builds = {"before": os.path.abspath(a.before), "after": os.path.abspath(a.after)}
     times = {}  # (job, size, build) -> [mean_us]
@@ -93,7 +94,9 @@ def main():
         return ("before", "after") if r % 2 == 0 else ("after", "before")
 
     if not a.skip_one_host:
-        jobs = [("one host, defaults", []), ("one host, servers", ["--local-arena", "0"])]
+        jobs = [(name, extra) for name, extra in
+                (("one host, defaults", []), ("one host, servers", ["--local-arena", "0"]))
+                if name.split(", ")[1] in a.jobs.split(",")]
         for r in range(a.repeats):
             for job, extra in jobs:
                 for size in map(parse_size, a.sizes.split(",")):
