@@ -181,4 +181,18 @@ void OnEveryWorker(uint32_t workers, const std::function<void(uint32_t)>& fn) {
   for (auto& t : threads) t.join();
 }
 
+TwoEnds WaitBoth(PushPullHandle& a, PushPullHandle& b, Clock::time_point deadline) {
+  TwoEnds ends;
+  Clock::time_point a_end, b_end;
+  std::thread waiter([&] {
+    ends.a = a.Wait(deadline);
+    a_end = Clock::now();
+  });
+  ends.b = b.Wait(deadline);
+  b_end = Clock::now();
+  waiter.join();
+  ends.apart = a_end > b_end ? a_end - b_end : b_end - a_end;
+  return ends;
+}
+
 }  // namespace gradlink::test

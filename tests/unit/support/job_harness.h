@@ -32,6 +32,14 @@ inline constexpr std::chrono::seconds kOpTimeout{20};
 
 inline Clock::time_point In(Clock::duration d) { return Clock::now() + d; }
 
+// Waits for two operations at once, each on its own thread, until `deadline`: how each ended,
+// and how far apart their ends were.
+struct TwoEnds {
+  Status a, b;
+  Clock::duration apart{};
+};
+TwoEnds WaitBoth(PushPullHandle& a, PushPullHandle& b, Clock::time_point deadline);
+
 inline constexpr DataType kAllTypes[] = {DataType::kFloat32, DataType::kFloat64,
                                          DataType::kFloat16, DataType::kBFloat16,
                                          DataType::kInt32,   DataType::kInt64};

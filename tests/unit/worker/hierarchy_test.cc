@@ -435,20 +435,12 @@ TEST(HierarchyTest, OneOpsVerdictGraceDoesNotStallTheOthers) {
   PushPullHandle b = job.worker(0).PushPull(mine[1], job.Buffer(kCount * 4));
   EXPECT_EQ(a.Wait(In(100ms)).code(), Code::kTimeout);
   EXPECT_TRUE(job.worker(1).Shutdown(In(5s)).ok());
-  Status a_status, b_status;
-  Clock::time_point a_end, b_end;
-  std::thread waiter([&] {
-    a_status = a.Wait(In(5s));
-    a_end = Clock::now();
-  });
-  b_status = b.Wait(In(5s));
-  b_end = Clock::now();
-  waiter.join();
-  for (const Status& s : {a_status, b_status}) {
+  const test::TwoEnds ends = test::WaitBoth(a, b, In(5s));
+  for (const Status& s : {ends.a, ends.b}) {
     EXPECT_TRUE(s.code() == Code::kAborted || s.code() == Code::kPeerLost) << s.ToString();
     EXPECT_NE(s.message().find("worker 1"), std::string::npos) << s.message();
   }
-  const auto apart = a_end > b_end ? a_end - b_end : b_end - a_end;
+  const auto apart = ends.apart;
   EXPECT_LT(apart, 250ms) << "the two ops ended "
                           << std::chrono::duration_cast<std::chrono::milliseconds>(apart).count()
                           << " ms apart: one waited for the other's verdict grace";
