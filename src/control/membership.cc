@@ -66,6 +66,7 @@ Status Membership::SendOn(uint64_t generation, const wire::Header& h,
 
 void Membership::Reply(const wire::Header& h, std::span<const std::byte> payload) {
   const std::shared_ptr<transport::ControlChannel> c = channel();
+  if (!c) return;  // not joined
   if (Status s = c->Send(h, payload); !s.ok()) {
     // Gone before it heard: the control thread's next read fails on the closed channel and
     // rejoins a restarted scheduler, which asks again (nobody holds the answer it missed).
@@ -77,6 +78,7 @@ void Membership::Reply(const wire::Header& h, std::span<const std::byte> payload
 
 void Membership::Leave(std::optional<Clock::time_point> goodbye_deadline) {
   leaving_ = true;
+  rejoin_cancel_ = true;  // a rejoin under way ends within 100 ms
   if (left_.exchange(true)) return;
   if (const std::shared_ptr<transport::ControlChannel> c = channel()) {
     if (goodbye_deadline && !c->closed()) {
@@ -89,6 +91,8 @@ void Membership::Leave(std::optional<Clock::time_point> goodbye_deadline) {
     c->Close();
   }
   if (thread_.joinable()) thread_.join();
+  // A rejoin that got through as we left installed a channel of its own: close it too.
+  if (const std::shared_ptr<transport::ControlChannel> c = channel()) c->Close();
 }
 
 void Membership::Loop() {

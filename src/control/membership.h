@@ -85,7 +85,8 @@ class MembershipHandler {
   // place, else why it failed (OnLost follows). Every PrepareRejoin that succeeded gets one.
   virtual void OnRejoined(const Status& result, uint64_t generation) = 0;
   // The membership ended by itself: the scheduler is lost for good (no restarted one took us
-  // back), or OnTick failed. Not called for an ending verdict or after Leave().
+  // back, or a rejoin was cancelled by Leave()), or OnTick failed. Not called for an ending
+  // verdict, nor for a lost scheduler once Leave() or StartLeaving() ran.
   virtual void OnLost(const Status& why) = 0;
 };
 
@@ -135,8 +136,9 @@ class Membership {
   // rejoin or fail meanwhile); Leave() then ends the membership.
   void StartLeaving() { leaving_ = true; }
   // Ends the membership: with a `goodbye_deadline` first says kGoodbye (the scheduler then
-  // knows the member left on purpose), then closes the channel and joins the control thread.
-  // Idempotent.
+  // knows the member left on purpose), then cancels a rejoin under way, closes the channel and
+  // joins the control thread. Idempotent. The owner calls it before destroying what the
+  // handler's calls touch (the destructor's own Leave comes too late for that).
   void Leave(std::optional<transport::Clock::time_point> goodbye_deadline);
   bool leaving() const { return leaving_.load(); }
 

@@ -4,8 +4,9 @@
 //
 // Nothing here waits for the data plane: what partitions must do (a worker gone, a join) is
 // posted to each partition's owner thread, and the answer the scheduler waits for (a join
-// release's ack) goes out from whichever owner finishes last. The control thread stays free
-// to heartbeat (the scheduler drops a member silent for kSilenceLimit).
+// release's ack) goes out from this thread's next tick once every owner has counted down. The
+// control thread stays free to heartbeat (the scheduler drops a member silent for
+// kSilenceLimit), and the owners (a lane's progress thread among them) never touch the socket.
 #include "common/log.h"
 #include "server/server_impl.h"
 
@@ -58,14 +59,15 @@ ControlVerdict ServerImpl::OnControl(const transport::Frame& f) {
 }
 
 Status ServerImpl::OnTick() {
-  if (release_ && release_->partitions_left.load() != 0 &&
-      transport::Clock::now() > release_->deadline) {
-    return Internal("server " + std::to_string(id_) + ": " +
-                    std::to_string(release_->partitions_left.load()) +
+  if (!release_) return Status::Ok();
+  if (const size_t left = release_->partitions_left.load(); left != 0) {
+    if (transport::Clock::now() <= release_->deadline) return Status::Ok();
+    return Internal("server " + std::to_string(id_) + ": " + std::to_string(left) +
                     " partitions did not forget the join within " +
                     std::to_string(kJoinReleaseLimit.count()) + " s");
   }
-  if (release_ && release_->partitions_left.load() == 0) release_.reset();
+  release_.reset();
+  AckJoinRelease();
   return Status::Ok();
 }
 
@@ -75,8 +77,10 @@ void ServerImpl::OnLost(const Status& why) {
 }
 
 // The scheduler is gone but did not end the job: register again as this server, serving
-// pushes meanwhile.
+// pushes meanwhile. A join release in progress is not answered: it was the lost scheduler's
+// (a join does not survive a restart; the partitions still forget it).
 Result<Rejoining> ServerImpl::PrepareRejoin(const std::string&) {
+  release_.reset();
   Rejoining r;
   r.reg = reg_;
   r.reg.requested_rank = static_cast<int32_t>(id_.load());
@@ -126,33 +130,35 @@ void ServerImpl::OnJoined(uint64_t rank) {
 }
 
 // Every worker joined: every partition forgets it, on its own thread, before the ack lets the
-// workers push again. The ack goes out from the owner that finishes last; OnTick fails the
-// server if they have not all finished within kJoinReleaseLimit (an owner that stopped never
-// runs the call). A kJoined that follows is posted behind these on the same owners.
+// workers push again. Each owner counts down; the control thread's next tick (OnTick, at most
+// 100 ms later) sends the ack once all have, or fails the server if they have not within
+// kJoinReleaseLimit (an owner that stopped never runs the call). A kJoined that follows is
+// posted behind these on the same owners.
 void ServerImpl::OnJoinRelease() {
   auto release = std::make_shared<JoinRelease>();
   release->ranks = std::move(joined_);
   joined_.clear();
   release->deadline = transport::Clock::now() + kJoinReleaseLimit;
-  {
+  if (!release->ranks.empty()) {
     ReaderLock lock(parts_mu_);
-    if (release->ranks.empty() || parts_.empty()) {
-      AckJoinRelease();
-      return;
-    }
     // Counted before any owner can count down.
     release->partitions_left = parts_.size();
     for (auto& [id, part] : parts_) {
       PartitionState* p = part.get();
-      RunOnOwner(*p, [this, p, release] {
+      RunOnOwner(*p, [p, release] {
         for (uint32_t rank : release->ranks) p->SetJoined(rank, false);
-        if (release->partitions_left.fetch_sub(1) == 1) AckJoinRelease();
+        release->partitions_left.fetch_sub(1);
       });
     }
+  }
+  if (release->partitions_left.load() == 0) {
+    AckJoinRelease();  // nothing to forget
+    return;
   }
   release_ = std::move(release);
 }
 
+// On the control thread.
 void ServerImpl::AckJoinRelease() {
   wire::Header ack;
   ack.type = MsgType::kJoinRelease;

@@ -45,7 +45,7 @@ Status ServerImpl::OnAssign(const transport::Frame& f) {
           return ProtocolError("kAssign of '" + a.name + "' partition " + std::to_string(p) +
                                " unlike the one this server sums");
         }
-        slot.reset();
+        retired_.push_back(std::move(slot));  // posted closures may still point at it
       }
       const bool fresh = !slot;
       if (!slot) {

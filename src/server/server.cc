@@ -100,6 +100,7 @@ Status ServerImpl::Wait(std::chrono::steady_clock::time_point deadline) {
 void ServerImpl::Stop() {
   if (stopped_.exchange(true)) return;
   if (membership_) {
+    membership_->StartLeaving();  // a lost scheduler from here on is not a failure
     membership_->CancelRejoin();
     membership_->Leave(finished() ? std::nullopt
                                   : std::optional(transport::Clock::now() + std::chrono::seconds(1)));

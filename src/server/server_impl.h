@@ -104,7 +104,7 @@ class ServerImpl final : public Server, private MembershipHandler {
   void OnMemberLeft(uint64_t rank);
   void OnJoined(uint64_t rank);
   void OnJoinRelease();
-  // Answers the scheduler's kJoinRelease (from whichever thread forgot the join last).
+  // Answers the scheduler's kJoinRelease once every partition forgot the join (OnTick).
   void AckJoinRelease();
 
   // ---- planning.cc: kAssign (control thread) -------------------------------------------------
@@ -170,6 +170,7 @@ class ServerImpl final : public Server, private MembershipHandler {
   PushReceiver push_receiver_{this};
   PullReceiver pull_receiver_{this};
   MemberLanes lanes_;
+  // Left in Stop(), which the destructor calls first: its control thread calls into this object.
   std::unique_ptr<Membership> membership_;
   wire::RegisterMsg reg_;  // as it first registered (a rejoin registers it again)
   std::vector<std::optional<transport::PeerId>> worker_peers_;  // nullopt: unreachable
@@ -181,6 +182,9 @@ class ServerImpl final : public Server, private MembershipHandler {
   // The control thread's: ranks that joined (Worker::Join), and the release in progress.
   std::vector<uint32_t> joined_;
   std::shared_ptr<JoinRelease> release_;
+  // Partitions a restarted scheduler planned again differently (planning.cc): kept, not freed,
+  // while closures posted to their owners may still point at them.
+  std::vector<std::unique_ptr<PartitionState>> retired_ GUARDED_BY(parts_mu_);
 
   // Every partition's round buffers; kept free for reuse up to kPoolFreeBytes. Declared before
   // parts_, which give their buffers back to it.

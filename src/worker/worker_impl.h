@@ -493,6 +493,7 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   // replaced (the generation counted up) when the worker rejoins a restarted scheduler. A
   // sender decides under mu_ (not while `reconnecting_`), noting the generation; SendOn drops
   // a frame of an older one: what it said reached the new scheduler in the ResumeState.
+  // Left in Shutdown(), which the destructor calls first: its thread calls into this object.
   std::unique_ptr<Membership> membership_;
   std::atomic<bool> shut_down_{false};
   std::atomic<uint64_t> protocol_errors_{0};
