@@ -168,6 +168,15 @@ void LocalReduce::Background() {
   }
 }
 
+bool LocalReduce::AbandonIfGone(Running& r, uint32_t j, const char* path) {
+  if (seg_->gone[j].load(std::memory_order_acquire) == 0) return false;
+  r.failure = Aborted(r.job.what + ": " + LeftJob(j) + "; " + Name(opts_.rank) +
+                      " still waits for it (" + path + ", round " +
+                      std::to_string(r.job.round) + ")");
+  r.abandoned = true;
+  return true;
+}
+
 bool LocalReduce::DriveOnce(uint64_t sums_per_job) {
   Status failure;
   {

@@ -72,15 +72,7 @@ bool LocalReduce::AdvanceFlat(Running& r, uint64_t max_sums) {
     return std::min(ch.chunk_elems, job.count - chunk * ch.chunk_elems);
   };
   bool moved = false;
-  // Rank j, which this job waits for, has stopped: it will never post or consume again.
-  auto abandon_if_gone = [&](uint32_t j) {
-    if (seg_->gone[j].load(std::memory_order_acquire) == 0) return false;
-    r.failure = Aborted(job.what + ": " + LeftJob(j) + "; " + Name(me) +
-                        " still waits for it (same-host path, round " +
-                        std::to_string(job.round) + ")");
-    r.abandoned = true;
-    return true;
-  };
+  auto abandon_if_gone = [&](uint32_t j) { return AbandonIfGone(r, j, "same-host path"); };
 
   // Rank j has joined and did not post chunk `seq`: it sits the chunk out. Its flag is read
   // first: once set, its counters no longer move.

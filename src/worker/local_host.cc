@@ -133,12 +133,7 @@ bool LocalReduce::AdvanceHost(Running& r, uint64_t max_sums) {
   };
   auto entry = [&](uint64_t n) { return entries + entry_of(n) * ch.entry_bytes; };
   auto abandon_if_gone = [&](uint32_t j) {
-    if (seg_->gone[j].load(std::memory_order_acquire) == 0) return false;
-    r.failure = Aborted(job.what + ": " + LeftJob(j) + "; " + Name(me) +
-                        " still waits for it (hierarchical aggregation, round " +
-                        std::to_string(job.round) + ")");
-    r.abandoned = true;
-    return true;
+    return AbandonIfGone(r, j, "hierarchical aggregation");
   };
   // Rank j has joined (Worker::Join) and did not post partition n: it sits it out. Its flag is
   // read first: once set, its counters no longer move (it joined with no job of its own left,

@@ -204,6 +204,9 @@ class LocalReduce {
   // drive_mu_ held: one pass of a flat job (local_flat.cc) or a host job (local_host.cc).
   bool AdvanceFlat(Running& r, uint64_t max_sums) REQUIRES(drive_mu_);
   bool AdvanceHost(Running& r, uint64_t max_sums) REQUIRES(drive_mu_);
+  // Rank j, which `r` waits for, has stopped (it will never post or consume again): `r` fails,
+  // naming j and `path`, and true. On the driving thread (it touches only `r` and the segment).
+  bool AbandonIfGone(Running& r, uint32_t j, const char* path);
   // drive_mu_ held: the job has nothing left to do on this worker.
   static bool Finished(const Running& r);
   // Claims (or finds) the table entry of `key` with `need` arena bytes: its offset, nullopt
