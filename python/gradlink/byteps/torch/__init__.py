@@ -1,95 +1,80 @@
 """byteps.torch's API on gradlink: `import gradlink.byteps.torch as bps` in place of
-`import byteps.torch as bps`.
+`import byteps.torch as bps` (BytePS 0.2.5's names; docs/byteps_api.md lists each one).
 
 BytePS's push_pull returns a new tensor (gradlink.torch's works in place), hence a module of its
 own. The sums are gradlink's (servers, or the same-host path; fp16/bf16 accumulated in fp32).
-    bps.init(); bps.rank(), bps.size(), bps.local_rank(), bps.local_size()
-    bps.push_pull(tensor, average=True, name=None, version=0, priority=0, compression=...)
-    bps.push_pull_async_inplace / push_pull_inplace / synchronize / poll / declare
+    bps.init(); bps.rank(), bps.size(), bps.local_rank(), bps.local_size(), bps.shutdown()
+    bps.push_pull(tensor, average=True, name=..., version=0, priority=0, compression=...)
+    bps.byteps_push_pull (push_pull_async_inplace) / poll / synchronize / declare
     bps.DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step)
     bps.broadcast_parameters, bps.broadcast_optimizer_state, bps.broadcast_object
-Not provided: suspend/resume (elastic training) and byteps.torch.parallel's
-DistributedDataParallel; both raise naming what to use instead.
+Submodules as BytePS has them: ops (every push_pull call, byteps_torch_set_num_grads),
+compression, parallel (DistributedDataParallel) and cross_barrier (CrossBarrier).
+Not provided: suspend/resume (elastic training) and BytePS's asynchronous training
+(BYTEPS_ENABLE_ASYNC); both raise naming what to use instead.
 """
+
+import os
 
 import gradlink
 import gradlink.torch as _gl
-from gradlink.torch import (  # noqa: F401
-    Compression,
-    broadcast_object,
-    init as _init,
-    is_initialized,
+from gradlink.torch import _horovod  # noqa: F401  (the home of the compressors)
+from gradlink.torch import broadcast_object, is_initialized  # noqa: F401
+
+from .compression import Compression
+from .ops import (  # noqa: F401
+    declare,
+    init,
     local_rank,
     local_size,
     poll,
+    push_pull,
+    push_pull_async,
+    push_pull_async_inplace,
+    push_pull_inplace,
     rank,
+    resume,
     shutdown,
     size,
+    suspend,
     synchronize,
 )
-from gradlink.torch import _horovod
-
-
-def init(lazy=True, **kwargs):
-    """Joins the gradlink job (BytePS's `lazy` is accepted; gradlink always joins at once)."""
-    return _init(**kwargs)
-
-
-def declare(name, **kwargs):
-    """BytePS declares tensor names up front, in the same order on every worker. gradlink keys
-    tensors by their name's hash, so no declaration (or order) is needed: a no-op."""
-    return name
-
-
-def push_pull_async_inplace(tensor, average=True, name=None, version=0, priority=0):
-    """Starts averaging (average=False: summing) `tensor` over all workers in place; returns a
-    handle for synchronize()/poll(). `version` is accepted and ignored."""
-    return _gl.push_pull_async(tensor, average=average, name=name, priority=priority)
-
-
-def push_pull_inplace(tensor, average=True, name=None, version=0, priority=0):
-    return synchronize(push_pull_async_inplace(tensor, average, name, version, priority))
-
-
-def push_pull_async(tensor, average=True, name=None, version=0, priority=0):
-    """Out of place: a handle whose synchronize() returns a new tensor; `tensor` is left alone."""
-    return _horovod.allreduce_async(tensor, average=average, name=name)
-
-
-def push_pull(tensor, average=True, name=None, version=0, priority=0,
-              compression=Compression.none):
-    """The average (average=False: sum) of `tensor` over all workers, as a new tensor."""
-    return _horovod.allreduce(tensor, average=average, name=name, compression=compression)
+from .ops import push_pull_async_inplace as byteps_push_pull  # noqa: F401  (BytePS's alias)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1):
-    """byteps.torch.DistributedOptimizer: gradients averaged over all workers during backward
-    (gradlink.torch.DistributedOptimizer underneath: buckets, priorities, fp16 compression)."""
+    """byteps.torch.DistributedOptimizer: each gradient is averaged over all workers as soon as
+    backward has produced it (after `backward_passes_per_step` backward passes: accumulated
+    locally before), and step() waits for the averages before the wrapped optimizer's step.
+    synchronize(), skip_synchronize() and set_backward_passes_per_step() as BytePS has them.
+    gradlink.torch.DistributedOptimizer underneath (buckets, priorities, fp16 compression).
+
+    BytePS's asynchronous training (BYTEPS_ENABLE_ASYNC=1: workers push weight deltas and never
+    wait for each other) is not provided: gradlink's rounds are synchronous."""
+    if int(os.environ.get("BYTEPS_ENABLE_ASYNC", "0") or 0) != 0:
+        raise gradlink.InvalidArgumentError(
+            "BYTEPS_ENABLE_ASYNC: BytePS's asynchronous training is not provided by gradlink "
+            "(every round sums all workers' gradients); unset it for synchronous training")
     return _gl.DistributedOptimizer(optimizer, named_parameters=named_parameters,
                                     compression=compression,
                                     backward_passes_per_step=backward_passes_per_step)
 
 
-def broadcast_parameters(params, root_rank, prefix=None):
-    """Makes every worker's parameters root_rank's (a state_dict, named parameters or
-    tensors); `prefix` names the keys, as in BytePS."""
+def broadcast_parameters(params, root_rank, prefix="Parameter."):
+    """Makes every worker's tensors root_rank's, in place: a state_dict, named parameters or
+    tensors (as BytePS takes them); `prefix` starts their keys' names, as in BytePS."""
     return _gl.broadcast_parameters(params, root_rank=root_rank,
                                     prefix="parameters" if prefix is None else prefix)
 
 
 def broadcast_optimizer_state(optimizer, root_rank, prefix="Parameter."):
+    """Makes every worker's optimizer state (per-parameter state and the param_groups'
+    hyperparameters) root_rank's. `prefix` is BytePS's; gradlink sends the whole state as one
+    object, so no per-tensor names are made from it."""
+    del prefix
     return _gl.broadcast_optimizer_state(optimizer, root_rank=root_rank)
 
 
-def suspend():
-    raise gradlink.InvalidArgumentError(
-        "bps.suspend(): elastic training is not implemented by gradlink; a lost worker fails "
-        "the job (restart from a checkpoint)")
-
-
-def resume(num_workers, num_servers, global_rank=-1, context=None):
-    raise gradlink.InvalidArgumentError(
-        "bps.resume(): elastic training is not implemented by gradlink")
-
 from . import parallel  # noqa: E402,F401  (bps.parallel.DistributedDataParallel)
+from . import ops, compression  # noqa: E402,F401

@@ -7,7 +7,8 @@ its push_pull (averaged, optionally compressed) as soon as autograd has accumula
 last one to arrive waits for all of them, so `loss.backward()` returns with averaged gradients
 and the sums overlap the rest of backward. `no_sync()` accumulates gradients locally;
 `synchronize()` completes a backward in which some parameters got no gradient (a branch not
-taken). CPU tensors: `device_ids` must be None or name the CPU.
+taken). `device_ids`: None, or BytePS's one entry (the device the caller put the module on:
+the module is not moved, as BytePS does not move it).
 """
 
 import contextlib
@@ -18,7 +19,7 @@ import torch
 import gradlink
 import gradlink.torch as _gl
 
-from gradlink.byteps.torch import Compression
+from .compression import Compression
 
 
 _instances = itertools.count()  # every rank makes its instances in the same order
@@ -28,10 +29,11 @@ class DistributedDataParallel(torch.nn.Module):
     def __init__(self, module, device_ids=None, broadcast_buffers=True,
                  compression=Compression.none):
         super().__init__()
-        if device_ids not in (None, [], ["cpu"], [torch.device("cpu")]):
+        if device_ids is not None and len(device_ids) > 1:
             raise gradlink.InvalidArgumentError(
-                "DistributedDataParallel: device_ids %s: gradlink's tensors are on the CPU "
-                "here (leave device_ids None)" % (device_ids,))
+                "DistributedDataParallel: device_ids %s: one process drives one device (give "
+                "one entry, as BytePS requires, or None)" % (device_ids,))
+        self.device_ids = list(device_ids or [])
         self.module = module
         self.broadcast_buffers = broadcast_buffers
         self._compression = compression
