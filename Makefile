@@ -134,6 +134,16 @@ test-arm:
 test-torch2: setup
 	JOBS=$(JOBS) GRADLINK_UCX_PREFIX=$(GRADLINK_UCX_PREFIX) scripts/torch2_chroot.sh
 
+# BytePS's own PyTorch scripts (example/pytorch/, and tests/torch/ where a branch has them) from a
+# fetched bytedance/byteps checkout, their byteps.torch imports made gradlink.byteps.torch, each in
+# a gradlink-run job with 2 and 3 workers (scripts/byteps/run_tests.py; docs/byteps_api.md).
+# Not part of make test: `make test-byteps BYTEPS_TESTS=~/byteps`.
+.PHONY: test-byteps
+test-byteps: build
+	@test -n "$(BYTEPS_TESTS)" || { echo "make test-byteps BYTEPS_TESTS=<a byteps checkout>"; exit 2; }
+	GRADLINK_BUILD_DIR=$(abspath $(BUILD)) .venv/bin/python scripts/byteps/run_tests.py \
+	  "$(BYTEPS_TESTS)" -n 2 3
+
 # Reducer throughput against memcpy (Google Benchmark).
 bench-reduce: build
 	$(BUILD)/bin/reduce_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true

@@ -19,7 +19,7 @@ import argparse
 import json
 import os
 import re
-import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -31,10 +31,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SMALL = ["--model", "resnet18", "--batch-size", "1", "--num-warmup-batches", "1",
          "--num-batches-per-iter", "1", "--num-iters", "2"]
 TOTAL = r"Total img/sec on %(n)d CPU\(s\)"
+# Two benchmarks call torch.autograd.profiler.profile(enabled, use_cuda) with use_cuda
+# positional, which torch >= 1.6 refuses (TypeError): the one change besides the imports, to
+# torch's API, not BytePS's; reported with the outcome.
+PROFILE = (r"profiler\.profile\(enable_profiling, True\)",
+           "profiler.profile(enable_profiling, use_cuda=True)",
+           "profile(enabled, use_cuda=...) keyword for torch >= 1.6")
 
 # path in the checkout -> how to run it: "argv" (after the script), "expect" (a regex the
-# output must hold; %(n)d is the worker count), "env", "needs" (modules that must import), or
-# "skip" (why it cannot run on gradlink here). Each variant is one job.
+# output must hold; %(n)d is the worker count), "env", "needs" (modules that must import),
+# "torch_fixes" ((regex, replacement, why): a call to torch's own API made current), or "skip"
+# (why it cannot run on gradlink here). Each variant is one job.
 CATALOGUE = {
     "example/pytorch/benchmark_byteps.py": [
         {"variant": "optimizer", "argv": SMALL, "expect": TOTAL, "needs": ["torchvision"]},
@@ -42,10 +49,10 @@ CATALOGUE = {
          "needs": ["torchvision"]},
     ],
     "example/pytorch/benchmark_byteps_ddp.py": [
-        {"argv": SMALL, "expect": TOTAL, "needs": ["torchvision"]},
+        {"argv": SMALL, "expect": TOTAL, "needs": ["torchvision"], "torch_fixes": [PROFILE]},
     ],
     "example/pytorch/benchmark_cross_barrier_byteps.py": [
-        {"argv": SMALL, "expect": TOTAL, "needs": ["torchvision"]},
+        {"argv": SMALL, "expect": TOTAL, "needs": ["torchvision"], "torch_fixes": [PROFILE]},
     ],
     "example/pytorch/elastic_benchmark_byteps.py": [
         {"skip": "elastic training (bps.suspend()/bps.resume() change the job's workers): not "
@@ -53,12 +60,11 @@ CATALOGUE = {
     ],
     "example/pytorch/train_mnist_byteps.py": [
         {"argv": ["--epochs", "1"], "expect": r"Test set: Average loss", "needs": ["torchvision"],
-         "data": "mnist",
-         "skip_without_data": "downloads MNIST at start (no network here): give --mnist DIR, a "
-                              "directory holding MNIST/raw/ or MNIST/processed/"},
+         "data": "mnist"},
     ],
     "example/pytorch/train_imagenet_resnet50_byteps.py": [
-        {"skip": "trains on an ImageNet directory tree and logs with tensorboardX"},
+        {"skip": "trains on an ImageNet directory tree (--train-dir, --val-dir) and imports "
+                 "tensorboardX, which Debian 12 does not package"},
     ],
     "example/pytorch/train_imagenet_resnet_byteps_ddp.py": [
         {"skip": "needs CUDA devices (torch.cuda.device_count() GPUs per host) and ImageNet"},
@@ -89,15 +95,37 @@ def scripts_of(checkout):
     return sorted(found)
 
 
-def rewrite(src, dst):
-    """Copies src to dst with its byteps.torch imports made gradlink.byteps.torch ones;
-    returns how many lines changed."""
+def rewrite(src, dst, torch_fixes=()):
+    """Copies src to dst with its byteps.torch imports made gradlink.byteps.torch ones (and
+    the torch_fixes applied); returns (import lines changed, the fixes' reasons applied)."""
     with open(src) as f:
         text = f.read()
     text, n = IMPORT.subn(r"\1gradlink.byteps.torch", text)
+    applied = []
+    for pattern, replacement, why in torch_fixes:
+        text, k = re.subn(pattern, replacement, text)
+        if k:
+            applied.append(why)
     with open(dst, "w") as f:
         f.write(text)
-    return n
+    return n, applied
+
+
+def synthetic_mnist(root, train=600, test=200):
+    """Writes MNIST's four files (idx format, uncompressed, as torchvision finds them in
+    <root>/MNIST/raw/ and then downloads nothing) with random images and labels: the script
+    runs its whole loop; its accuracy means nothing."""
+    import random
+    rng = random.Random(42)
+    raw = os.path.join(root, "MNIST", "raw")
+    os.makedirs(raw, exist_ok=True)
+    for prefix, n in (("train", train), ("t10k", test)):
+        with open(os.path.join(raw, prefix + "-images-idx3-ubyte"), "wb") as f:
+            f.write(struct.pack(">IIII", 0x803, n, 28, 28))
+            f.write(bytes(rng.randrange(256) for _ in range(n * 28 * 28)))
+        with open(os.path.join(raw, prefix + "-labels-idx1-ubyte"), "wb") as f:
+            f.write(struct.pack(">II", 0x801, n))
+            f.write(bytes(rng.randrange(10) for _ in range(n)))
 
 
 def importable(modules):
@@ -112,7 +140,7 @@ def importable(modules):
 def run_job(run, n, servers, workdir, script, spec, timeout, log):
     """One gradlink-run job; returns (outcome, reason, seconds)."""
     argv = list(spec.get("argv", []))
-    cmd = [run, "-n", str(n), "-s", str(servers), "--timeout", str(int(timeout)), "--",
+    cmd = run + ["-n", str(n), "-s", str(servers), "--timeout", str(int(timeout)), "--",
            sys.executable, script] + argv
     env = dict(os.environ)
     env.update(spec.get("env", {}))
@@ -133,7 +161,9 @@ def run_job(run, n, servers, workdir, script, spec, timeout, log):
         return "failed", "no end within %d s" % (timeout + 30), took
     expect = spec.get("expect")
     if rc != 0:
-        errors = [line for line in out.splitlines() if "Error" in line or "error:" in line]
+        # The exception that ended a worker (not the launcher's lines about it).
+        errors = [line for line in out.splitlines()
+                  if re.search(r"\w(Error|Exception)\b: ", line) and "uncaught" not in line]
         tail = (errors or out.strip().splitlines() or [""])[-1]
         return "failed", "exit %s: %s" % (rc, tail.strip()[:240]), took
     if expect and not re.search(expect % {"n": n}, out):
@@ -147,7 +177,8 @@ def main():
     ap.add_argument("-n", type=int, nargs="+", default=[2, 3], help="worker counts")
     ap.add_argument("-s", "--servers", type=int, default=2)
     ap.add_argument("-k", help="only scripts whose path contains this")
-    ap.add_argument("--mnist", help="a directory holding MNIST/ (for train_mnist_byteps.py)")
+    ap.add_argument("--mnist", help="a directory holding MNIST/raw/ for train_mnist_byteps.py "
+                    "(default: random data in MNIST's format, made in the temp directory)")
     ap.add_argument("--timeout", type=float, default=240, help="seconds a job may take")
     ap.add_argument("--json", help="write every outcome here")
     ap.add_argument("--log", help="the jobs' output (default: a file in the temp directory)")
@@ -156,10 +187,13 @@ def main():
     checkout = os.path.abspath(args.checkout)
     if not os.path.isdir(checkout):
         sys.exit("run_tests: %s is not a directory" % checkout)
-    run = os.path.join(os.environ.get("GRADLINK_BUILD_DIR", os.path.join(REPO, "build")),
-                       "bin", "gradlink-run")
-    if not os.access(run, os.X_OK):
-        run = shutil.which("gradlink-run") or sys.exit("run_tests: no gradlink-run (make build)")
+    # This checkout's launcher (which puts this checkout's python/ first on the workers' path)
+    # with the binaries of $GRADLINK_BUILD_DIR, else of build/.
+    bin_dir = os.path.join(os.environ.get("GRADLINK_BUILD_DIR", os.path.join(REPO, "build")),
+                           "bin")
+    if not os.access(os.path.join(bin_dir, "gradlink-scheduler"), os.X_OK):
+        sys.exit("run_tests: no gradlink-scheduler in %s (make build)" % bin_dir)
+    run = [sys.executable, os.path.join(REPO, "tools", "gradlink-run"), "--bin-dir", bin_dir]
     work = tempfile.mkdtemp(prefix="gradlink-byteps-")
     log_path = args.log or os.path.join(work, "jobs.log")
     log = open(log_path, "w")
@@ -182,21 +216,26 @@ def main():
                     reason = "needs %s (Debian: python3-%s)" % (", ".join(missing), missing[0])
                 jobdir = os.path.join(work, "n%d" % n, re.sub(r"\W", "_", label))
                 if not reason and spec.get("data") == "mnist":
-                    if not args.mnist:
-                        reason = spec["skip_without_data"]
-                    else:
-                        os.makedirs(jobdir, exist_ok=True)
-                        for r in range(n):  # the script reads data-<rank>/
-                            os.symlink(os.path.abspath(args.mnist),
-                                       os.path.join(jobdir, "data-%d" % r))
+                    mnist = os.path.abspath(args.mnist) if args.mnist else \
+                        os.path.join(work, "mnist")
+                    if not args.mnist and not os.path.isdir(mnist):
+                        synthetic_mnist(mnist)
+                    os.makedirs(jobdir, exist_ok=True)
+                    for r in range(n):  # the script reads data-<rank>/
+                        os.symlink(mnist, os.path.join(jobdir, "data-%d" % r))
+                    label += "" if args.mnist else " [synthetic MNIST]"
                 if not reason:
                     os.makedirs(jobdir, exist_ok=True)
                     script = os.path.join(jobdir, os.path.basename(rel))
-                    if rewrite(os.path.join(checkout, rel), script) == 0:
+                    changed, applied = rewrite(os.path.join(checkout, rel), script,
+                                               spec.get("torch_fixes", ()))
+                    if changed == 0:
                         outcome, reason = "failed", "no byteps.torch import line to change"
                     else:
                         outcome, reason, took = run_job(run, n, args.servers, jobdir, script,
                                                         spec, args.timeout, log)
+                        if applied:
+                            reason = ("(also: %s) " % "; ".join(applied) + reason).strip()
                 counts[outcome] += 1
                 print("  n=%d %-62s %-7s %5.1fs %s" % (n, label, outcome, took, reason),
                       flush=True)

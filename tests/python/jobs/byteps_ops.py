@@ -14,7 +14,6 @@ from gradlink.byteps.torch.compression import Compression, FP16Compressor, NoneC
 from gradlink.byteps.torch.ops import (
     byteps_torch_set_num_grads,
     push_pull_async,
-    push_pull_async_inplace,
     push_pull_group_sync_inplace,
     synchronize,
 )
