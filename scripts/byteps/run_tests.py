@@ -206,8 +206,9 @@ def main():
     for n in args.n:
         counts = {"passed": 0, "failed": 0, "skipped": 0}
         for rel in scripts:
-            specs = CATALOGUE.get(rel, [{"skip": "not in this runner's catalogue (no known way "
-                                                 "to run it without a GPU)"}])
+            specs = CATALOGUE.get(rel, [{"skip": "not in the runner's catalogue, which has "
+                                                 "every CPU-capable script it knows: this one "
+                                                 "uses CUDA or names of an unreleased branch"}])
             for spec in specs:
                 label = rel + (" [%s]" % spec["variant"] if "variant" in spec else "")
                 outcome, reason, took = "skipped", spec.get("skip", ""), 0.0
