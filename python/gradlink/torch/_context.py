@@ -30,6 +30,7 @@ class Context:
         self.tensors = {}  # name -> gradlink.Tensor
         self.collectives = {}  # key (name + spec) -> gradlink.Tensor
         self.noname = itertools.count()
+        self.in_flight = {}  # name -> the handle of the last operation started under it
         self.lock = threading.Lock()
         self.completer = None  # _handles.Completer, made on first use
         self.stager = None  # _staging.Stager: device tensors (and GRADLINK_STAGE_HOST=1)

@@ -18,6 +18,36 @@ from ._handles import GroupedPushPullHandle, PushPullHandle, synchronize
 from ._tensors import _check_summable, _check_tensor, _staged, summable_dtype
 
 
+# How many finished operations the in-flight table may hold before it is swept.
+_IN_FLIGHT_SWEEP = 1024
+
+
+def claim(name, what):
+    """Refuses a second operation under `name` while this process's last one under it is still
+    in flight: InvalidArgumentError (a ValueError, as Horovod raises it), at once and on this
+    rank only, before anything is sent. Horovod matches operations across ranks by name, so two
+    in flight under one name could not be told apart."""
+    ctx = _context._require()
+    with ctx.lock:
+        h = ctx.in_flight.get(name)
+    if h is not None and not h.poll():
+        raise InvalidArgumentError(
+            "%s: an operation named '%s' is still in flight on rank %d; operations in flight "
+            "at the same time need different names" % (what, name, ctx.rank))
+
+
+def track(name, handle):
+    """Records `handle` as the operation in flight under `name` (see claim()); returns it."""
+    ctx = _context._require()
+    with ctx.lock:
+        table = ctx.in_flight
+        if len(table) >= _IN_FLIGHT_SWEEP and name not in table:
+            for n in [n for n, h in table.items() if h.poll()]:
+                del table[n]
+        table[name] = handle
+    return handle
+
+
 def _stage(tensor, name, average, priority):
     """Starts a staged push_pull of `tensor` in place (_staging.py)."""
     ctx = _context._require()
@@ -56,10 +86,15 @@ def collective_key(name, counts, shared_counts):
 
 
 def start_collective(kind, tensor, inp, out, name, dtype=None, op="sum", root=0, counts=(),
-                     shared_counts=False, average=False, priority=0, finish=None, group=()):
+                     shared_counts=False, average=False, priority=0, finish=None, group=(),
+                     claimed=False):
     """Declares `name` for the collective and starts it from `inp` into `out` (contiguous; the
-    same tensor for in-place allreduce and broadcast). synchronize() returns `tensor`."""
+    same tensor for in-place allreduce and broadcast). synchronize() returns `tensor`.
+    `claimed`: the caller has claimed `name` and tracks the operation itself (an operation
+    of two steps, whose second step this is); otherwise a `name` in flight is refused."""
     ctx = _context._require()
+    if not claimed:
+        claim(name, kind)
     if dtype is None:
         dtype = summable_dtype(inp.dtype, kind, name, verb="reduced")
     counts = [int(c) for c in counts]
@@ -81,7 +116,8 @@ def start_collective(kind, tensor, inp, out, name, dtype=None, op="sum", root=0,
             ctx.collectives[key] = (t, spec)
     h = ctx.worker.run(t, inp.data_ptr(), inp.numel(), out.data_ptr(), out.numel(), dtype,
                        average, priority, (inp, out))
-    return PushPullHandle(h, tensor, finish, ctx.timeout, name)
+    handle = PushPullHandle(h, tensor, finish, ctx.timeout, name)
+    return handle if claimed else track(name, handle)
 
 
 def push_pull_async(tensor, average=True, name=None, priority=0):
@@ -99,15 +135,17 @@ def push_pull_async(tensor, average=True, name=None, priority=0):
     ctx = _context._require()
     if name is None:
         name = "push_pull.noname.%d" % next(ctx.noname)
+    claim(name, "push_pull")
     if _staged(tensor):
         with torch.no_grad():
-            return _stage(tensor, name, average, priority)
+            return track(name, _stage(tensor, name, average, priority))
     with torch.no_grad():
         if tensor.is_contiguous():
-            return start(tensor, tensor.detach(), name, average, priority)
+            return track(name, start(tensor, tensor.detach(), name, average, priority))
         t = tensor.detach()
         buf = t.contiguous()
-        return start(tensor, buf, name, average, priority, finish=lambda: t.copy_(buf))
+        return track(name, start(tensor, buf, name, average, priority,
+                                 finish=lambda: t.copy_(buf)))
 
 
 def push_pull(tensor, average=True, name=None, priority=0):
@@ -156,6 +194,8 @@ def grouped_push_pull_async(tensors, average=True, name=None, priority=0, names=
         if len(names) != len(tensors):
             raise InvalidArgumentError("grouped_push_pull: %d tensors but %d names"
                                        % (len(tensors), len(names)))
+    for n in names:
+        claim(n, "grouped_push_pull")
     if any(_staged(t) for t in tensors):
         # Staged members go one by one (each in chunks, under its own name), the rest as a group.
         for t, n in zip(tensors, names):  # every member checked before any starts
@@ -169,7 +209,10 @@ def grouped_push_pull_async(tensors, average=True, name=None, priority=0, names=
                 group = grouped_push_pull_async([tensors[i] for i in rest], average=average,
                                                 priority=priority,
                                                 names=[names[i] for i in rest])
-        return _staging.StagedGroup(tensors, staged, group)
+        handle = _staging.StagedGroup(tensors, staged, group)
+        for n in names:
+            track(n, handle)
+        return handle
     bufs, finish = [], []
     with torch.no_grad():
         for t in tensors:
@@ -180,7 +223,10 @@ def grouped_push_pull_async(tensors, average=True, name=None, priority=0, names=
                 c = d.contiguous()
                 bufs.append(c)
                 finish.append(lambda d=d, c=c: d.copy_(c))
-        return start_group(tensors, bufs, names, average, priority, finish)
+        handle = start_group(tensors, bufs, names, average, priority, finish)
+    for n in names:
+        track(n, handle)
+    return handle
 
 
 def grouped_push_pull(tensors, average=True, name=None, priority=0, names=None):
