@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from gradlink import TimeoutError as GradlinkTimeout
+
 from . import _context
 
 
@@ -43,6 +45,9 @@ class _Pending:
                         f()
             self._done = True
             self._finish = None
+            ctx = _context.current()
+            if ctx is not None:
+                ctx.landed(self.name, self)
             observers = _context.observers()
             if observers:
                 timing = self._h.timing()
@@ -122,11 +127,14 @@ class TwoStepHandle:
 
     def wait(self, timeout=None):
         if not self._ready.wait(_context._require().timeout if timeout is None else timeout):
-            from gradlink import TimeoutError as GradlinkTimeout
             raise GradlinkTimeout("%s: its first step did not finish in time" % self.name)
         if self._error is not None:
             raise self._error
-        return self._second.wait(timeout)
+        result = self._second.wait(timeout)
+        ctx = _context.current()
+        if ctx is not None:
+            ctx.landed(self.name, self)
+        return result
 
     def timing(self):
         return self._second.timing() if self._second is not None else {}

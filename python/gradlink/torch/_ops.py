@@ -18,8 +18,10 @@ from ._handles import GroupedPushPullHandle, PushPullHandle, synchronize
 from ._tensors import _check_summable, _check_tensor, _staged, summable_dtype
 
 
-# How many finished operations the in-flight table may hold before it is swept.
-_IN_FLIGHT_SWEEP = 1024
+# The in-flight table is swept of finished operations when it grows past this many names (or
+# twice what the last sweep left), so unnamed calls, each under a new name, do not keep their
+# tensors alive; waited-for operations leave it at once (_handles.py).
+_IN_FLIGHT_SWEEP = 64
 
 
 def claim(name, what):
@@ -41,9 +43,10 @@ def track(name, handle):
     ctx = _context._require()
     with ctx.lock:
         table = ctx.in_flight
-        if len(table) >= _IN_FLIGHT_SWEEP and name not in table:
+        if len(table) >= ctx.in_flight_sweep and name not in table:
             for n in [n for n, h in table.items() if h.poll()]:
                 del table[n]
+            ctx.in_flight_sweep = max(_IN_FLIGHT_SWEEP, 2 * len(table))
         table[name] = handle
     return handle
 

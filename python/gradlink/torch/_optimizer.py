@@ -20,7 +20,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, backward_passes_per_step=1, average=True,
                  prefix="grad", bucket_bytes=None, compression=_horovod.Compression.none,
                  predivide=1.0, sparse_as_dense=False,
-                 process_set=_horovod.global_process_set):
+                 process_set=_horovod.global_process_set, groups=None):
         super(self.__class__, self).__init__(params)
         _core._require()
         # Over a process set: its members average among themselves, one gradient per
@@ -64,7 +64,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self._gl_delay = {p: backward_passes_per_step for p in all_params}
         self._gl_handles = {}
-        self._gl_make_buckets(bucket_bytes)
+        if groups is None:
+            self._gl_make_buckets(bucket_bytes)
+        else:
+            self._gl_group_buckets(groups)
         self._gl_grad_accs = []
         self._gl_requires_update = set()
         self._gl_synchronized = False
@@ -121,6 +124,35 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._gl_add_bucket(current)
         self._gl_ready = [set() for _ in self._gl_buckets]
         self._gl_started = [None] * len(self._gl_buckets)  # this step's handle of each bucket
+
+    def _gl_group_buckets(self, groups):
+        # Horovod's explicit groups: a number k (the gradients, in registration order, cut into
+        # k groups of nearly equal counts) or lists of parameters (each list one group; every
+        # other parameter a group of its own). Each group is one fused collective.
+        params = sorted((p for p in self._gl_names if p.requires_grad),
+                        key=lambda q: -self._gl_priority[q])  # registration order
+        self._gl_buckets, self._gl_bucket_of = [], {}
+        if isinstance(groups, int):
+            k = max(1, min(groups, len(params)))
+            at = 0
+            for i in range(k):
+                n = len(params) // k + (1 if i < len(params) % k else 0)
+                if n:
+                    self._gl_add_bucket(params[at:at + n])
+                at += n
+        else:
+            for group in groups:
+                members = [p for p in group if p in self._gl_names and p.requires_grad]
+                if any(p in self._gl_bucket_of for p in members):
+                    raise InvalidArgumentError("DistributedOptimizer: a parameter is in more "
+                                               "than one of `groups`")
+                if members:
+                    self._gl_add_bucket(members)
+            for p in params:
+                if p not in self._gl_bucket_of:
+                    self._gl_add_bucket([p])
+        self._gl_ready = [set() for _ in self._gl_buckets]
+        self._gl_started = [None] * len(self._gl_buckets)
 
     def _gl_add_bucket(self, params):
         for p in params:
@@ -318,12 +350,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=_horovod.
     (Compression.fp16: gradients travel as fp16, summed in fp32 on the servers), op (Average,
     default, or Sum; `average=` is gradlink's older spelling of the same), and
     gradient_predivide_factor f (each gradient is divided by f before the sum and multiplied by
-    f after the average, as Horovod does; Average only). Sparse gradients (nn.Embedding(sparse=True)) are
-    averaged through an allgather of their indices and values, or, with sparse_as_dense=True,
-    densified for the sum and made sparse again; either way they stay sparse for the step.
-    num_groups and groups are not taken: gradlink forms its own buckets (bucket_bytes, below).
-    process_set (a registered ProcessSet): its members average over the set, one gradient per
-    collective; a rank outside it steps on its own gradients, as under Horovod.
+    f after the average, as Horovod does; Average only). Sparse gradients
+    (nn.Embedding(sparse=True)) are averaged through an allgather of their indices and values,
+    or, with sparse_as_dense=True, densified for the sum and made sparse again; either way they
+    stay sparse for the step. groups (num_groups, its older spelling): Horovod's explicit fusion
+    groups, a number k (the gradients cut into k groups in registration order) or lists of
+    parameters (each list one group, every other parameter alone); each group goes as one fused
+    collective once all of its gradients are ready. Without them gradlink forms its own buckets
+    (bucket_bytes, below). process_set (a registered ProcessSet): its members average over the
+    set, one gradient per collective; a rank outside it steps on its own gradients, as under
+    Horovod.
 
     During backward, a hook on each parameter's gradient accumulator starts push_pull of that
     gradient as soon as it is ready (overlapping communication with the rest of backward);
@@ -352,10 +388,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=_horovod.
                          "op=Average only")
     if gradient_predivide_factor <= 0:
         raise ValueError("DistributedOptimizer: gradient_predivide_factor must be positive")
-    if num_groups or groups is not None:
-        raise InvalidArgumentError(
-            "DistributedOptimizer: num_groups and groups are not implemented; gradlink groups "
-            "small gradients into buckets of bucket_bytes by itself")
+    if num_groups:
+        groups = num_groups  # Horovod's older spelling of groups=<number>
+    if groups is not None:
+        if isinstance(groups, bool) or not (
+                (isinstance(groups, int) and groups >= 0) or
+                (isinstance(groups, (list, tuple)) and
+                 all(isinstance(g, (list, tuple)) and
+                     all(isinstance(p, torch.Tensor) for p in g) for g in groups))):
+            raise ValueError("DistributedOptimizer: groups must be a non-negative number or a "
+                             "list of lists of parameters")
+        if groups == 0:
+            groups = None
     if process_set.ranks is not None and process_set.process_set_id is None:
         raise InvalidArgumentError("DistributedOptimizer: %r is not registered "
                                    "(add_process_set)" % process_set)
@@ -363,7 +407,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=_horovod.
                dict(_DistributedOptimizer.__dict__))
     opt = cls(optimizer.param_groups, named_parameters, backward_passes_per_step,
               resolved == _horovod.Average, prefix, bucket_bytes, compression,
-              gradient_predivide_factor, sparse_as_dense, process_set)
+              gradient_predivide_factor, sparse_as_dense, process_set, groups)
     if optimizer.state:
         opt.state.update(optimizer.state)
     return opt

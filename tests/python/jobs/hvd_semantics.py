@@ -79,7 +79,8 @@ def autograd():
     ob.backward(up(rank, (sum(rows), 3), 7))
     mine = slice(sum(rows[:rank]), sum(rows[:rank + 1]))
     check(ga.grad, (sum(up(r, (sum(rows),), 6) for r in range(size)) / size)[mine], "grouped ag a")
-    check(gb.grad, (sum(up(r, (sum(rows), 3), 7) for r in range(size)) / size)[mine], "grouped ag b")
+    check(gb.grad, (sum(up(r, (sum(rows), 3), 7) for r in range(size)) / size)[mine],
+          "grouped ag b")
 
     # broadcast: a new tensor; the gradient is the upstreams' average on the root, zero elsewhere.
     for root in range(size):
@@ -142,7 +143,8 @@ def broadcast():
     assert torch.equal(inplace, torch.arange(6, dtype=torch.int32)), inplace
     if rank in (0, 2):
         ps = torch.full((2,), float(rank))
-        assert torch.equal(hvd.broadcast(ps, 2, process_set=evens, name="b.ps"), torch.full((2,), 2.))
+        got = hvd.broadcast(ps, 2, process_set=evens, name="b.ps")
+        assert torch.equal(got, torch.full((2,), 2.)), got
         assert torch.equal(ps, torch.full((2,), float(rank))), "process-set source changed"
     try:
         hvd.broadcast([1, 2], 0)
@@ -164,7 +166,8 @@ def scaling():
             torch.float64 if not dtype.is_floating_point else dtype)
         f = torch.tensor(factor, dtype=torch.float64).to(math)
         pre = hvd.allreduce(t, op=hvd.Sum, prescale_factor=factor, name="s.pre.%s" % dtype)
-        assert torch.equal(pre, ((t.to(math) * f).to(dtype).to(math) * size).to(dtype)), (dtype, pre)
+        want = ((t.to(math) * f).to(dtype).to(math) * size).to(dtype)
+        assert torch.equal(pre, want), (dtype, pre, want)
         post = hvd.allreduce(t, op=hvd.Sum, postscale_factor=factor, name="s.post.%s" % dtype)
         assert torch.equal(post, (t.to(math) * size * f).to(dtype)), (dtype, post)
         rs_in = torch.cat([base.to(dtype)] * size)  # 17 rows per rank
@@ -245,6 +248,26 @@ def optimizer():
     opt.step()
     for (n, p), q in zip(model.named_parameters(), ref.parameters()):
         assert torch.allclose(p, q, rtol=1e-12, atol=1e-12), ("process-set optimizer", n, p, q)
+
+    # Horovod's explicit fusion groups (a number, or lists of parameters), over every worker.
+    for i, groups in enumerate((2, "lists")):
+        model = make()
+        if groups == "lists":
+            groups = [[model[0].weight, model[1].bias]]
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), groups=groups,
+                                       prefix="groups.%d" % i)
+        ref = make()
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        for r in range(size):
+            xr, yr = data(r)
+            (torch.nn.functional.mse_loss(ref(xr.double()), yr.double()) / size).backward()
+        ref_opt.step()
+        xr, yr = data(rank)
+        torch.nn.functional.mse_loss(model(xr.double()), yr.double()).backward()
+        opt.step()
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert torch.allclose(p, q, rtol=1e-12, atol=1e-12), ("groups", groups, n)
 
     # Sparse gradients (SparseAdam, which takes sparse ones only), sparse or densified on the way.
     inputs = [torch.tensor([[1, 2, 4, 5], [4, 3, 2, 9]]), torch.tensor([[1, 3, 4], [4, 7, 9]]),
