@@ -6,7 +6,9 @@ prescale_factor multiplies each rank's input before the sum, postscale_factor th
 it (and after the average). Sums and averages run on the servers (fp16/bf16 accumulated in fp32,
 bit-reproducible); Min, Max and Product are the servers' own reductions (gradlink/collective.h);
 Adasum raises InvalidArgumentError naming it. Process sets (add_process_set) run over their
-members on the servers.
+members on the servers. Scale factors multiply as Horovod's do (integers in fp64, truncated
+back; 16-bit floats in fp32). allreduce and grouped_allreduce are differentiable
+(_autograd.py: the backward is the same allreduce of the gradient).
 """
 
 import enum

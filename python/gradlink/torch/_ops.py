@@ -2,7 +2,9 @@
 the three ways in that the other front ends (_gather.py, _horovod.py, _broadcast.py) start
 theirs: start() (one tensor's sum), start_group() (a fused group) and start_collective() (any
 collective key). Here too: how a call's name becomes its key (unnamed calls, collective keys with
-their shared counts), and the hand-off of CUDA tensors to the staging pipeline (_staging.py).
+their shared counts), the hand-off of CUDA tensors to the staging pipeline (_staging.py), and
+the table of names in flight: a second operation under the name of one this process started
+and has not seen finish is refused at once (claim(), track()), as Horovod refuses it.
 
 Threads: any; the context's lock guards its caches (the C++ worker is thread-safe).
 """
