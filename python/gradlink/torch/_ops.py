@@ -45,11 +45,16 @@ def track(name, handle):
     ctx = _context._require()
     with ctx.lock:
         table = ctx.in_flight
-        if len(table) >= ctx.in_flight_sweep and name not in table:
-            for n in [n for n, h in table.items() if h.poll()]:
-                del table[n]
-            ctx.in_flight_sweep = max(_IN_FLIGHT_SWEEP, 2 * len(table))
         table[name] = handle
+        entries = list(table.items()) if len(table) > ctx.in_flight_sweep else None
+    if entries is not None:
+        # Polled outside the lock (a handle's poll may take locks of its own).
+        done = [(n, h) for n, h in entries if h.poll()]
+        with ctx.lock:
+            for n, h in done:
+                if table.get(n) is h:
+                    del table[n]
+            ctx.in_flight_sweep = max(_IN_FLIGHT_SWEEP, 2 * len(table))
     return handle
 
 
