@@ -283,7 +283,7 @@ def main():
         # Every rank holds exactly rank 0's parameters.
         for name, p in model.state_dict().items():
             root = p.clone()
-            gl.broadcast(root, root_rank=0, name="check." + name)
+            gl.broadcast_(root, root_rank=0, name="check." + name)
             assert torch.equal(root, p), "rank %d: %s differs from rank 0's" % (rank, name)
         print("train_lm: check: rank %d parameters identical to rank 0's" % rank, flush=True)
         if rank == 0:

@@ -35,7 +35,9 @@ from gradlink import (  # noqa: F401
 
 from ._broadcast import (  # noqa: F401
     broadcast,
+    broadcast_,
     broadcast_async,
+    broadcast_async_,
     broadcast_object,
     broadcast_optimizer_state,
     broadcast_parameters,
@@ -67,8 +69,6 @@ from ._gather import (  # noqa: F401
     allgather_object,
     alltoall,
     alltoall_async,
-    broadcast_,
-    broadcast_async_,
     grouped_allgather,
     grouped_allgather_async,
     grouped_reducescatter,

@@ -1,5 +1,9 @@
 """Broadcasts through the servers' relay: the root pushes its tensor once, every other worker
-receives it (gradlink/collective.h), bit for bit in every dtype (routed as raw bits)."""
+receives it (gradlink/collective.h), bit for bit in every dtype (routed as raw bits).
+
+Horovod's forms: broadcast() returns a new tensor and leaves its argument alone (and is
+differentiable, _autograd.py); broadcast_() writes in place; both take a process set. Also
+broadcast_parameters(), broadcast_object() and broadcast_optimizer_state()."""
 
 import collections
 import io
@@ -11,22 +15,25 @@ from gradlink import InvalidArgumentError
 from . import _core
 
 
-def broadcast_async(tensor, root_rank=0, name=None, priority=0, group=None):
-    """Starts overwriting `tensor` on every worker (of `group`, the ranks of a process set)
-    with root_rank's values; returns a handle for synchronize(). `name` as in push_pull_async
-    (prefixed with "broadcast.")."""
-    _core._check_tensor(tensor, "broadcast")
+def _start(tensor, root_rank, name, priority=0, group=None, what="broadcast"):
+    """Starts overwriting `tensor` in place on every worker (of `group`, the ranks of a process
+    set) with root_rank's values under the key "broadcast.<name>"; returns a handle for
+    synchronize(). The key is declared with the tensor's own dtype where the servers know it,
+    so ranks whose dtypes disagree get MismatchError (the bytes are routed raw either way)."""
+    _core._check_tensor(tensor, what)
     ctx = _core._require()
     if not 0 <= root_rank < ctx.size or (group and root_rank not in group):
-        raise InvalidArgumentError("broadcast: root_rank %d out of range for %d workers"
-                                   % (root_rank, ctx.size))
+        raise InvalidArgumentError("%s: root_rank %d out of range for %s" % (
+            what, root_rank, "ranks %s" % list(group) if group else "%d workers" % ctx.size))
     if name is None:
         name = "noname.%d" % next(ctx.noname)
     name = "broadcast." + name
     with torch.no_grad():
         t = tensor.detach()
         src = t if t.is_contiguous() else t.contiguous()
-        buf, dtype, _, narrow = _core.raw_view(src)
+        buf, dtype, per, narrow = _core.raw_view(src)
+        if per == 1 and narrow is None:
+            dtype = _core.DTYPES.get(src.dtype, dtype)
         finish = []
         if narrow is not None:
             finish.append(narrow)
@@ -43,9 +50,62 @@ def broadcast_async(tensor, root_rank=0, name=None, priority=0, group=None):
                                       group=group or ())
 
 
-def broadcast(tensor, root_rank=0, name=None):
-    """Overwrites `tensor` on every worker with root_rank's values, in place; returns it."""
-    return _core.synchronize(broadcast_async(tensor, root_rank, name))
+def _group_of(process_set, root_rank, what):
+    """The ranks of `process_set` (None: every worker) and the key prefix for `name`."""
+    from ._horovod import _members  # (_horovod does not import this module)
+    group, _, _ = _members(process_set, what)
+    if group is not None and root_rank not in group:
+        raise InvalidArgumentError("%s: root_rank %d is not in %r" % (what, root_rank,
+                                                                     process_set))
+    return group
+
+
+def _set_key(group, name):
+    from ._horovod import _set_name
+    if group is None:
+        return name
+    return _set_name(group, name if name is not None else "noname.%d" % next(
+        _core._require().noname))
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    """Starts overwriting `tensor` in place on every rank of `process_set` (every worker by
+    default) with root_rank's values; synchronize(handle) returns `tensor`. Ranks whose
+    shapes, dtypes or roots disagree get MismatchError; a name still in flight on this rank is
+    refused (InvalidArgumentError, a ValueError)."""
+    group = _group_of(process_set, root_rank, "broadcast_")
+    return _start(tensor, root_rank, _set_key(group, name), group=group, what="broadcast_")
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=None):
+    """Horovod's in-place broadcast: `tensor` becomes root_rank's on every rank; returns it."""
+    return _core.synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+def broadcast_async(tensor, root_rank=0, name=None, process_set=None):
+    """Starts broadcasting root_rank's `tensor` into a new tensor on every rank of
+    `process_set`; `tensor` is left alone. synchronize(handle) returns the new tensor."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError("broadcast: expected a torch.Tensor, got %s" % type(tensor).__name__)
+    group = _group_of(process_set, root_rank, "broadcast")
+    out = tensor.detach().clone()
+    return _start(out, root_rank, _set_key(group, name), group=group)
+
+
+def _broadcast(tensor, root_rank, name, process_set):
+    """broadcast() without autograd."""
+    return _core.synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+
+def broadcast(tensor, root_rank=0, name=None, process_set=None):
+    """Horovod's broadcast: root_rank's `tensor` as a new tensor on every rank of
+    `process_set` (every worker by default); `tensor` is left alone (broadcast_() writes it in
+    place). Differentiable: the gradient is averaged over the set on the root and zero on the
+    other ranks, as Horovod's."""
+    from . import _autograd
+    if _autograd.wants_grad(tensor):
+        return _autograd.broadcast(tensor, root_rank, name, process_set)
+    return _broadcast(tensor, root_rank, name, process_set)
 
 
 def _named_tensors(params):
@@ -87,8 +147,8 @@ def broadcast_parameters(params, root_rank=0, prefix="parameters"):
             raise InvalidArgumentError("broadcast_parameters: '%s' is a %s, not a tensor"
                                        % (name, type(t).__name__))
         # The first tensors (the first layers) go first.
-        handles.append(broadcast_async(t, root_rank, "%s.%s" % (prefix, name),
-                                       priority=len(items) - i))
+        handles.append(_start(t, root_rank, "%s.%s" % (prefix, name), priority=len(items) - i,
+                              what="broadcast_parameters"))
     for h in handles:
         _core.synchronize(h)
 
@@ -103,7 +163,7 @@ def broadcast_object(obj, root_rank=0, name="object", process_set=None):
     name = _set_name(group, "object" if name is None else name)
 
     def broadcast(t, root, key):
-        return _core.synchronize(broadcast_async(t, root, key, group=group))
+        return _core.synchronize(_start(t, root, key, group=group, what="broadcast_object"))
 
     if ctx.rank == root_rank:
         f = io.BytesIO()
@@ -132,7 +192,20 @@ def broadcast_optimizer_state(optimizer, root_rank=0, model=None):
     The root's optimizer.state_dict() travels through the servers (broadcast_object) and the
     other workers load it, so it works even when only the root has taken a step (e.g. after
     loading a checkpoint on rank 0). `model` (Horovod's, to find sparse parameters) is not
-    needed: the whole state travels, sparse or dense."""
+    needed: the whole state travels, sparse or dense.
+
+    As under Horovod, an optimizer that has no state yet is left with a gradient (zeros) on
+    every parameter that requires one and has none, so that code written for Horovod finds
+    p.grad set; parameters that require no gradient keep none. (Horovod also takes an
+    optimizer step on those zeros to create the state; gradlink does not need to, and that
+    step would move the parameters by their weight decay.)"""
+    if not optimizer.state:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                    if isinstance(optimizer, torch.optim.SparseAdam):
+                        p.grad = p.grad.to_sparse()
     state = optimizer.state_dict() if _core.rank() == root_rank else None
     state = broadcast_object(state, root_rank, name="optimizer_state")
     if _core.rank() != root_rank:

@@ -30,9 +30,17 @@ class Context:
         self.tensors = {}  # name -> gradlink.Tensor
         self.collectives = {}  # key (name + spec) -> gradlink.Tensor
         self.noname = itertools.count()
+        self.in_flight = {}  # name -> the handle of the last operation started under it
+        self.in_flight_sweep = 64  # its size that triggers the next sweep (_ops.track)
         self.lock = threading.Lock()
         self.completer = None  # _handles.Completer, made on first use
         self.stager = None  # _staging.Stager: device tensors (and GRADLINK_STAGE_HOST=1)
+
+    def landed(self, name, handle):
+        """`handle`, started under `name`, has been waited for: the name is free again."""
+        with self.lock:
+            if self.in_flight.get(name) is handle:
+                del self.in_flight[name]
 
     def declare(self, name, dtype, count, shape=None):
         t = self.tensors.get(name)

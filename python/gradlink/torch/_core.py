@@ -26,6 +26,7 @@ from ._handles import (  # noqa: F401
     Completer,
     GroupedPushPullHandle,
     PushPullHandle,
+    TwoStepHandle,
     _Pending,
     completer,
     poll,
@@ -34,6 +35,7 @@ from ._handles import (  # noqa: F401
 from ._init import barrier, init, join, pending_options, shutdown  # noqa: F401
 from ._ops import (  # noqa: F401
     _stage,
+    claim,
     grouped_push_pull,
     grouped_push_pull_async,
     push_pull,
@@ -41,6 +43,7 @@ from ._ops import (  # noqa: F401
     start,
     start_collective,
     start_group,
+    track,
 )
 from ._stats import staging_stats, stats  # noqa: F401
 from ._tensors import (  # noqa: F401

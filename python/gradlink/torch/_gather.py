@@ -4,11 +4,15 @@ every other rank; a reduce-scatter, where each rank pulls only its rows of the r
 all-to-all, where each block goes once from its sender to its receiver.
 
 Shapes travel first (an int64 row per rank, gathered: dtype, number of dimensions, dimensions;
-for alltoall the splits too), so ranks whose tensors disagree beyond the first dimension, or in
-dtype, raise MismatchError naming them, on every rank. A reduce-scatter needs no such step: its
-split is part of the key's declaration, which the scheduler compares across ranks. Routed data
-travels as raw bits of the same width (1-byte types widened to 16 bits), so every dtype,
-complex included, arrives bit for bit.
+for alltoall the splits too), so ranks whose tensors disagree beyond the first dimension (for
+a reduce-scatter: in any dimension), or in dtype, raise MismatchError naming them, on every
+rank. The two steps run as one TwoStepHandle: an *_async call returns at once (the data step
+starts from the completion thread once the shapes are known), so a rank may start one and go
+on, as under Horovod. Routed data travels as raw bits of the same width (1-byte types widened
+to 16 bits), so every dtype, complex included, arrives bit for bit.
+
+A name still in flight on this rank is refused at once (InvalidArgumentError, a ValueError).
+The synchronous calls are differentiable (_autograd.py).
 """
 
 import io
@@ -19,9 +23,8 @@ import torch
 from gradlink import InvalidArgumentError, MismatchError
 
 from . import _core
-from ._broadcast import broadcast, broadcast_async
-from ._horovod import (_GroupHandle, _members, _set_name, Average, Compression, Max, Min,
-                       Product, ReduceOp, Sum, global_process_set)
+from ._horovod import (_GroupHandle, _members, _scaled, _set_name, Average, Compression, Max,
+                       Min, Product, ReduceOp, Sum, global_process_set)
 
 _MAX_DIMS = 14
 _DTYPE_CODE = {t: i for i, t in enumerate((
@@ -35,45 +38,60 @@ def _names(name, what):
     return "%s.%s" % (what, name)
 
 
-def _shapes(tensor, key, group=None):
-    """Every rank's (dtype code, shape), through one sum of an int64 table."""
-    ctx = _core._require()
+def _shape_row(tensor, key, extra=()):
+    """This rank's int64 row: `extra` (alltoall's splits), then dtype code, number of
+    dimensions and the dimensions."""
     if tensor.dim() > _MAX_DIMS:
         raise InvalidArgumentError("%s: at most %d dimensions" % (key, _MAX_DIMS))
     code = _DTYPE_CODE.get(tensor.dtype)
     if code is None:
         raise InvalidArgumentError("%s: dtype %s is not supported" % (key, tensor.dtype))
-    row = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64)
-    row[:2 + tensor.dim()] = torch.tensor([code, tensor.dim()] + list(tensor.shape),
-                                          dtype=torch.int64)
-    table = _gather_rows(row, key + ".shapes", group)
-    return [(int(r[0]), tuple(int(d) for d in r[2:2 + int(r[1])])) for r in table]
+    n = len(extra)
+    row = torch.zeros(n + 2 + _MAX_DIMS, dtype=torch.int64)
+    row[:n + 2 + tensor.dim()] = torch.tensor(list(extra) + [code, tensor.dim()] +
+                                              list(tensor.shape), dtype=torch.int64)
+    return row
 
 
-def _check_rest(shapes, key, group=None):
-    """The dtype and every dimension after the first agree on all ranks, else MismatchError
-    (shapes in position order; `group` maps positions to ranks)."""
+def _decode_shapes(table, skip=0):
+    """[(dtype code, shape)] of every rank's row (after `skip` leading numbers)."""
+    return [(int(r[skip]), tuple(int(d) for d in r[skip + 2:skip + 2 + int(r[skip + 1])]))
+            for r in table]
+
+
+def _check_rest(shapes, key, group=None, whole=False):
+    """The dtype and every dimension after the first (`whole`: every dimension) agree on all
+    ranks, else MismatchError (shapes in position order; `group` maps positions to ranks)."""
     code0, shape0 = shapes[0]
+    start = 0 if whole else 1
     bad = [r for r, (c, s) in enumerate(shapes) if c != code0 or len(s) != len(shape0) or
-           s[1:] != shape0[1:]]
+           s[start:] != shape0[start:]]
     if bad:
         inv = {v: k for k, v in _DTYPE_CODE.items()}
-        raise MismatchError("%s: every rank's tensor must have rank 0's dtype and dimensions "
-                            "after the first; %s" % (key, ", ".join(
-                                "rank %d has %s%s" % (group[r] if group else r, inv[shapes[r][0]],
-                                                      list(shapes[r][1]))
-                                for r in [0] + bad)))
+        raise MismatchError("%s: every rank's tensor must have rank 0's dtype and %s; %s" % (
+            key, "shape" if whole else "dimensions after the first", ", ".join(
+                "rank %d has %s%s" % (group[r] if group else r, inv[shapes[r][0]],
+                                      list(shapes[r][1]))
+                for r in [0] + bad)))
 
 
-def _gather_rows(rows, key, group=None):
-    """Every member's int64 row (the same length everywhere), stacked in rank order: one native
-    allgather (over `group`, or every worker)."""
+def _start_rows(row, key, group=None):
+    """Starts gathering every member's int64 row (the same length everywhere), stacked in rank
+    order: one native allgather (over `group`, or every worker); the handle returns the table.
+    The caller has claimed the operation's name (see _two_steps)."""
     m = len(group) if group else _core._require().size
-    out = torch.empty(m, rows.numel(), dtype=torch.int64)
-    _core.synchronize(_core.start_collective(
-        "allgather", out, rows, out, key, dtype="int64", counts=[rows.numel()] * m,
-        shared_counts=True, group=group or ()))
-    return out
+    out = torch.empty(m, row.numel(), dtype=torch.int64)
+    return _core.start_collective("allgather", out, row, out, key, dtype="int64",
+                                  counts=[row.numel()] * m, shared_counts=True,
+                                  group=group or (), claimed=True)
+
+
+def _two_steps(key, what, row, group, then, wait_first):
+    """Claims `key`, starts gathering `row` under "<key>.shapes" and, once every rank's row is
+    known, `then(table)` (the data step, under `key`); returns the tracked TwoStepHandle."""
+    _core.claim(key, what)
+    first = _start_rows(row, key + ".shapes", group)
+    return _core.track(key, _core.TwoStepHandle(first, then, key, wait_first))
 
 
 def _start_gather(t, firsts, key, group=None):
@@ -86,31 +104,71 @@ def _start_gather(t, firsts, key, group=None):
     counts = [f * per * math.prod(t.shape[1:]) for f in firsts]
     return _core.start_collective("allgather", out, inp, outp, key, dtype=dtype,
                                   counts=counts, shared_counts=True, finish=finish,
-                                  group=group or ())
+                                  group=group or (), claimed=True)
 
 
-def allgather(tensor, name=None, process_set=global_process_set):
-    """Concatenates every rank's `tensor` along the first dimension, in rank order; first
-    dimensions may differ, the rest of the shape and the dtype must agree (MismatchError)."""
-    return _core.synchronize(allgather_async(tensor, name, process_set))
-
-
-def allgather_async(tensor, name=None, process_set=global_process_set):
-    """Starts allgather(); the shapes are exchanged first (synchronously), the data then goes
-    through the servers' gather: each rank's bytes once to every other rank."""
-    _core._check_tensor(tensor, "allgather")
-    group, _, _ = _members(process_set, "allgather")
+def _start_allgather(tensor, name, process_set, what, wait_first, info=None):
+    """Starts an allgather (see allgather_async); `info["firsts"]` gets every rank's first
+    dimension once the shapes are known."""
+    _core._check_tensor(tensor, what)
+    group, _, _ = _members(process_set, what)
     key = _set_name(group, _names(name, "allgather"))
     t = tensor.detach()
     if t.dim() == 0:
         t = t.reshape(1)
-    shapes = _shapes(t, key, group)
-    _check_rest(shapes, key, group)
-    return _start_gather(t, [s[0] for _, s in shapes], key, group)
+
+    def then(table):
+        shapes = _decode_shapes(table)
+        _check_rest(shapes, key, group)
+        firsts = [s[0] for _, s in shapes]
+        if info is not None:
+            info["firsts"] = firsts
+        return _start_gather(t, firsts, key, group)
+
+    return _two_steps(key, what, _shape_row(t, key), group, then, wait_first)
+
+
+def _allgather(tensor, name, process_set):
+    """allgather() without autograd: (the result, every rank's first dimension)."""
+    info = {}
+    out = _core.synchronize(_start_allgather(tensor, name, process_set, "allgather", True, info))
+    return out, info["firsts"]
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Concatenates every rank's `tensor` along the first dimension, in rank order; first
+    dimensions may differ, the rest of the shape and the dtype must agree (MismatchError).
+    Differentiable: the backward averages the gradient over the set and keeps this rank's
+    rows, as Horovod's."""
+    from . import _autograd
+    if _autograd.wants_grad(tensor):
+        return _autograd.allgather(tensor, name, process_set)
+    return _allgather(tensor, name, process_set)[0]
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts allgather() and returns at once: the shapes are exchanged first, then the data
+    goes through the servers' gather (each rank's bytes once to every other rank)."""
+    return _start_allgather(tensor, name, process_set, "allgather", False)
+
+
+def _grouped_allgather(tensors, name, process_set):
+    """grouped_allgather() without autograd: [(result, every rank's first dimension)]."""
+    base = _names(name, "grouped_allgather")
+    infos = [{} for _ in tensors]
+    handles = [_start_allgather(t, "%s.%d" % (base, i), process_set, "grouped_allgather", False,
+                                infos[i])
+               for i, t in enumerate(tensors)]
+    return [(_core.synchronize(h), info["firsts"]) for h, info in zip(handles, infos)]
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    return _core.synchronize(grouped_allgather_async(tensors, name, process_set))
+    """allgather() of every tensor of `tensors`, started together; differentiable."""
+    tensors = list(tensors)
+    from . import _autograd
+    if _autograd.wants_grad(*tensors):
+        return _autograd.grouped_allgather(tensors, name, process_set)
+    return [out for out, _ in _grouped_allgather(tensors, name, process_set)]
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
@@ -125,31 +183,14 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     f = io.BytesIO()
     torch.save(obj, f)
     data = torch.frombuffer(bytearray(f.getvalue()), dtype=torch.uint8)
-    sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64), key + ".sizes",
-                      process_set).tolist()
-    flat = allgather(data, key + ".data", process_set)
+    sizes = _allgather(torch.tensor([data.numel()], dtype=torch.int64), key + ".sizes",
+                       process_set)[0].tolist()
+    flat = _allgather(data, key + ".data", process_set)[0]
     out, at = [], 0
     for n in sizes:
         out.append(torch.load(io.BytesIO(flat[at:at + n].numpy().tobytes())))
         at += n
     return out
-
-
-def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
-    """Horovod's in-place broadcast: `tensor` becomes root_rank's on every rank; returns it.
-    (gradlink's broadcast is in place too.)"""
-    return _core.synchronize(broadcast_async_(tensor, root_rank, name, process_set))
-
-
-def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    group, _, _ = _members(process_set, "broadcast_")
-    if group is None:
-        return broadcast_async(tensor, root_rank, name)
-    if root_rank not in group:
-        raise InvalidArgumentError("broadcast_: root_rank %d is not in %r" % (root_rank,
-                                                                            process_set))
-    return broadcast_async(tensor, root_rank, _set_name(group, name or "noname.%d" % next(
-        _core._require().noname)), group=group)
 
 
 def _split_sizes(n, parts):
@@ -169,7 +210,7 @@ def _resolve_any_op(op, what):
 
 
 def _start_reducescatter(tensor, name, compression, op, process_set, prescale_factor,
-                         postscale_factor, what):
+                         postscale_factor, what, wait_first=False):
     _core._check_tensor(tensor, what)
     group, pos, m = _members(process_set, what)
     op = _resolve_any_op(op, what)
@@ -181,7 +222,7 @@ def _start_reducescatter(tensor, name, compression, op, process_set, prescale_fa
     with torch.no_grad():
         wire, cctx = compression.compress(t.contiguous())
         if prescale_factor != 1.0:
-            wire = wire * prescale_factor  # a copy: the input is only read
+            wire = _scaled(wire, prescale_factor)  # a copy: the input is only read
         sizes = _split_sizes(t.shape[0], m)
         row = math.prod(t.shape[1:])
         out = torch.empty((sizes[pos],) + tuple(t.shape[1:]), dtype=wire.dtype)
@@ -189,13 +230,33 @@ def _start_reducescatter(tensor, name, compression, op, process_set, prescale_fa
     def finish():
         result = compression.decompress(out, cctx)
         if postscale_factor != 1.0:
-            result = result * postscale_factor
+            result = _scaled(result, postscale_factor)
         handle.tensor = result
 
-    handle = _core.start_collective("reduce_scatter", out, wire, out, key, op=_OPS[op],
-                                    counts=[n * row for n in sizes], average=op == Average,
-                                    finish=finish, group=group or ())
-    return handle
+    def then(table):
+        # Every rank's whole shape and dtype must be this one's (Horovod's check): the split
+        # alone cannot tell [17, 1311] from [17, 23, 57].
+        _check_rest(_decode_shapes(table), key, group, whole=True)
+        return start()
+
+    def start():
+        nonlocal handle
+        handle = _core.start_collective("reduce_scatter", out, wire, out, key, op=_OPS[op],
+                                        counts=[n * row for n in sizes],
+                                        average=op == Average, finish=finish,
+                                        group=group or (), claimed=True)
+        return handle
+
+    handle = None
+    return _two_steps(key, what, _shape_row(t, key), group, then, wait_first)
+
+
+def _reducescatter(tensor, name, compression, op, process_set, prescale_factor,
+                   postscale_factor):
+    """reducescatter() without autograd."""
+    return _core.synchronize(_start_reducescatter(tensor, name, compression, op, process_set,
+                                                  prescale_factor, postscale_factor,
+                                                  "reducescatter", True))
 
 
 def reducescatter(tensor, name=None, compression=None, op=Average,
@@ -203,9 +264,15 @@ def reducescatter(tensor, name=None, compression=None, op=Average,
     """The sum (op=Sum), average (Average, default), min, max or product of every rank's
     `tensor`, cut along the first dimension as evenly as possible (the first ranks get one row
     more): this rank's part, from the servers' reduce-scatter (each rank pulls only its rows).
-    Ranks whose tensors differ in shape or dtype get MismatchError naming them."""
-    return _core.synchronize(reducescatter_async(tensor, name, compression, op, process_set,
-                                                 prescale_factor, postscale_factor))
+    Ranks whose tensors differ in shape or dtype get MismatchError naming them. Scale factors
+    as allreduce's (integers scaled in fp64). Differentiable: the backward gathers the
+    gradient (times the set's size for op=Sum), as Horovod's."""
+    from . import _autograd
+    if _autograd.wants_grad(tensor):
+        return _autograd.reducescatter(tensor, name, compression, op, process_set,
+                                       prescale_factor, postscale_factor)
+    return _reducescatter(tensor, name, compression, op, process_set, prescale_factor,
+                          postscale_factor)
 
 
 def reducescatter_async(tensor, name=None, compression=None, op=Average,
@@ -215,11 +282,24 @@ def reducescatter_async(tensor, name=None, compression=None, op=Average,
                                 postscale_factor, "reducescatter")
 
 
+def _grouped_reducescatter(tensors, name, compression, op, process_set, prescale_factor,
+                           postscale_factor):
+    """grouped_reducescatter() without autograd."""
+    return _core.synchronize(grouped_reducescatter_async(
+        tensors, name, compression, op, process_set, prescale_factor, postscale_factor))
+
+
 def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
-    return _core.synchronize(grouped_reducescatter_async(
-        tensors, name, compression, op, process_set, prescale_factor, postscale_factor))
+    """reducescatter() of every tensor of `tensors`, started together; differentiable."""
+    tensors = list(tensors)
+    from . import _autograd
+    if _autograd.wants_grad(*tensors):
+        return _autograd.grouped_reducescatter(tensors, name, compression, op, process_set,
+                                               prescale_factor, postscale_factor)
+    return _grouped_reducescatter(tensors, name, compression, op, process_set,
+                                  prescale_factor, postscale_factor)
 
 
 def grouped_reducescatter_async(tensors, name=None, compression=None, op=Average,
@@ -232,17 +312,9 @@ def grouped_reducescatter_async(tensors, name=None, compression=None, op=Average
                          for i, t in enumerate(tensors)])
 
 
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    """Rank r sends rows splits[j] of `tensor` (in order, along the first dimension) to rank j
-    (splits None: an even split) and receives the rows every rank sent it, concatenated in rank
-    order, through the servers' all-to-all routing (each block once, from its sender to its
-    receiver; a rank's own block is copied locally). Returns the received tensor; with
-    `splits`, (received tensor, received splits), as Horovod does."""
-    return _core.synchronize(alltoall_async(tensor, splits, name, process_set))
-
-
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
-    given = splits is not None
+def _start_alltoall(tensor, splits, name, process_set, wait_first):
+    """Starts an alltoall (see alltoall()); the handle returns (received tensor, received
+    splits)."""
     _core._check_tensor(tensor, "alltoall")
     group, pos, m = _members(process_set, "alltoall")
     key = _set_name(group, _names(name, "alltoall"))
@@ -254,63 +326,123 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
             raise InvalidArgumentError("alltoall: %d rows do not split evenly over %d ranks; "
                                        "give splits" % (t.shape[0], m))
         splits = [t.shape[0] // m] * m
-    splits = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+    elif isinstance(splits, torch.Tensor):
+        if splits.dtype not in (torch.int32, torch.int64):
+            # Horovod takes 32-bit integer splits (64-bit ones are converted) and refuses others.
+            raise InvalidArgumentError("alltoall: splits must be an int32 tensor, not %s"
+                                       % splits.dtype)
+        splits = splits.tolist()
+    splits = [int(s) for s in splits]
     if len(splits) != m or any(s < 0 for s in splits) or sum(splits) != t.shape[0]:
         raise InvalidArgumentError("alltoall: splits %s must give %d non-negative counts that "
                                    "add up to the first dimension, %d" % (splits, m,
                                                                           t.shape[0]))
     # Every rank's splits and shape in one gather of int64 rows; the rest of the shape and the
     # dtype must agree.
-    code = _DTYPE_CODE.get(t.dtype)
-    if code is None or t.dim() > _MAX_DIMS:
+    if _DTYPE_CODE.get(t.dtype) is None or t.dim() > _MAX_DIMS:
         raise InvalidArgumentError("alltoall: dtype %s with %d dimensions is not supported"
                                    % (t.dtype, t.dim()))
-    row = torch.zeros(m + 2 + _MAX_DIMS, dtype=torch.int64)
-    row[:m] = torch.tensor(splits, dtype=torch.int64)
-    row[m:m + 2 + t.dim()] = torch.tensor([code, t.dim()] + list(t.shape),
-                                                        dtype=torch.int64)
-    table = _gather_rows(row, key + ".splits", group)
-    matrix = [[int(x) for x in r[:m]] for r in table]
-    _check_rest([(int(r[m]), tuple(int(d) for d in r[m + 2:m + 2 +
-                                                               int(r[m + 1])]))
-                 for r in table], key, group)
-    src = t.contiguous()
-    got = [matrix[i][pos] for i in range(m)]
-    out = torch.empty((sum(got),) + tuple(t.shape[1:]), dtype=t.dtype)
-    inp, dtype, per, _ = _core.raw_view(src)
-    outp, _, _, narrow = _core.raw_view(out)
-    elems = per * math.prod(t.shape[1:])
-    counts = [matrix[i][j] * elems for i in range(m) for j in range(m)]
-    received = torch.tensor(got, dtype=torch.int32)
 
-    def finish():
-        if narrow is not None:
-            narrow()
-        if given:
+    def then(table):
+        matrix = [[int(x) for x in r[:m]] for r in table]
+        _check_rest(_decode_shapes(table, m), key, group)
+        src = t.contiguous()
+        got = [matrix[i][pos] for i in range(m)]
+        out = torch.empty((sum(got),) + tuple(t.shape[1:]), dtype=t.dtype)
+        inp, dtype, per, _ = _core.raw_view(src)
+        outp, _, _, narrow = _core.raw_view(out)
+        elems = per * math.prod(t.shape[1:])
+        counts = [matrix[i][j] * elems for i in range(m) for j in range(m)]
+        received = torch.tensor(got, dtype=torch.int32)
+
+        def finish():
+            if narrow is not None:
+                narrow()
             handle.tensor = (out, received)
 
-    handle = _core.start_collective("alltoall", out, inp, outp, key, dtype=dtype, counts=counts,
-                                    shared_counts=True, finish=finish, group=group or ())
-    return handle
+        handle = _core.start_collective("alltoall", out, inp, outp, key, dtype=dtype,
+                                        counts=counts, shared_counts=True, finish=finish,
+                                        group=group or (), claimed=True)
+        return handle
+
+    return _two_steps(key, "alltoall", _shape_row(t, key, splits), group, then, wait_first)
 
 
-class _Done:
-    """A finished operation's handle: synchronize() returns `value`."""
+class _FirstOf:
+    """alltoall_async() without splits: synchronize() returns the received tensor only."""
 
-    def __init__(self, value):
-        self.value = value
+    def __init__(self, inner):
+        self._inner = inner
+        self.name = inner.name
 
     def poll(self):
-        return True
+        return self._inner.poll()
 
     def wait(self, timeout=None):
-        return self.value
+        return self._inner.wait(timeout)[0]
+
+    def timing(self):
+        return self._inner.timing()
+
+
+def _alltoall(tensor, splits, name, process_set):
+    """alltoall() without autograd: (received tensor, received splits)."""
+    return _core.synchronize(_start_alltoall(tensor, splits, name, process_set, True))
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Rank r sends rows splits[j] of `tensor` (in order, along the first dimension) to rank j
+    (splits None: an even split) and receives the rows every rank sent it, concatenated in rank
+    order, through the servers' all-to-all routing (each block once, from its sender to its
+    receiver; a rank's own block is copied locally). Returns the received tensor; with
+    `splits` (int32), (received tensor, received splits), as Horovod does. Differentiable: the
+    backward sends each block of the gradient back to where it came from."""
+    from . import _autograd
+    if _autograd.wants_grad(tensor):
+        return _autograd.alltoall(tensor, splits, name, process_set)
+    out, received = _alltoall(tensor, splits, name, process_set)
+    return out if splits is None else (out, received)
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    handle = _start_alltoall(tensor, splits, name, process_set, False)
+    return handle if splits is not None else _FirstOf(handle)
+
+
+class _SparseHandle:
+    """sparse_allreduce_async()'s handle: calling it (Horovod's form) or synchronize() returns
+    the coalesced sum or average."""
+
+    def __init__(self, handles, shape, average_over, key):
+        self._handles = handles  # the dense shapes, the indices, the values
+        self._shape = shape
+        self._over = average_over
+        self._key = key
+        self._result = None
+        self.name = key
+
+    def poll(self):
+        return self._result is not None or all(h.poll() for h in self._handles)
+
+    def wait(self, timeout=None):
+        if self._result is None:
+            shapes, indices, values = (_core.synchronize(h, timeout) for h in self._handles)
+            if any(list(map(int, r)) != list(self._shape) for r in shapes):
+                raise MismatchError("%s: every rank's sparse tensor must have the shape %s; %s"
+                                    % (self._key, list(self._shape),
+                                       [list(map(int, r)) for r in shapes]))
+            out = torch.sparse_coo_tensor(indices.t(), values, self._shape).coalesce()
+            self._result = out / self._over if self._over else out
+        return self._result
+
+    __call__ = wait
 
 
 def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
     """Horovod's sparse allreduce: every rank's sparse COO tensor (the same dense shape) summed
     (op=Sum) or averaged (Average), through an allgather of the indices and the values, as
-    Horovod does it; the result is coalesced. Runs when called; synchronize(handle) returns it."""
+    Horovod does it; the result is coalesced. Returns at once; the handle, called (as
+    Horovod's) or passed to synchronize(), returns the result."""
     op = ReduceOp(op)
     if op not in (Sum, Average):
         raise InvalidArgumentError("sparse_allreduce_async: op=%s (Sum or Average)" % op.name)
@@ -318,15 +450,11 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_pro
         raise InvalidArgumentError("sparse_allreduce_async: expected a sparse COO tensor")
     group, _, m = _members(process_set, "sparse_allreduce_async")
     key = _set_name(group, _names(name, "sparse_allreduce"))
-    t = tensor.coalesce()
-    dense = torch.tensor(list(t.shape), dtype=torch.int64)
-    shapes = _gather_rows(dense, key + ".shape", group)
-    if any(list(map(int, r)) != list(t.shape) for r in shapes):
-        raise MismatchError("%s: every rank's sparse tensor must have the shape %s; %s" % (
-            key, list(t.shape), [list(map(int, r)) for r in shapes]))
-    indices = allgather(t.indices().t().contiguous(), key + ".indices", process_set)
-    values = allgather(t.values(), key + ".values", process_set)
-    out = torch.sparse_coo_tensor(indices.t(), values, t.shape).coalesce()
-    if op == Average:
-        out = out / m
-    return _Done(out)
+    _core.claim(key, "sparse_allreduce_async")
+    t = tensor.detach().coalesce()
+    dense = torch.tensor([list(t.shape)], dtype=torch.int64)  # one row per rank
+    handles = [allgather_async(dense, key + ".shape", process_set),
+               allgather_async(t.indices().t().contiguous(), key + ".indices", process_set),
+               allgather_async(t.values(), key + ".values", process_set)]
+    rows = _SparseHandle(handles, t.shape, m if op == Average else 0, key)
+    return _core.track(key, rows)

@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from gradlink import TimeoutError as GradlinkTimeout
+
 from . import _context
 
 
@@ -43,6 +45,9 @@ class _Pending:
                         f()
             self._done = True
             self._finish = None
+            ctx = _context.current()
+            if ctx is not None:
+                ctx.landed(self.name, self)
             observers = _context.observers()
             if observers:
                 timing = self._h.timing()
@@ -81,6 +86,58 @@ class GroupedPushPullHandle(_Pending):
     def wait(self, timeout=None):
         self._complete(timeout)
         return self.tensors
+
+
+class TwoStepHandle:
+    """An operation of two steps whose second depends on the first's result on every rank (an
+    allgather's shapes, then its data): `then(first's result)` starts the second step and
+    returns its handle. Started asynchronously, the second step starts from the completion
+    thread as soon as the first is done, so the caller is never blocked at submit time (a rank
+    may start it and go on to a barrier, as Horovod allows); with `wait_first` (synchronous
+    calls) the caller's thread does both. An error of either step (the second's checks
+    included, such as MismatchError) is raised by wait()."""
+
+    def __init__(self, first, then, name, wait_first=False):
+        self.name = name
+        self._then = then
+        self._second = None
+        self._error = None
+        self._ready = threading.Event()
+        if wait_first:
+            try:
+                self._start_second(first.wait())
+            except BaseException as e:  # noqa: B902 - raised by wait(), as the async form's
+                self._failed(e)
+        else:
+            completer().submit(first, self._start_second, self._failed)
+
+    def _start_second(self, result):
+        try:
+            self._second = self._then(result)
+        except BaseException as e:  # noqa: B902 - raised by wait()
+            self._error = e
+        self._ready.set()
+
+    def _failed(self, error):
+        self._error = error
+        self._ready.set()
+
+    def poll(self):
+        return self._ready.is_set() and (self._error is not None or self._second.poll())
+
+    def wait(self, timeout=None):
+        if not self._ready.wait(_context._require().timeout if timeout is None else timeout):
+            raise GradlinkTimeout("%s: its first step did not finish in time" % self.name)
+        if self._error is not None:
+            raise self._error
+        result = self._second.wait(timeout)
+        ctx = _context.current()
+        if ctx is not None:
+            ctx.landed(self.name, self)
+        return result
+
+    def timing(self):
+        return self._second.timing() if self._second is not None else {}
 
 
 def synchronize(handle, timeout=None):

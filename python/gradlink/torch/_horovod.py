@@ -6,7 +6,9 @@ prescale_factor multiplies each rank's input before the sum, postscale_factor th
 it (and after the average). Sums and averages run on the servers (fp16/bf16 accumulated in fp32,
 bit-reproducible); Min, Max and Product are the servers' own reductions (gradlink/collective.h);
 Adasum raises InvalidArgumentError naming it. Process sets (add_process_set) run over their
-members on the servers.
+members on the servers. Scale factors multiply as Horovod's do (integers in fp64, truncated
+back; 16-bit floats in fp32). allreduce and grouped_allreduce are differentiable
+(_autograd.py: the backward is the same allreduce of the gradient).
 """
 
 import enum
@@ -99,14 +101,6 @@ def _members(process_set, what):
     return process_set.ranks, process_set.ranks.index(_core.rank()), len(process_set.ranks)
 
 
-def _check_process_set(process_set, what):
-    """For what runs over every worker only (DistributedOptimizer)."""
-    if process_set is not global_process_set and getattr(process_set, "ranks", None) is not None:
-        raise InvalidArgumentError(
-            "%s: process_set %r: not implemented here (the collectives take process sets; "
-            "this runs over global_process_set only)" % (what, process_set))
-
-
 def barrier(process_set=global_process_set, timeout=None):
     """Blocks until every rank of `process_set` (every worker by default) has entered the
     barrier. gradlink's barrier(timeout) is kept: a number as the first argument is the
@@ -195,9 +189,30 @@ def _resolve_op(average, op, what):
 _NATIVE_OPS = {ReduceOp.Min: "min", ReduceOp.Max: "max", ReduceOp.Product: "product"}
 
 
+# Where Horovod scales: integers in fp64 (then truncated back), 16-bit floats in fp32, the
+# others in their own type; the factor rounded to that type first.
+_HALF = (torch.float16, torch.bfloat16)
+
+
 def _scale(tensor, factor):
-    if factor != 1.0:
-        tensor.mul_(factor)
+    """Multiplies `tensor` by `factor` in place, as Horovod's prescale/postscale do."""
+    if factor == 1.0:
+        return
+    dtype = tensor.dtype
+    math = (torch.float32 if dtype in _HALF else
+            dtype if dtype.is_floating_point or dtype.is_complex else torch.float64)
+    f = torch.tensor(float(factor), dtype=torch.float64).to(math)
+    if math == dtype:
+        tensor.mul_(f)
+    else:
+        tensor.copy_(tensor.to(math) * f)
+
+
+def _scaled(tensor, factor):
+    """`tensor` times `factor` as a new tensor (as _scale())."""
+    out = tensor.clone()
+    _scale(out, factor)
+    return out
 
 
 def _write_back(out, wire, cctx, compression, postscale_factor):
@@ -292,7 +307,19 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """The allreduce of `tensor` over all workers, as a new tensor (`tensor` is left alone).
-    `compression`: Compression.fp16 sends floating-point tensors as fp16."""
+    `compression`: Compression.fp16 sends floating-point tensors as fp16. Differentiable: the
+    gradient's backward is the same allreduce of the gradient (_autograd.py)."""
+    from . import _autograd
+    if _autograd.wants_grad(tensor):
+        return _autograd.allreduce(tensor, average, name, compression, op, prescale_factor,
+                                   postscale_factor, process_set)
+    return _allreduce(tensor, average, name, compression, op, prescale_factor,
+                      postscale_factor, process_set)
+
+
+def _allreduce(tensor, average, name, compression, op, prescale_factor, postscale_factor,
+               process_set):
+    """allreduce() without autograd."""
     out = tensor.detach().clone()
     return _core.synchronize(_start(tensor, out, average, name, op, prescale_factor,
                                     postscale_factor, process_set, compression, "allreduce"))
@@ -365,6 +392,20 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """The allreduce of every tensor of `tensors`, as new tensors, as one group (fused).
+    Differentiable: the backward is the grouped allreduce of the gradients."""
+    tensors = list(tensors)
+    from . import _autograd
+    if _autograd.wants_grad(*tensors):
+        return _autograd.grouped_allreduce(tensors, average, name, compression, op,
+                                           prescale_factor, postscale_factor, process_set)
+    return _grouped_allreduce(tensors, average, name, compression, op, prescale_factor,
+                              postscale_factor, process_set)
+
+
+def _grouped_allreduce(tensors, average, name, compression, op, prescale_factor,
+                       postscale_factor, process_set):
+    """grouped_allreduce() without autograd."""
     return _core.synchronize(_grouped(tensors, False, average, name, op, prescale_factor,
                                       postscale_factor, process_set, compression,
                                       "grouped_allreduce"))

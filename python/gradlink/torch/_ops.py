@@ -2,7 +2,9 @@
 the three ways in that the other front ends (_gather.py, _horovod.py, _broadcast.py) start
 theirs: start() (one tensor's sum), start_group() (a fused group) and start_collective() (any
 collective key). Here too: how a call's name becomes its key (unnamed calls, collective keys with
-their shared counts), and the hand-off of CUDA tensors to the staging pipeline (_staging.py).
+their shared counts), the hand-off of CUDA tensors to the staging pipeline (_staging.py), and
+the table of names in flight: a second operation under the name of one this process started
+and has not seen finish is refused at once (claim(), track()), as Horovod refuses it.
 
 Threads: any; the context's lock guards its caches (the C++ worker is thread-safe).
 """
@@ -16,6 +18,44 @@ from gradlink import InvalidArgumentError
 from . import _context, _staging
 from ._handles import GroupedPushPullHandle, PushPullHandle, synchronize
 from ._tensors import _check_summable, _check_tensor, _staged, summable_dtype
+
+
+# The in-flight table is swept of finished operations when it grows past this many names (or
+# twice what the last sweep left), so unnamed calls, each under a new name, do not keep their
+# tensors alive; waited-for operations leave it at once (_handles.py).
+_IN_FLIGHT_SWEEP = 64
+
+
+def claim(name, what):
+    """Refuses a second operation under `name` while this process's last one under it is still
+    in flight: InvalidArgumentError (a ValueError, as Horovod raises it), at once and on this
+    rank only, before anything is sent. Horovod matches operations across ranks by name, so two
+    in flight under one name could not be told apart."""
+    ctx = _context._require()
+    with ctx.lock:
+        h = ctx.in_flight.get(name)
+    if h is not None and not h.poll():
+        raise InvalidArgumentError(
+            "%s: an operation named '%s' is still in flight on rank %d; operations in flight "
+            "at the same time need different names" % (what, name, ctx.rank))
+
+
+def track(name, handle):
+    """Records `handle` as the operation in flight under `name` (see claim()); returns it."""
+    ctx = _context._require()
+    with ctx.lock:
+        table = ctx.in_flight
+        table[name] = handle
+        entries = list(table.items()) if len(table) > ctx.in_flight_sweep else None
+    if entries is not None:
+        # Polled outside the lock (a handle's poll may take locks of its own).
+        done = [(n, h) for n, h in entries if h.poll()]
+        with ctx.lock:
+            for n, h in done:
+                if table.get(n) is h:
+                    del table[n]
+            ctx.in_flight_sweep = max(_IN_FLIGHT_SWEEP, 2 * len(table))
+    return handle
 
 
 def _stage(tensor, name, average, priority):
@@ -56,10 +96,15 @@ def collective_key(name, counts, shared_counts):
 
 
 def start_collective(kind, tensor, inp, out, name, dtype=None, op="sum", root=0, counts=(),
-                     shared_counts=False, average=False, priority=0, finish=None, group=()):
+                     shared_counts=False, average=False, priority=0, finish=None, group=(),
+                     claimed=False):
     """Declares `name` for the collective and starts it from `inp` into `out` (contiguous; the
-    same tensor for in-place allreduce and broadcast). synchronize() returns `tensor`."""
+    same tensor for in-place allreduce and broadcast). synchronize() returns `tensor`.
+    `claimed`: the caller has claimed `name` and tracks the operation itself (an operation
+    of two steps, whose second step this is); otherwise a `name` in flight is refused."""
     ctx = _context._require()
+    if not claimed:
+        claim(name, kind)
     if dtype is None:
         dtype = summable_dtype(inp.dtype, kind, name, verb="reduced")
     counts = [int(c) for c in counts]
@@ -81,7 +126,8 @@ def start_collective(kind, tensor, inp, out, name, dtype=None, op="sum", root=0,
             ctx.collectives[key] = (t, spec)
     h = ctx.worker.run(t, inp.data_ptr(), inp.numel(), out.data_ptr(), out.numel(), dtype,
                        average, priority, (inp, out))
-    return PushPullHandle(h, tensor, finish, ctx.timeout, name)
+    handle = PushPullHandle(h, tensor, finish, ctx.timeout, name)
+    return handle if claimed else track(name, handle)
 
 
 def push_pull_async(tensor, average=True, name=None, priority=0):
@@ -99,15 +145,17 @@ def push_pull_async(tensor, average=True, name=None, priority=0):
     ctx = _context._require()
     if name is None:
         name = "push_pull.noname.%d" % next(ctx.noname)
+    claim(name, "push_pull")
     if _staged(tensor):
         with torch.no_grad():
-            return _stage(tensor, name, average, priority)
+            return track(name, _stage(tensor, name, average, priority))
     with torch.no_grad():
         if tensor.is_contiguous():
-            return start(tensor, tensor.detach(), name, average, priority)
+            return track(name, start(tensor, tensor.detach(), name, average, priority))
         t = tensor.detach()
         buf = t.contiguous()
-        return start(tensor, buf, name, average, priority, finish=lambda: t.copy_(buf))
+        return track(name, start(tensor, buf, name, average, priority,
+                                 finish=lambda: t.copy_(buf)))
 
 
 def push_pull(tensor, average=True, name=None, priority=0):
@@ -156,6 +204,8 @@ def grouped_push_pull_async(tensors, average=True, name=None, priority=0, names=
         if len(names) != len(tensors):
             raise InvalidArgumentError("grouped_push_pull: %d tensors but %d names"
                                        % (len(tensors), len(names)))
+    for n in names:
+        claim(n, "grouped_push_pull")
     if any(_staged(t) for t in tensors):
         # Staged members go one by one (each in chunks, under its own name), the rest as a group.
         for t, n in zip(tensors, names):  # every member checked before any starts
@@ -169,7 +219,10 @@ def grouped_push_pull_async(tensors, average=True, name=None, priority=0, names=
                 group = grouped_push_pull_async([tensors[i] for i in rest], average=average,
                                                 priority=priority,
                                                 names=[names[i] for i in rest])
-        return _staging.StagedGroup(tensors, staged, group)
+        handle = _staging.StagedGroup(tensors, staged, group)
+        for n in names:
+            track(n, handle)
+        return handle
     bufs, finish = [], []
     with torch.no_grad():
         for t in tensors:
@@ -180,7 +233,10 @@ def grouped_push_pull_async(tensors, average=True, name=None, priority=0, names=
                 c = d.contiguous()
                 bufs.append(c)
                 finish.append(lambda d=d, c=c: d.copy_(c))
-        return start_group(tensors, bufs, names, average, priority, finish)
+        handle = start_group(tensors, bufs, names, average, priority, finish)
+    for n in names:
+        track(n, handle)
+    return handle
 
 
 def grouped_push_pull(tensors, average=True, name=None, priority=0, names=None):

@@ -19,9 +19,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, backward_passes_per_step=1, average=True,
                  prefix="grad", bucket_bytes=None, compression=_horovod.Compression.none,
-                 predivide=1.0, sparse_as_dense=False):
+                 predivide=1.0, sparse_as_dense=False,
+                 process_set=_horovod.global_process_set, groups=None):
         super(self.__class__, self).__init__(params)
         _core._require()
+        # Over a process set: its members average among themselves, one gradient per
+        # collective; a rank outside it steps on its own gradients (Horovod's).
+        self._gl_set = None if process_set.ranks is None else process_set
+        self._gl_included = process_set.included()
         self._gl_compression = compression
         self._gl_predivide = float(predivide)
         self._gl_sparse_as_dense = sparse_as_dense
@@ -52,13 +57,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # forward pass, so their gradients, which backward produces last, jump the queue.
         order = [p for _, p in named_parameters if any(p is q for q in all_params)]
         self._gl_names = {p: by_id[id(p)] for p in all_params}
+        self._parameter_names = self._gl_names  # Horovod's name for it
         self._gl_priority = {p: len(order) - i for i, p in enumerate(order)}
         self._gl_prefix = prefix
         self._gl_average = average
         self.backward_passes_per_step = backward_passes_per_step
         self._gl_delay = {p: backward_passes_per_step for p in all_params}
         self._gl_handles = {}
-        self._gl_make_buckets(bucket_bytes)
+        if groups is None:
+            self._gl_make_buckets(bucket_bytes)
+        else:
+            self._gl_group_buckets(groups)
         self._gl_grad_accs = []
         self._gl_requires_update = set()
         self._gl_synchronized = False
@@ -71,6 +80,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._gl_delay[p] = passes
 
     def _gl_register_hooks(self):
+        if not self._gl_included:
+            return
         for group in self.param_groups:
             for p in group["params"]:
                 if not p.requires_grad:
@@ -114,6 +125,35 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._gl_ready = [set() for _ in self._gl_buckets]
         self._gl_started = [None] * len(self._gl_buckets)  # this step's handle of each bucket
 
+    def _gl_group_buckets(self, groups):
+        # Horovod's explicit groups: a number k (the gradients, in registration order, cut into
+        # k groups of nearly equal counts) or lists of parameters (each list one group; every
+        # other parameter a group of its own). Each group is one fused collective.
+        params = sorted((p for p in self._gl_names if p.requires_grad),
+                        key=lambda q: -self._gl_priority[q])  # registration order
+        self._gl_buckets, self._gl_bucket_of = [], {}
+        if isinstance(groups, int):
+            k = max(1, min(groups, len(params)))
+            at = 0
+            for i in range(k):
+                n = len(params) // k + (1 if i < len(params) % k else 0)
+                if n:
+                    self._gl_add_bucket(params[at:at + n])
+                at += n
+        else:
+            for group in groups:
+                members = [p for p in group if p in self._gl_names and p.requires_grad]
+                if any(p in self._gl_bucket_of for p in members):
+                    raise InvalidArgumentError("DistributedOptimizer: a parameter is in more "
+                                               "than one of `groups`")
+                if members:
+                    self._gl_add_bucket(members)
+            for p in params:
+                if p not in self._gl_bucket_of:
+                    self._gl_add_bucket([p])
+        self._gl_ready = [set() for _ in self._gl_buckets]
+        self._gl_started = [None] * len(self._gl_buckets)
+
     def _gl_add_bucket(self, params):
         for p in params:
             self._gl_bucket_of[p] = len(self._gl_buckets)
@@ -135,10 +175,31 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 # Unused in this step on this worker: every worker must still push (rounds stay
                 # aligned), a zero gradient.
                 q.grad = torch.zeros_like(q)
-            elif q.grad.is_sparse and self._gl_sparse_as_dense:
-                q.grad = q.grad.to_dense()
-        names = ["%s.%s" % (self._gl_prefix, self._gl_names[q]) for q in members]
+        names = {q: "%s.%s" % (self._gl_prefix, self._gl_names[q]) for q in members}
         priority = max(self._gl_priority[q] for q in members)
+        dense = [q for q in members if not q.grad.is_sparse]
+        parts, finishes = [], []
+        if dense:
+            handle, finish = self._gl_start_dense(dense, [names[q] for q in dense], priority)
+            parts.append(handle)
+            if finish is not None:
+                finishes.append(finish)
+        for q in members:
+            if q.grad.is_sparse:
+                handle, finish = self._gl_start_sparse(q, names[q])
+                parts.append(handle)
+                finishes.append(finish)
+        handle = parts[0] if len(parts) == 1 else _horovod._GroupHandle(parts)
+        if finishes:
+            self._gl_finish[id(handle)] = finishes
+        self._gl_started[b] = handle
+        for q in members:
+            self._gl_handles[q] = handle
+        return handle
+
+    def _gl_start_dense(self, members, names, priority):
+        """Starts averaging (summing) the dense gradients of `members`; returns (handle, what
+        to run after it or None)."""
         # What travels: the gradients themselves, or their compressed copies (Compression.fp16),
         # divided by gradient_predivide_factor first.
         wires, ctxs = [], []
@@ -149,26 +210,52 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     w.mul_(1.0 / self._gl_predivide)
                 wires.append(w)
                 ctxs.append(c)
-        if len(members) == 1:
+        op = _horovod.Average if self._gl_average else _horovod.Sum
+        if self._gl_set is not None:
+            handle = _horovod._GroupHandle([
+                _horovod.allreduce_async_(w, name=n, op=op, process_set=self._gl_set)
+                for w, n in zip(wires, names)])
+        elif len(members) == 1:
             handle = _core.push_pull_async(wires[0], average=self._gl_average,
                                            name=names[0], priority=priority)
         else:
             handle = _core.grouped_push_pull_async(wires, average=self._gl_average, names=names,
                                                    priority=priority)
-        if ctxs != [None] * len(ctxs) or self._gl_predivide != 1.0:
-            def finish(members=members, wires=wires, ctxs=ctxs):
-                with torch.no_grad():
-                    for q, w, c in zip(members, wires, ctxs):
-                        r = self._gl_compression.decompress(w, c)
-                        if r.data_ptr() != q.grad.data_ptr():
-                            q.grad.copy_(r)
-                        if self._gl_predivide != 1.0:
-                            q.grad.mul_(self._gl_predivide)
-            self._gl_finish[id(handle)] = finish
-        self._gl_started[b] = handle
-        for q in members:
-            self._gl_handles[q] = handle
-        return handle
+        if ctxs == [None] * len(ctxs) and self._gl_predivide == 1.0:
+            return handle, None
+
+        def finish():
+            with torch.no_grad():
+                for q, w, c in zip(members, wires, ctxs):
+                    r = self._gl_compression.decompress(w, c)
+                    if r.data_ptr() != q.grad.data_ptr():
+                        q.grad.copy_(r)
+                    if self._gl_predivide != 1.0:
+                        q.grad.mul_(self._gl_predivide)
+
+        return handle, finish
+
+    def _gl_start_sparse(self, q, name):
+        """Starts averaging (summing) q's sparse gradient: densified and back (sparse_as_dense),
+        else through sparse_allreduce_async (an allgather of indices and values), as Horovod
+        does; returns (handle, what sets q.grad to the result). The gradient stays sparse, so
+        optimizers that take only sparse gradients (SparseAdam) step as they would alone."""
+        op = _horovod.Average if self._gl_average else _horovod.Sum
+        process_set = self._gl_set or _horovod.global_process_set
+        if self._gl_sparse_as_dense:
+            dense = q.grad.to_dense()
+            handle = _horovod.allreduce_async_(dense, name=name, op=op, process_set=process_set)
+
+            def finish():
+                q.grad = dense.to_sparse()
+        else:
+            from ._gather import sparse_allreduce_async  # (_gather imports this module's peers)
+            handle = sparse_allreduce_async(q.grad, name=name, op=op, process_set=process_set)
+
+            def finish():
+                q.grad = handle.wait()
+
+        return handle, finish
 
     def _gl_make_hook(self, p):
         def hook(*ignore):
@@ -190,7 +277,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Waits until every gradient has been averaged over the workers (starting those that
-        backward did not produce). step() calls it unless inside skip_synchronize()."""
+        backward did not produce). step() calls it unless inside skip_synchronize(). A rank
+        outside the optimizer's process set keeps its own gradients."""
+        if not self._gl_included:
+            self._gl_synchronized = True
+            return
         missing = self._gl_requires_update - set(self._gl_handles)
         # In registration order, so every worker starts them in the same order.
         for p in sorted(missing, key=lambda q: -self._gl_priority[q]):
@@ -207,8 +298,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if id(handle) not in waited:
                     waited.add(id(handle))
                     _core.synchronize(handle)
-                    finish = self._gl_finish.pop(id(handle), None)
-                    if finish is not None:
+                    for finish in self._gl_finish.pop(id(handle), ()):
                         finish()
         finally:
             self._gl_finish.clear()
@@ -260,9 +350,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=_horovod.
     (Compression.fp16: gradients travel as fp16, summed in fp32 on the servers), op (Average,
     default, or Sum; `average=` is gradlink's older spelling of the same), and
     gradient_predivide_factor f (each gradient is divided by f before the sum and multiplied by
-    f after the average, as Horovod does; Average only). sparse_as_dense=True densifies sparse
-    gradients. num_groups and groups are not taken: gradlink forms its own buckets
-    (bucket_bytes, below); other process sets than the global one neither.
+    f after the average, as Horovod does; Average only). Sparse gradients
+    (nn.Embedding(sparse=True)) are averaged through an allgather of their indices and values,
+    or, with sparse_as_dense=True, densified for the sum and made sparse again; either way they
+    stay sparse for the step. groups (num_groups, its older spelling): Horovod's explicit fusion
+    groups, a number k (the gradients cut into k groups in registration order) or lists of
+    parameters (each list one group, every other parameter alone); each group goes as one fused
+    collective once all of its gradients are ready. Without them gradlink forms its own buckets
+    (bucket_bytes, below). process_set (a registered ProcessSet): its members average over the
+    set, one gradient per collective; a rank outside it steps on its own gradients, as under
+    Horovod.
 
     During backward, a hook on each parameter's gradient accumulator starts push_pull of that
     gradient as soon as it is ready (overlapping communication with the rest of backward);
@@ -291,16 +388,26 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=_horovod.
                          "op=Average only")
     if gradient_predivide_factor <= 0:
         raise ValueError("DistributedOptimizer: gradient_predivide_factor must be positive")
-    if num_groups or groups is not None:
-        raise InvalidArgumentError(
-            "DistributedOptimizer: num_groups and groups are not implemented; gradlink groups "
-            "small gradients into buckets of bucket_bytes by itself")
-    _horovod._check_process_set(process_set, "DistributedOptimizer")
+    if num_groups:
+        groups = num_groups  # Horovod's older spelling of groups=<number>
+    if groups is not None:
+        if isinstance(groups, bool) or not (
+                (isinstance(groups, int) and groups >= 0) or
+                (isinstance(groups, (list, tuple)) and
+                 all(isinstance(g, (list, tuple)) and
+                     all(isinstance(p, torch.Tensor) for p in g) for g in groups))):
+            raise ValueError("DistributedOptimizer: groups must be a non-negative number or a "
+                             "list of lists of parameters")
+        if groups == 0:
+            groups = None
+    if process_set.ranks is not None and process_set.process_set_id is None:
+        raise InvalidArgumentError("DistributedOptimizer: %r is not registered "
+                                   "(add_process_set)" % process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     opt = cls(optimizer.param_groups, named_parameters, backward_passes_per_step,
               resolved == _horovod.Average, prefix, bucket_bytes, compression,
-              gradient_predivide_factor, sparse_as_dense)
+              gradient_predivide_factor, sparse_as_dense, process_set, groups)
     if optimizer.state:
         opt.state.update(optimizer.state)
     return opt

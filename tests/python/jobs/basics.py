@@ -55,7 +55,7 @@ assert torch.all(u == size)
 for dtype in (torch.float32, torch.float16, torch.int64, torch.bool, torch.uint8, torch.int8,
               torch.complex64):
     v = (torch.arange(20) * (rank + 3) % 5).to(dtype)
-    gl.broadcast(v, root_rank=size - 1, name="bcast.%s" % dtype)
+    gl.broadcast_(v, root_rank=size - 1, name="bcast.%s" % dtype)
     assert torch.equal(v, (torch.arange(20) * (size - 1 + 3) % 5).to(dtype)), dtype
 
 # A redeclared name with another shape on this rank: MismatchError at once.
