@@ -14,11 +14,29 @@
 // (the membership's: OnControl and OnTick), and, with the same-host path, whichever thread
 // drives it (LocalDone).
 //
-// State: `mu_` guards the tensors, the ops in flight, the pending heap and what is pumped for
-// the push lane, the sticky failure and the barrier counters (state.h marks each field). Work
-// that waits on another process (the same-host segment's claims, a socket) never runs under it.
-// The lanes' callbacks read the server directory (`servers_`), which is written once in Init()
-// before any server is connected, so no callback can run before it exists.
+// State, owned per concern (docs/threading.md has every lock and the order):
+//   directory_   ServerDirectory (server_directory.h): the servers by id, their endpoints, names
+//                and which are lost; read without a lock (atomics), names under its own lock,
+//                written in Init() and on the control thread.
+//   verdict_     JobVerdict (job_verdict.h): the sticky failure (failed(): one atomic load) and
+//                a data peer's failure waiting for the scheduler's verdict; its own leaf lock.
+//   rendezvous_  Rendezvous (rendezvous.h): barriers, join(), the rejoin of a restarted
+//                scheduler; its own lock and condition variable, on which Barrier(), Join()
+//                and Shutdown() wait (never on mu_).
+//   plans_       group layouts (fusion.cc) under plans_mu_.
+//   mu_          the data path's state, one owner: the keys (tensors_, resume_rounds_), the op
+//                table (ops_, free_op_nodes_, next_op_id_, parked_ops_, orphans_), the push
+//                issuer (pending_, next_seq_, bytes_in_flight_, to_issue_, push_sent_*,
+//                pumped_) and the pull receiver (error_text_), with the fields of TensorState
+//                and Op (state.h). One lock, not one per concern: a partition's push and its
+//                reply each touch the op, its tensor and the issuer in one critical section
+//                (tests/unit/worker/lock_count_test.cc: 1.00 acquisitions per partition on each
+//                lane thread, 2.02 per partition per worker in all); a lock per concern there
+//                would make that 2 to 3 per thread.
+//   counters_    Counters (state.h): stats, atomics, no lock.
+// Lock order: plans_mu_, then the describer's, then mu_, then rendezvous_.mu, verdict_'s or
+// directory_'s (leaves: nothing is taken under them). Work that waits on another process (the
+// same-host segment's claims, a socket) or on the scheduler runs under none of them.
 //
 // Checked by clang's thread-safety analysis (tests/thread_safety/check.py): the fields below
 // are GUARDED_BY their lock, every `*Locked` function REQUIRES(mu_), and the functions that take
@@ -27,7 +45,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
