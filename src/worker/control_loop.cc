@@ -26,40 +26,35 @@ uint32_t ServersSpanned(const std::vector<wire::PartitionPlan>& parts) {
 
 void WorkerImpl::OnDataPeerFailed(transport::PeerId peer, const Status& s) {
   MutexLock lock(mu_);
-  for (uint32_t id = 0; id < server_peers_.size(); ++id) {
-    if (server_peers_[id] != peer) continue;
-    if (lost_servers_[id]) return;  // declared lost: its partitions have moved
-    if (!failure_.ok() || verdict_pending_) return;
-    NoteDataPeerFailureLocked(s);
-    pending_peer_ = peer;
-    pending_server_ = id;
+  const int64_t id = directory_.IdOfPeer(peer);
+  if (id >= 0) {
+    if (directory_.lost(static_cast<uint32_t>(id))) return;  // declared lost: its partitions moved
+    verdict_.Note(s, peer, static_cast<uint32_t>(id));
     return;
   }
-  if (!failure_.ok() || verdict_pending_) return;
-  NoteDataPeerFailureLocked(s);
-  pending_peer_ = peer;
+  verdict_.Note(s, peer);
 }
 
 bool WorkerImpl::NoteServerFailureLocked(uint32_t server, const Status& s) {
-  if (server < lost_servers_.size() && lost_servers_[server]) return true;
-  if (!failover_ || !failure_.ok() || server >= server_peers_.size()) return false;
-  if (!verdict_pending_) {
-    NoteDataPeerFailureLocked(PeerLost("worker " + std::to_string(rank_) + ": " +
-                                       server_names_[server] + " failed: " + s.message()));
-    pending_server_ = server;
+  if (directory_.lost(server)) return true;
+  if (!directory_.failover() || verdict_.failed() || server >= directory_.ids()) return false;
+  if (!verdict_.pending()) {
+    verdict_.Note(PeerLost("worker " + std::to_string(rank_) + ": " +
+                           directory_.RecordedName(server) + " failed: " + s.message()),
+                  std::nullopt, server);
   }
   return true;
 }
 
 void WorkerImpl::OnServerLost(uint32_t server) {
   MutexLock lock(mu_);
-  if (server >= lost_servers_.size() || lost_servers_[server]) {
+  if (!directory_.MarkLost(server)) {
     protocol_errors_++;
     return;
   }
-  lost_servers_[server] = true;
   counters_->servers_lost.fetch_add(1, std::memory_order_relaxed);
-  GL_LOG(kWarn) << "worker " << rank_ << ": " << server_names_[server]
+  const std::string name = directory_.RecordedName(server);
+  GL_LOG(kWarn) << "worker " << rank_ << ": " << name
                 << " was lost; what it held moves to the other servers (failover)";
   // Replies it is still writing (a receive cannot be cancelled) land in buffers given up
   // now, kept until the worker ends: a server that hangs (SIGSTOP) holds no op.
@@ -76,13 +71,9 @@ void WorkerImpl::OnServerLost(uint32_t server) {
     }
   }
   // Likewise the pushes in flight to it: given up now, and pushed again where the key moves.
-  lanes_.push().FailPeer(server_peers_[server],
-                       PeerLost(server_names_[server] + " was declared lost by the scheduler"));
-  if (verdict_pending_ && pending_server_ == server) {
-    verdict_pending_ = false;
-    pending_server_.reset();
-    pending_peer_.reset();
-  }
+  lanes_.push().FailPeer(directory_.peer(server),
+                         PeerLost(name + " was declared lost by the scheduler"));
+  verdict_.ClearIfServer(server);
 }
 
 Status WorkerImpl::OnServerJoined(const transport::Frame& f) {
@@ -96,17 +87,12 @@ Status WorkerImpl::OnServerJoined(const transport::Frame& f) {
   std::string name = "server " + std::to_string(id) + " (" + m.host + ")";
   // Through the lane's progress thread: not under mu_.
   Result<PeerId> peer = lanes_.push().Connect(m.push_address, name);
+  // Under mu_ (as every change of the directory): an op's critical section sees one version.
   MutexLock lock(mu_);
-  if (id < server_peers_.size() && !lost_servers_[id]) {
+  // Ids between the ones known and this one are servers that never joined: never planned.
+  if (!directory_.Join(static_cast<uint32_t>(id), name, peer.ok() ? &*peer : nullptr)) {
     return ProtocolError("kServerJoined for " + name + ", which this worker knows already");
   }
-  if (id >= server_peers_.size()) {
-    // Ids between the ones known and this one are servers that never joined: never planned.
-    server_peers_.resize(id + 1, 0);
-    server_names_.resize(id + 1);
-    lost_servers_.resize(id + 1, true);
-  }
-  server_names_[id] = name;
   if (!peer.ok()) {
     // It stays unreachable (lost) here: a plan that moves partitions to it fails this worker
     // (ReplanLocked), naming it, instead of pushing into nothing.
@@ -114,9 +100,6 @@ Status WorkerImpl::OnServerJoined(const transport::Frame& f) {
                   << peer.status().ToString();
     return Status::Ok();
   }
-  server_peers_[id] = *peer;
-  lost_servers_[id] = false;
-  failover_ = true;  // a lost server's partitions have somewhere to go, even with one server
   GL_LOG(kInfo) << "worker " << rank_ << ": " << name << " joined as a standby";
   return Status::Ok();
 }
@@ -129,13 +112,13 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
   std::vector<uint32_t> moved;
   for (uint32_t p = 0; p < parts.size(); ++p) {
     if (parts[p].offset != t.parts[p].offset || parts[p].count != t.parts[p].count ||
-        parts[p].server >= server_peers_.size()) {
+        parts[p].server >= directory_.ids()) {
       return ProtocolError("kAssign replan of '" + t.name + "' changes partition " +
                            std::to_string(p) + " other than by its server");
     }
-    if (lost_servers_[parts[p].server]) {
+    if (directory_.lost(parts[p].server)) {
       return PeerLost("kAssign replan of '" + t.name + "' moves partition " + std::to_string(p) +
-                      " to " + ServerNameLocked(parts[p].server) +
+                      " to " + directory_.Name(parts[p].server) +
                       ", which is lost or which this worker cannot reach");
     }
     if (parts[p].server != t.parts[p].server) moved.push_back(p);
@@ -176,7 +159,7 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
     // (nor for anyone, when nobody receives it).
     if (!t.spec.is_sum() && !t.roles[p].participates()) continue;
     Outgoing r;
-    r.peer = server_peers_[plan.server];
+    r.peer = directory_.peer(plan.server);
     r.header.type = MsgType::kRecover;
     r.header.job = job_hash_;
     r.header.sender = rank_;
@@ -211,7 +194,7 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
       ReleaseCreditLocked(op, p, /*left=*/false);  // a send to the lost server may never complete
       const uint64_t bytes = PartBytes(*op, p);
       Outgoing o;
-      o.peer = server_peers_[plan.server];
+      o.peer = directory_.peer(plan.server);
       o.header = PushHeader(*op, p, bytes);
       o.payload = op->host ? op->partial[p] : op->input.subspan(plan.offset * size, bytes);
       o.sent = NewPushSentLocked(op, p, plan.server);
@@ -224,36 +207,17 @@ Status WorkerImpl::ReplanLocked(TensorState& t, std::vector<wire::PartitionPlan>
   return Status::Ok();
 }
 
-std::string WorkerImpl::ServerNameLocked(uint32_t id) const {
-  if (id < server_names_.size() && !server_names_[id].empty()) return server_names_[id];
-  return "server " + std::to_string(id);
-}
-
-std::string WorkerImpl::ServerOfPeer(transport::PeerId peer) const {
-  for (size_t id = 0; id < server_peers_.size(); ++id) {
-    if (server_peers_[id] == peer) return server_names_[id];
-  }
-  return "a server";
-}
-
-void WorkerImpl::NoteDataPeerFailureLocked(const Status& s) {
-  if (!failure_.ok() || verdict_pending_) return;
-  verdict_pending_ = true;
-  pending_peer_failure_ = s;
-  pending_since_ = Clock::now();
-  pending_peer_.reset();  // the callers say whose, where they know
-  pending_server_.reset();
-}
-
 std::optional<Status> WorkerImpl::ExpiredPeerFailure() {
-  MutexLock lock(mu_);
-  const auto grace = failover_ && pending_server_ ? kFailoverGrace : kVerdictGrace;
-  if (!verdict_pending_ || Clock::now() - pending_since_ < grace) return std::nullopt;
-  if (pending_peer_) {
+  // No state lock: the verdict and the directory have their own.
+  std::optional<internal::JobVerdict::Expired> expired = verdict_.ExpiredBy(
+      Clock::now(), kVerdictGrace, directory_.failover() ? kFailoverGrace : kVerdictGrace);
+  if (!expired) return std::nullopt;
+  if (expired->peer) {
     return PeerLost("worker " + std::to_string(rank_) + ": connection to " +
-                    ServerOfPeer(*pending_peer_) + " failed: " + pending_peer_failure_.message());
+                    directory_.NameOfPeer(*expired->peer) +
+                    " failed: " + expired->status.message());
   }
-  return pending_peer_failure_;
+  return expired->status;
 }
 
 void WorkerImpl::FailJob(const Status& s) {
@@ -264,16 +228,16 @@ void WorkerImpl::FailJob(const Status& s) {
 
 void WorkerImpl::FailAll(const Status& s, bool force) {
   MutexLock lock(mu_);
-  if (failure_.ok()) failure_ = s;
-  verdict_pending_ = false;
+  // Set under mu_: an op starting (StartOp) sees either the failure or every op ended here.
+  const Status failure = verdict_.Fail(s);
   // Same-host ops end on their driving thread, which alone touches their buffers.
-  if (local_) local_->Fail(failure_);
+  if (local_) local_->Fail(failure);
   EndParkedOpsLocked();  // with the verdict (before the loop: a parked host op is not yet done)
   auto ops = ops_;
   for (auto& [id, op] : ops) {
     // An endpoint's loss is a symptom; the job's failure names the cause.
-    if (op->failure.code() == Code::kPeerLost) op->failure = failure_;
-    AbandonLocked(*op, failure_);
+    if (op->failure.code() == Code::kPeerLost) op->failure = failure;
+    AbandonLocked(*op, failure);
     // Even when forced, an op with a pull still being written (a receive the stopped lane
     // could not cancel) stays pending: its buffer must outlive that write.
     // A hierarchical op's host job writes its tensor until it ends (LocalReduce::Fail ends it).
@@ -287,10 +251,10 @@ void WorkerImpl::FailAll(const Status& s, bool force) {
     while (!t->queue.empty()) {
       auto op = t->queue.front();
       t->queue.pop_front();
-      FinishLocked(*op, failure_);
+      FinishLocked(*op, failure);
     }
   }
-  cv_.notify_all();
+  rendezvous_.Wake();  // Barrier(), Join() and Shutdown() see the failure
 }
 
 ControlVerdict WorkerImpl::OnControl(const transport::Frame& f) {
@@ -314,9 +278,9 @@ ControlVerdict WorkerImpl::OnControl(const transport::Frame& f) {
       }
       break;
     case MsgType::kBarrierRelease: {
-      MutexLock lock(mu_);
-      barrier_released_ = std::max(barrier_released_, f.header.round);
-      cv_.notify_all();
+      MutexLock lock(rendezvous_.mu);
+      rendezvous_.barrier_released = std::max(rendezvous_.barrier_released, f.header.round);
+      rendezvous_.cv.NotifyAll();
       break;
     }
     case MsgType::kJoined:
@@ -357,12 +321,13 @@ Result<Rejoining> WorkerImpl::PrepareRejoin(const std::string& why) {
   std::vector<ControlFrame> frames;
   {
     MutexLock lock(mu_);
-    if (!failure_.ok()) return failure_;
-    if (joining_) {
+    if (verdict_.failed()) return verdict_.failure();
+    MutexLock rendezvous_lock(rendezvous_.mu);  // the tensors and the barriers of one moment
+    if (rendezvous_.joining) {
       return PeerLost(why + "; this rank had joined (join()), and a join does not survive a "
                             "scheduler restart");
     }
-    reconnecting_ = true;
+    rendezvous_.reconnecting = true;
     // Everything the restarted scheduler must know, as of now; what this worker declares or
     // enters from here on is sent once it is back.
     for (const auto& [key, t] : tensors_) {
@@ -386,13 +351,13 @@ Result<Rejoining> WorkerImpl::PrepareRejoin(const std::string& why) {
       frames.push_back(std::move(f));
     }
     st.keys = static_cast<uint32_t>(frames.size());
-    st.barriers_entered = barrier_sent_;
-    st.barriers_released = barrier_released_;
-    st.server_ids = static_cast<uint32_t>(lost_servers_.size());
-    for (uint32_t id = 0; id < lost_servers_.size(); ++id) {
-      if (lost_servers_[id]) st.lost_servers.push_back(id);
+    st.barriers_entered = rendezvous_.barrier_sent;
+    st.barriers_released = rendezvous_.barrier_released;
+    st.server_ids = directory_.ids();
+    for (uint32_t id = 0; id < st.server_ids; ++id) {
+      if (directory_.lost(id)) st.lost_servers.push_back(id);
     }
-    rejoin_barriers_told_ = barrier_sent_;
+    rendezvous_.rejoin_barriers_told = rendezvous_.barrier_sent;
   }
   reg.resume = std::move(st);
   return Rejoining{std::move(reg), std::move(frames)};
@@ -414,15 +379,18 @@ void WorkerImpl::OnRejoined(const Status& result, uint64_t generation) {
   uint64_t barrier = 0;
   {
     MutexLock lock(mu_);
-    reconnecting_ = false;
-    cv_.notify_all();
+    MutexLock rendezvous_lock(rendezvous_.mu);  // the tensors declared while it was away
+    rendezvous_.reconnecting = false;
+    rendezvous_.cv.NotifyAll();
     if (!result.ok()) return;
     for (const auto& [key, t] : tensors_) {
       if (!t->declare_pending) continue;
       t->declare_pending = false;
       declares.push_back(DeclarationOf(*t));
     }
-    if (barrier_sent_ > rejoin_barriers_told_) barrier = barrier_sent_;
+    if (rendezvous_.barrier_sent > rendezvous_.rejoin_barriers_told) {
+      barrier = rendezvous_.barrier_sent;
+    }
   }
   // A send that fails means this scheduler is gone too: the next rejoin tells the one after it
   // everything declared (each is `declared`).
@@ -456,11 +424,14 @@ Status WorkerImpl::OnJoinRelease(const transport::Frame& f) {
       it->second->next_round = std::max(it->second->next_round, round);
     }
   }
-  barrier_sent_ = std::max(barrier_sent_, release.barriers);
-  barrier_released_ = std::max(barrier_released_, release.barriers);
-  join_last_ = static_cast<uint32_t>(f.header.count);
-  join_released_ = true;
-  cv_.notify_all();
+  {
+    MutexLock rendezvous_lock(rendezvous_.mu);
+    rendezvous_.barrier_sent = std::max(rendezvous_.barrier_sent, release.barriers);
+    rendezvous_.barrier_released = std::max(rendezvous_.barrier_released, release.barriers);
+    rendezvous_.join_last = static_cast<uint32_t>(f.header.count);
+    rendezvous_.join_released = true;
+    rendezvous_.cv.NotifyAll();
+  }
   if (local_) local_->Wake();  // a joined worker of a host path waits on the segment
   return Status::Ok();
 }
@@ -486,8 +457,8 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     }
     uint32_t server_ids;  // the job's servers and the standbys that joined it
     {
-      MutexLock lock(mu_);
-      server_ids = static_cast<uint32_t>(server_peers_.size());
+      MutexLock lock(mu_);  // as the plan below: one version of the directory
+      server_ids = directory_.ids();
     }
     GL_ASSIGN_OR_RETURN(wire::AssignMsg a, wire::DecodeAssign(f.payload, t->count, server_ids));
     if (a.spec != t->spec) return ProtocolError("kAssign of another collective than declared");
@@ -518,9 +489,9 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     MutexLock lock(mu_);
     if (t->planned) return ProtocolError("key assigned twice");
     for (const wire::PartitionPlan& p : parts) {
-      if (lost_servers_[p.server]) {
+      if (directory_.lost(p.server)) {
         return PeerLost("kAssign of '" + t->name + "' places a partition on " +
-                        ServerNameLocked(p.server) +
+                        directory_.Name(p.server) +
                         ", which is lost or which this worker cannot reach");
       }
     }

@@ -32,10 +32,7 @@ Status WorkerImpl::OpenHostPath(const wire::WelcomeMsg& welcome, Clock::time_poi
   lo.chunk_bytes = opts_.local_chunk_bytes;
   // As for the same-host path: a host's worker that hung or died is the scheduler's to name.
   lo.deadline = std::max(deadline, Clock::now() + transport::kSilenceLimit + std::chrono::seconds(1));
-  lo.cancelled = [this] {
-    MutexLock lock(mu_);
-    return failure_;
-  };
+  lo.cancelled = [this] { return verdict_.failure(); };
   if (ranks.size() > LocalReduce::kMaxRanks) {
     GL_LOG(kInfo) << "worker " << rank_ << ": hierarchical aggregation off (" << ranks.size()
                   << " workers on host " << hosts_.machine[host] << ", at most "
@@ -59,7 +56,7 @@ Status WorkerImpl::OpenHostPath(const wire::WelcomeMsg& welcome, Clock::time_poi
   local_ = std::move(local);
   host_path_ = true;
   in_force_.hierarchy = what;
-  if (!failure_.ok()) local_->Fail(failure_);
+  if (verdict_.failed()) local_->Fail(verdict_.failure());
   return Status::Ok();
 }
 
@@ -207,7 +204,7 @@ void WorkerImpl::StartSatOutRoundsLocked(std::vector<SatOutWatch>* watch) {
 Status WorkerImpl::SitOutUntilReleased(Clock::time_point deadline) {
   std::vector<SatOutWatch> watch;
   UniqueLock lock(mu_);
-  while (!join_released_ && failure_.ok() && !shut_down_.load()) {
+  while (!rendezvous_.join_released && !verdict_.failed() && !shut_down_.load()) {
     if (Clock::now() >= deadline) {
       // The host's other workers still need this one's pushes: a thread goes on with them
       // until the release (or the job's end), and the caller gets its timeout.
@@ -229,7 +226,7 @@ Status WorkerImpl::SitOutUntilReleased(Clock::time_point deadline) {
     // Asleep on the segment's bell, which the host's workers ring as they post and which the
     // release rings; a plan that arrives meanwhile is seen within the slice.
     const auto begun = [&] {
-      if (join_released_) return true;
+      if (rendezvous_.join_released) return true;
       return std::any_of(watch.begin(), watch.end(), [&](const SatOutWatch& w) {
         return local_->BegunWithoutMe(w.channel, w.round, w.parts);
       });
@@ -237,8 +234,8 @@ Status WorkerImpl::SitOutUntilReleased(Clock::time_point deadline) {
     local_->Wait(begun, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
     lock.lock();
   }
-  if (join_released_) return Status::Ok();
-  if (!failure_.ok()) return failure_;
+  if (rendezvous_.join_released) return Status::Ok();
+  if (verdict_.failed()) return verdict_.failure();
   return Aborted("join() on rank " + std::to_string(rank_) + ": the worker was shut down");
 }
 

@@ -49,10 +49,7 @@ Status WorkerImpl::OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_po
   // the scheduler's to name (it hears its silence within kSilenceLimit), so the wait lasts at
   // least that long, and a worker that gives up blames the right process, not a timeout.
   lo.deadline = std::max(deadline, Clock::now() + transport::kSilenceLimit + std::chrono::seconds(1));
-  lo.cancelled = [this] {
-    MutexLock lock(mu_);
-    return failure_;
-  };
+  lo.cancelled = [this] { return verdict_.failure(); };
   GL_ASSIGN_OR_RETURN(std::shared_ptr<LocalReduce> local, LocalReduce::Open(lo));
   if (!local) return Status::Ok();  // no room in /dev/shm: the servers (Open warned)
   GL_LOG(kInfo) << "worker " << rank_ << ": same-host path on (" << size_
@@ -60,7 +57,7 @@ Status WorkerImpl::OpenLocalPath(const wire::WelcomeMsg& welcome, Clock::time_po
                 << "-byte segment)";
   MutexLock lock(mu_);  // FailAll (the control thread) reads it
   local_ = std::move(local);
-  if (!failure_.ok()) local_->Fail(failure_);
+  if (verdict_.failed()) local_->Fail(verdict_.failure());
   return Status::Ok();
 }
 
@@ -113,7 +110,9 @@ LocalReduce::Job WorkerImpl::SegmentJob(const TensorState& t, const Op& op) {
 }
 
 bool WorkerImpl::ParkForVerdictLocked(const std::shared_ptr<Op>& op, const Status& s) {
-  if ((s.code() != Code::kAborted && s.code() != Code::kPeerLost) || !failure_.ok()) return false;
+  if ((s.code() != Code::kAborted && s.code() != Code::kPeerLost) || verdict_.failed()) {
+    return false;
+  }
   // A worker that left mid-operation mostly left because the job failed (it heard the
   // scheduler go silent a moment before us), and a sum lost at another worker mostly means the
   // same: give the verdict, or this worker's own detection, the grace a failed data endpoint
@@ -128,7 +127,7 @@ void WorkerImpl::EndParkedOpsLocked() {
   const Clock::time_point now = Clock::now();
   std::vector<ParkedOp> ending;
   for (size_t i = 0; i < parked_ops_.size();) {
-    if (failure_.ok() && now < parked_ops_[i].until) {
+    if (!verdict_.failed() && now < parked_ops_[i].until) {
       ++i;
       continue;
     }
@@ -136,7 +135,8 @@ void WorkerImpl::EndParkedOpsLocked() {
     parked_ops_.erase(parked_ops_.begin() + static_cast<ptrdiff_t>(i));
   }
   has_parked_ops_.store(!parked_ops_.empty(), std::memory_order_relaxed);
-  for (ParkedOp& p : ending) EndSegmentJobLocked(*p.op, failure_.ok() ? p.own : failure_);
+  const Status failure = verdict_.failure();
+  for (ParkedOp& p : ending) EndSegmentJobLocked(*p.op, failure.ok() ? p.own : failure);
 }
 
 void WorkerImpl::EndParkedOps() {

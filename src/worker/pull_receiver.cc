@@ -60,7 +60,7 @@ Result<uint64_t> WorkerImpl::OnFrame(const wire::Header& h, std::span<const std:
 Result<std::span<std::byte>> WorkerImpl::OnHeaderLocked(const wire::Header& h) {
   // A server declared lost that comes back (it was stopped, not killed) is fenced: its
   // partitions are summed elsewhere now.
-  if (h.sender < lost_servers_.size() && lost_servers_[h.sender]) {
+  if (directory_.lost(h.sender)) {
     return Aborted("reply from server " + std::to_string(h.sender) + ", which was declared lost");
   }
   auto it = ops_.find(h.cookie);
@@ -135,7 +135,7 @@ std::string WorkerImpl::DescribePending(const Op& op) {
     if (listed++ == 8) continue;
     out += (out.empty() ? "" : ", ") + std::string("partition ") + std::to_string(p) + " (" +
            kState[static_cast<int>(op.parts[p])] + ") on " +
-           ServerNameLocked(p < t.parts.size() ? t.parts[p].server : 0);
+           directory_.Name(p < t.parts.size() ? t.parts[p].server : 0);
   }
   std::string tail = "; waiting for " + std::to_string(waiting) + " partition(s)" +
                      (out.empty() ? "" : ": " + out) + (waiting > 8 ? ", ..." : "");
@@ -144,14 +144,14 @@ std::string WorkerImpl::DescribePending(const Op& op) {
 }
 
 bool WorkerImpl::KeepsResults(const TensorState& t) const {
-  return failover_ && t.spec.is_sum() && !t.local.has_value();
+  return directory_.failover() && t.spec.is_sum() && !t.local.has_value();
 }
 
 void WorkerImpl::OnPayloadLocked(const wire::Header& h, bool ok, const Status& why,
                                  IssueBatch* batch) {
   // A reply from a server declared lost was written into a buffer given up then
   // (OnServerLost), and its op no longer counts it; a refusal from it counts for nothing.
-  bool from_lost = h.sender < lost_servers_.size() && lost_servers_[h.sender];
+  bool from_lost = directory_.lost(h.sender);
   auto it = ops_.find(h.cookie);
   if (it == ops_.end()) return;
   std::shared_ptr<Op> op = it->second;
@@ -182,7 +182,7 @@ void WorkerImpl::OnPayloadLocked(const wire::Header& h, bool ok, const Status& w
       if (decoded.ok()) text = *decoded;
     }
     const Code code = h.code == 0 ? Code::kInternal : static_cast<Code>(h.code);
-    const std::string& server = server_names_[op->tensor->parts[h.partition].server];
+    const std::string server = directory_.RecordedName(op->tensor->parts[h.partition].server);
     const Status refused(code, text + " (from " + server + ")");
     RecordFailureLocked(*op, refused);
     AnsweredLocked(op, h.partition);
@@ -190,16 +190,16 @@ void WorkerImpl::OnPayloadLocked(const wire::Header& h, bool ok, const Status& w
     // A server that lost another worker's push knows only the symptom: wait for the
     // scheduler's verdict, which names the lost member.
     if (code == Code::kPeerLost) {
-      NoteDataPeerFailureLocked(refused);
+      verdict_.Note(refused);
       op->abandoned = true;
     }
-  } else if (!ok && h.sender < lost_servers_.size() &&
-             (lost_servers_[h.sender] || NoteServerFailureLocked(h.sender, why))) {
+  } else if (!ok && h.sender < directory_.ids() &&
+             (directory_.lost(h.sender) || NoteServerFailureLocked(h.sender, why))) {
     // From a server lost (or maybe lost): the partition stays pushed, to be pushed again
     // where the scheduler moves it (ReplanLocked).
   } else if (!ok) {
     // The transport's error names no peer: say whose reply was lost.
-    const std::string& server = server_names_[op->tensor->parts[h.partition].server];
+    const std::string server = directory_.RecordedName(op->tensor->parts[h.partition].server);
     const Status lost(why.code(), "worker " + std::to_string(rank_) +
                                       ": receiving the sum from " + server +
                                       " failed: " + why.message());
@@ -210,7 +210,7 @@ void WorkerImpl::OnPayloadLocked(const wire::Header& h, bool ok, const Status& w
     // scheduler's verdict, which names the cause (the server may have exited because the
     // job failed elsewhere).
     if (why.code() == Code::kPeerLost) {
-      NoteDataPeerFailureLocked(lost);
+      verdict_.Note(lost);
       op->abandoned = true;
     }
   } else {

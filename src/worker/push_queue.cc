@@ -102,8 +102,8 @@ std::shared_ptr<Op> WorkerImpl::StartOp(const TensorHandle& tensor, std::span<st
     MutexLock lock(mu_);
     op->id = next_op_id_++;
     TensorState& t = *op->tensor;
-    if (!failure_.ok()) {
-      FinishLocked(*op, failure_);
+    if (verdict_.failed()) {
+      FinishLocked(*op, verdict_.failure());
     } else if (t.planned && !t.plan_status.ok()) {
       FinishLocked(*op, t.plan_status);
     } else if (!t.member_failure.ok()) {
@@ -204,7 +204,7 @@ void WorkerImpl::PumpLocked() {
     op.parts[top.part] = Op::Part::kSent;
     op.sending++;
     Outgoing o;
-    o.peer = server_peers_[plan.server];
+    o.peer = directory_.peer(plan.server);
     o.header = PushHeader(op, top.part, bytes);
     // A host's partial sum lies in its segment; a flat push is the caller's input itself.
     o.payload = op.host      ? op.partial[top.part]
@@ -411,7 +411,7 @@ void WorkerImpl::TryFinishLocked(Op& op) {
   if (op.finished || !op.started) return;
   // Waiting for the scheduler's word on a lost endpoint: the op's own error may name the
   // wrong peer (see OnDataPeerFailed).
-  if (op.abandoned && verdict_pending_) return;
+  if (op.abandoned && verdict_.pending()) return;
   // A hierarchical op also waits for its host job, which writes the tensor until it ends.
   if (op.host && !op.host_done) return;
   if ((op.outstanding == 0 || op.abandoned) && op.sending == 0 && op.receiving == 0) {

@@ -85,20 +85,13 @@ Status WorkerImpl::Init() {
   rank_ = welcome.your_id;
   size_ = welcome.num_workers;
   num_servers_ = welcome.num_servers;
-  {
-    MutexLock lock(mu_);
-    server_peers_.assign(num_servers_, 0);
-    server_names_.assign(num_servers_, "");
-    lost_servers_.assign(num_servers_, false);
-    failover_ = num_servers_ > 1;  // a lost server's partitions can move to another
-  }
+  // Failover when the job has more than one server: a lost server's partitions can move.
+  directory_.Reset(num_servers_);
   for (const wire::Member& m : welcome.members) {
     if (m.role != wire::Role::kServer) continue;
     std::string name = "server " + std::to_string(m.id) + " (" + m.host + ")";
     GL_ASSIGN_OR_RETURN(const transport::PeerId peer, lanes_.push().Connect(m.push_address, name));
-    MutexLock lock(mu_);  // connecting (above) is never under it
-    server_peers_[m.id] = peer;
-    server_names_[m.id] = std::move(name);
+    directory_.Connected(m.id, peer, std::move(name));
   }
   // What the options leave unset, chosen for this job (control/tuning.h); the scheduler makes
   // the same choice of partition size from the same address book.
@@ -199,7 +192,7 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
   std::shared_ptr<TensorState> t;
   {
     MutexLock lock(mu_);
-    if (!failure_.ok()) return failure_;
+    if (verdict_.failed()) return verdict_.failure();
     auto it = tensors_.find(key);
     if (it != tensors_.end()) {
       const TensorState& old = *it->second;
@@ -249,11 +242,12 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
   wire::DeclareMsg d;
   {
     MutexLock lock(mu_);
+    MutexLock rendezvous_lock(rendezvous_.mu);  // a rejoin tells, or is told, t: not both
     t->declared_mode = mode;
     t->declared = true;
     // Rejoining a restarted scheduler: sent once it is back.
-    t->declare_pending = reconnecting_;
-    if (reconnecting_) return TensorHandle(t);
+    t->declare_pending = rendezvous_.reconnecting;
+    if (rendezvous_.reconnecting) return TensorHandle(t);
     gen = membership_->generation();
     std::tie(h, d) = DeclarationOf(*t);
   }
@@ -327,10 +321,10 @@ Status WorkerImpl::Barrier(Clock::time_point deadline) {
   uint64_t seq, gen;
   bool send;
   {
-    MutexLock lock(mu_);
-    if (!failure_.ok()) return failure_;
-    seq = ++barrier_sent_;
-    send = !reconnecting_;  // else the rejoin tells the restarted scheduler
+    if (verdict_.failed()) return verdict_.failure();
+    MutexLock lock(rendezvous_.mu);
+    seq = ++rendezvous_.barrier_sent;
+    send = !rendezvous_.reconnecting;  // else the rejoin tells the restarted scheduler
     gen = membership_->generation();
   }
   wire::Header h;
@@ -342,61 +336,68 @@ Status WorkerImpl::Barrier(Clock::time_point deadline) {
     Status sent = membership_->SendOn(gen, h, {}, deadline);
     if (!sent.ok() && opts_.scheduler_reconnect_timeout.count() == 0) return sent;
   }
-  UniqueLock lock(mu_);
-  if (!cv_.wait_until(lock, deadline, [&] {
-        mu_.AssertHeld();  // the wait runs it under `lock`
-        return barrier_released_ >= seq || !failure_.ok();
-      })) {
-    return Timeout("barrier " + std::to_string(seq) + " on rank " + std::to_string(rank_) +
-                   ": not every worker arrived before the deadline");
+  {
+    MutexLock lock(rendezvous_.mu);
+    if (!rendezvous_.cv.WaitUntil(rendezvous_.mu, deadline, [&] {
+          rendezvous_.mu.AssertHeld();  // the wait runs it under `lock`
+          return rendezvous_.barrier_released >= seq || verdict_.failed();
+        })) {
+      return Timeout("barrier " + std::to_string(seq) + " on rank " + std::to_string(rank_) +
+                     ": not every worker arrived before the deadline");
+    }
+    if (rendezvous_.barrier_released >= seq) return Status::Ok();
   }
-  return barrier_released_ >= seq ? Status::Ok() : failure_;
+  return verdict_.failure();  // not under rendezvous_.mu: the verdict's lock is never taken there
 }
 
 Result<uint32_t> WorkerImpl::Join(Clock::time_point deadline) {
   bool resume = false;
   {
-    MutexLock lock(mu_);
-    if (joining_) return InvalidArgument("join() on rank " + std::to_string(rank_) +
+    MutexLock lock(rendezvous_.mu);
+    if (rendezvous_.joining) return InvalidArgument("join() on rank " + std::to_string(rank_) +
                                          ": another join() of this worker is in progress");
     // An earlier join() that timed out stands (the scheduler has this rank as joined): this
     // one takes its release, come meanwhile, or waits for it.
-    if (join_timed_out_) {
-      join_timed_out_ = false;
-      if (join_released_) return join_last_;
+    if (rendezvous_.join_timed_out) {
+      rendezvous_.join_timed_out = false;
+      if (rendezvous_.join_released) return rendezvous_.join_last;
       resume = true;
     } else {
-      join_released_ = false;
+      rendezvous_.join_released = false;
     }
-    joining_ = true;
+    rendezvous_.joining = true;
   }
   struct Unjoin {
-    WorkerImpl* w;
+    internal::Rendezvous* r;
     ~Unjoin() {
-      MutexLock lock(w->mu_);
-      w->joining_ = false;
+      MutexLock lock(r->mu);
+      r->joining = false;
     }
-  } unjoin{this};
+  } unjoin{&rendezvous_};
   if (!resume) GL_RETURN_IF_ERROR(AnnounceJoin(deadline));
   Status released;
   if (host_path_) {
     released = SitOutUntilReleased(deadline);
   } else {
-    UniqueLock lock(mu_);
-    if (!cv_.wait_until(lock, deadline, [&] {
-          mu_.AssertHeld();  // the wait runs it under `lock`
-          return join_released_ || !failure_.ok();
-        })) {
+    bool woken;
+    {
+      MutexLock lock(rendezvous_.mu);
+      woken = rendezvous_.cv.WaitUntil(rendezvous_.mu, deadline, [&] {
+        rendezvous_.mu.AssertHeld();  // the wait runs it under `lock`
+        return rendezvous_.join_released || verdict_.failed();
+      });
+    }
+    if (!woken) {
       released = Timeout("join() on rank " + std::to_string(rank_) +
                          ": not every worker had joined by the deadline");
-    } else if (!join_released_) {
-      released = failure_;
+    } else if (!rendezvous_.join_released) {
+      released = verdict_.failure();
     }
   }
-  MutexLock lock(mu_);
-  if (released.code() == Code::kTimeout) join_timed_out_ = true;
+  MutexLock lock(rendezvous_.mu);
+  if (released.code() == Code::kTimeout) rendezvous_.join_timed_out = true;
   if (!released.ok()) return released;
-  return join_last_;
+  return rendezvous_.join_last;
 }
 
 Status WorkerImpl::AnnounceJoin(Clock::time_point deadline) {
@@ -405,13 +406,14 @@ Status WorkerImpl::AnnounceJoin(Clock::time_point deadline) {
   for (;;) {
     {
       MutexLock lock(mu_);
-      if (!failure_.ok()) return failure_;
+      if (verdict_.failed()) return verdict_.failure();
       const bool idle = std::none_of(tensors_.begin(), tensors_.end(), [](const auto& kv) {
         return kv.second->busy || !kv.second->queue.empty();
       });
       if (idle) {
         for (const auto& [key, t] : tensors_) msg.rounds.emplace_back(key, t->next_round);
-        msg.barriers = barrier_sent_;
+        MutexLock rendezvous_lock(rendezvous_.mu);
+        msg.barriers = rendezvous_.barrier_sent;
         break;
       }
     }
@@ -436,8 +438,8 @@ Status WorkerImpl::AnnounceJoin(Clock::time_point deadline) {
   h.sender = rank_;
   uint64_t gen;
   {
-    MutexLock lock(mu_);
-    if (reconnecting_) {
+    MutexLock lock(rendezvous_.mu);
+    if (rendezvous_.reconnecting) {
       return Unavailable("join() on rank " + std::to_string(rank_) +
                          ": the scheduler is being restarted; a join needs it");
     }
@@ -453,13 +455,15 @@ Status WorkerImpl::Shutdown(Clock::time_point deadline) {
     {
       // A goodbye needs a scheduler: one being restarted gets until the deadline to take this
       // worker back (else the job would wait for a member that is gone).
-      UniqueLock lock(mu_);
-      if (!cv_.wait_until(lock, deadline, [&] {
-            mu_.AssertHeld();  // the wait runs it under `lock`
-            return !reconnecting_;
-          })) {
-        membership_->CancelRejoin();
+      bool rejoined;
+      {
+        MutexLock lock(rendezvous_.mu);
+        rejoined = rendezvous_.cv.WaitUntil(rendezvous_.mu, deadline, [&] {
+          rendezvous_.mu.AssertHeld();  // the wait runs it under `lock`
+          return !rendezvous_.reconnecting;
+        });
       }
+      if (!rejoined) membership_->CancelRejoin();
     }
     membership_->Leave(deadline);
   }

@@ -14,11 +14,29 @@
 // (the membership's: OnControl and OnTick), and, with the same-host path, whichever thread
 // drives it (LocalDone).
 //
-// State: `mu_` guards the tensors, the ops in flight, the pending heap and what is pumped for
-// the push lane, the sticky failure and the barrier counters (state.h marks each field). Work
-// that waits on another process (the same-host segment's claims, a socket) never runs under it.
-// The lanes' callbacks read the server directory (`servers_`), which is written once in Init()
-// before any server is connected, so no callback can run before it exists.
+// State, owned per concern (docs/threading.md has every lock and the order):
+//   directory_   ServerDirectory (server_directory.h): the servers by id, their endpoints, names
+//                and which are lost; read without a lock (atomics), names under its own lock,
+//                written in Init() and on the control thread.
+//   verdict_     JobVerdict (job_verdict.h): the sticky failure (failed(): one atomic load) and
+//                a data peer's failure waiting for the scheduler's verdict; its own leaf lock.
+//   rendezvous_  Rendezvous (rendezvous.h): barriers, join(), the rejoin of a restarted
+//                scheduler; its own lock and condition variable, on which Barrier(), Join()
+//                and Shutdown() wait (never on mu_).
+//   plans_       group layouts (fusion.cc) under plans_mu_.
+//   mu_          the data path's state, one owner: the keys (tensors_, resume_rounds_), the op
+//                table (ops_, free_op_nodes_, next_op_id_, parked_ops_, orphans_), the push
+//                issuer (pending_, next_seq_, bytes_in_flight_, to_issue_, push_sent_*,
+//                pumped_) and the pull receiver (error_text_), with the fields of TensorState
+//                and Op (state.h). One lock, not one per concern: a partition's push and its
+//                reply each touch the op, its tensor and the issuer in one critical section
+//                (tests/unit/worker/lock_count_test.cc: 1.00 acquisitions per partition on each
+//                lane thread, 2.02 per partition per worker in all); a lock per concern there
+//                would make that 2 to 3 per thread.
+//   counters_    Counters (state.h): stats, atomics, no lock.
+// Lock order: plans_mu_, then the describer's, then mu_, then rendezvous_.mu, verdict_'s or
+// directory_'s (leaves: nothing is taken under them). Work that waits on another process (the
+// same-host segment's claims, a socket) or on the scheduler runs under none of them.
 //
 // Checked by clang's thread-safety analysis (tests/thread_safety/check.py): the fields below
 // are GUARDED_BY their lock, every `*Locked` function REQUIRES(mu_), and the functions that take
@@ -27,7 +45,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -50,6 +67,9 @@
 #include "wire/messages.h"
 #include "worker/fusion_pool.h"
 #include "worker/local_reduce.h"
+#include "worker/job_verdict.h"
+#include "worker/rendezvous.h"
+#include "worker/server_directory.h"
 #include "worker/state.h"
 #include "worker/state_mutex.h"
 
@@ -295,15 +315,10 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   // exited because the job failed for another reason (its kAbort may still be on the way to
   // us). The control thread waits kVerdictGrace for the scheduler's verdict before failing the
   // job with this status.
-  // `peer` is a push-lane endpoint (Lane::Connect); it is named (ServerOfPeer) only on the
-  // control thread, which starts after every endpoint's server is recorded.
+  // `peer` is a push-lane endpoint (Lane::Connect); it is named (ServerDirectory::NameOfPeer)
+  // only on the control thread, which starts after every endpoint's server is recorded. The
+  // failure waits in verdict_ (JobVerdict::Note).
   void OnDataPeerFailed(transport::PeerId peer, const Status& s) EXCLUDES(mu_);
-  // "server 3 (host)", or "server 3" for an id that never joined. Under mu_.
-  std::string ServerNameLocked(uint32_t id) const REQUIRES(mu_);
-  // The name of the server whose push-lane endpoint is `peer` ("a server" if none is).
-  std::string ServerOfPeer(transport::PeerId peer) const REQUIRES(mu_);
-
-  void NoteDataPeerFailureLocked(const Status& s) REQUIRES(mu_);
 
   // ---- Failover (docs/operations.md, "Server failover") --------------------------------------
 
@@ -327,7 +342,8 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   // until then, and the result kept for the server that takes over.
   bool KeepsResults(const TensorState& t) const REQUIRES(mu_);
 
-  // On the control thread: the endpoint failure whose grace has run out, if any.
+  // On the control thread: the endpoint failure whose grace has run out, if any. Takes
+  // verdict_'s and directory_'s locks only, not mu_.
   std::optional<Status> ExpiredPeerFailure() EXCLUDES(mu_);
 
   // The job is over: fail everything now. A hung peer may never complete a transfer, so the
@@ -478,43 +494,39 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   std::shared_ptr<transport::Fabric> fabric_;  // the one given (tests), until Init() opens lanes
   MemberLanes lanes_;
   std::shared_ptr<LocalReduce> local_;  // the same-host path or the host's segment; null when off
-  std::vector<ParkedOp> parked_ops_;     // mu_
+  std::vector<ParkedOp> parked_ops_ GUARDED_BY(mu_);  // ops, with the op table
   std::atomic<bool> has_parked_ops_{false};  // !parked_ops_.empty(), written under mu_
   topology::Hosts hosts_;               // written in Init(), then read-only
   bool host_path_ = false;              // local_ is the host's segment (hierarchical aggregation)
   WorkerStats::InForce in_force_;  // set at the end of Init(), then read-only
   Receiver receiver_{this};
-  // By server id; written in Init() before the control thread starts and before any op exists
-  // (lane callbacks that may run during Init read neither), then under mu_ (a standby that
-  // joins adds its id: OnServerJoined).
-  std::vector<transport::PeerId> server_peers_ GUARDED_BY(mu_);
-  std::vector<std::string> server_names_ GUARDED_BY(mu_);
+  // The servers by id (server_directory.h): read without a lock on the data path; written in
+  // Init() and on the control thread (a standby joins, a server is lost).
+  internal::ServerDirectory directory_;
   // The job membership: the scheduler connection and the control thread. Its channel is
   // replaced (the generation counted up) when the worker rejoins a restarted scheduler. A
-  // sender decides under mu_ (not while `reconnecting_`), noting the generation; SendOn drops
-  // a frame of an older one: what it said reached the new scheduler in the ResumeState.
-  // Left in Shutdown(), which the destructor calls first: its thread calls into this object.
+  // sender decides under rendezvous_.mu (not while `reconnecting`), noting the generation;
+  // SendOn drops a frame of an older one: what it said reached the new scheduler in the
+  // ResumeState. Left in Shutdown(), which the destructor calls first: its thread calls into
+  // this object.
   std::unique_ptr<Membership> membership_;
   std::atomic<bool> shut_down_{false};
   std::atomic<uint64_t> protocol_errors_{0};
 
-  internal::StateMutex mu_;
-  std::condition_variable_any cv_;
-  Status failure_ GUARDED_BY(mu_);  // sticky
-  bool verdict_pending_ GUARDED_BY(mu_) = false;  // a data endpoint failed; see OnDataPeerFailed
-  // Failover: possible (the job has more than one server), the servers declared lost, and the
-  // server behind the pending failure when one is known.
-  bool failover_ GUARDED_BY(mu_) = false;
-  std::vector<bool> lost_servers_ GUARDED_BY(mu_);
-  std::optional<uint32_t> pending_server_ GUARDED_BY(mu_);
-  // Result buffers that a lost server's unfinished replies may still write into.
+  // The op table, the push issuer, the keys (docs/threading.md): the data path's one lock.
+  // Taken after plans_mu_ and the describer's lock; rendezvous_.mu, directory_'s and
+  // verdict_'s locks are taken under it, never it under them.
+  internal::StateMutex mu_ ACQUIRED_BEFORE(rendezvous_.mu, verdict_.mu_, directory_.mu_);
+  // The job's sticky failure and a data peer's failure waiting for the verdict (job_verdict.h).
+  internal::JobVerdict verdict_;
+  // Barriers, join() and the scheduler's rejoin, with their own lock and condition variable
+  // (rendezvous.h).
+  internal::Rendezvous rendezvous_;
+  // Result buffers that a lost server's unfinished replies may still write into (taken from
+  // TensorState::results, under mu_ with them).
   std::vector<std::vector<std::byte>> orphans_ GUARDED_BY(mu_);
   // Pull lane's progress thread only: the span the last OnHeader() returned is a kept result.
   bool reply_kept_ = false;
-  Status pending_peer_failure_ GUARDED_BY(mu_);
-  // The endpoint behind pending_peer_failure_ when a lane reported it (named when it expires).
-  std::optional<transport::PeerId> pending_peer_ GUARDED_BY(mu_);
-  Clock::time_point pending_since_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::shared_ptr<TensorState>> tensors_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::shared_ptr<Op>> ops_ GUARDED_BY(mu_);  // by id; in flight
   // ops_'s nodes, kept when an op ends for the next one (a node per op otherwise).
@@ -544,24 +556,11 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   bool pumped_ GUARDED_BY(mu_) = false;  // PumpLocked queued pushes this critical section
   // Requests to issue not yet answered; nonzero while a thread is in Issue() (push_queue.cc).
   std::atomic<uint32_t> issue_requests_{0};
-  uint64_t barrier_sent_ GUARDED_BY(mu_) = 0;
-  uint64_t barrier_released_ GUARDED_BY(mu_) = 0;
-  // Restart: the scheduler is gone and the control thread is rejoining a restarted one.
-  bool reconnecting_ GUARDED_BY(mu_) = false;
-  // The barriers entered as the rejoin's ResumeState says.
-  uint64_t rejoin_barriers_told_ GUARDED_BY(mu_) = 0;
-  // Join(): in progress; released (every rank joined) with the rank that joined last; the next
-  // round of keys this worker had not declared when it sat their rounds out (for Declare).
-  bool joining_ GUARDED_BY(mu_) = false;
-  std::atomic<bool> join_released_{false};  // written under mu_; read without it too (host path)
-  // A join() timed out after its kJoin was sent: the join stands, and the next join() takes
-  // its release (or waits for it) instead of joining again.
-  bool join_timed_out_ GUARDED_BY(mu_) = false;
   // Join() on a host path that timed out: goes on running the sat-out rounds until the release
   // (SitOutUntilReleased); joined in Shutdown().
   std::thread sit_out_;
   std::atomic<bool> sit_out_running_{false};
-  uint32_t join_last_ GUARDED_BY(mu_) = 0;
+  // Rounds of keys not declared yet, from a join release (for Declare): with tensors_.
   std::unordered_map<uint64_t, uint64_t> resume_rounds_ GUARDED_BY(mu_);
 
   const std::shared_ptr<internal::Counters> counters_ = std::make_shared<internal::Counters>();
