@@ -33,8 +33,17 @@ from gradlink import (  # noqa: F401
     UnavailableError,
 )
 
-from ._broadcast import (  # noqa: F401
+from ._autograd import (  # noqa: F401
+    allgather,
+    allreduce,
+    alltoall,
     broadcast,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_reducescatter,
+    reducescatter,
+)
+from ._broadcast import (  # noqa: F401
     broadcast_,
     broadcast_async,
     broadcast_async_,
@@ -64,16 +73,11 @@ from ._core import (  # noqa: F401
 from ._ddp import DDPHookState, ddp_hook  # noqa: F401
 from ._sync_bn import SyncBatchNorm  # noqa: F401
 from ._gather import (  # noqa: F401
-    allgather,
     allgather_async,
     allgather_object,
-    alltoall,
     alltoall_async,
-    grouped_allgather,
     grouped_allgather_async,
-    grouped_reducescatter,
     grouped_reducescatter_async,
-    reducescatter,
     reducescatter_async,
     sparse_allreduce_async,
 )
@@ -88,7 +92,6 @@ from ._horovod import (  # noqa: F401
     ReduceOp,
     Sum,
     add_process_set,
-    allreduce,
     barrier,
     ccl_built,
     cross_rank,
@@ -106,7 +109,6 @@ from ._horovod import (  # noqa: F401
     allreduce_async,
     allreduce_async_,
     global_process_set,
-    grouped_allreduce,
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,

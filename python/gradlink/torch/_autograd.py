@@ -13,7 +13,11 @@ differentiable, and each one's backward is the collective Horovod defines for it
 A backward is itself a collective: every rank of the set must run it (call backward() on the
 same outputs in the same order everywhere), as under Horovod. The synchronous calls go through
 these functions only when autograd needs them (grad mode on and an input that requires grad),
-so other calls are untouched. Threads: any (the collectives' own rules).
+so other calls are untouched.
+
+The public calls live here, above the modules that run the collectives (_horovod, _gather,
+_broadcast: each has the call without autograd as `_<name>`), which never import this one.
+Threads: any (the collectives' own rules).
 """
 
 import torch
@@ -47,7 +51,8 @@ class _Allreduce(torch.autograd.Function):
         return (out,) + (None,) * 7
 
 
-def allreduce(tensor, average, name, compression, op, prescale, postscale, process_set):
+def _allreduce_recorded(tensor, average, name, compression, op, prescale, postscale,
+                        process_set):
     return _Allreduce.apply(tensor, average, name, compression, op, prescale, postscale,
                             process_set)
 
@@ -69,7 +74,7 @@ class _GroupedAllreduce(torch.autograd.Function):
         return (None,) * 7 + tuple(outs)
 
 
-def grouped_allreduce(tensors, average, name, compression, op, prescale, postscale,
+def _grouped_allreduce_recorded(tensors, average, name, compression, op, prescale, postscale,
                       process_set):
     return list(_GroupedAllreduce.apply(average, name, compression, op, prescale, postscale,
                                         process_set, *tensors))
@@ -97,7 +102,7 @@ class _Allgather(torch.autograd.Function):
         return _my_rows(avg, firsts, pos, shape), None, None
 
 
-def allgather(tensor, name, process_set):
+def _allgather_recorded(tensor, name, process_set):
     return _Allgather.apply(tensor, name, process_set)
 
 
@@ -119,7 +124,7 @@ class _GroupedAllgather(torch.autograd.Function):
                                     for a, f, s in zip(avgs, firsts, shapes))
 
 
-def grouped_allgather(tensors, name, process_set):
+def _grouped_allgather_recorded(tensors, name, process_set):
     return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
@@ -139,7 +144,7 @@ class _Broadcast(torch.autograd.Function):
         return avg, None, None, None
 
 
-def broadcast(tensor, root_rank, name, process_set):
+def _broadcast_recorded(tensor, root_rank, name, process_set):
     return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
@@ -160,7 +165,7 @@ class _Alltoall(torch.autograd.Function):
         return back, None, None, None
 
 
-def alltoall(tensor, splits, name, process_set):
+def _alltoall_recorded(tensor, splits, name, process_set):
     return _Alltoall.apply(tensor, splits, name, process_set)
 
 
@@ -191,7 +196,7 @@ class _Reducescatter(torch.autograd.Function):
                 None, None, None, None, None, None)
 
 
-def reducescatter(tensor, name, compression, op, process_set, prescale, postscale):
+def _reducescatter_recorded(tensor, name, compression, op, process_set, prescale, postscale):
     return _Reducescatter.apply(tensor, name, compression, op, process_set, prescale,
                                 postscale)
 
@@ -210,6 +215,105 @@ class _GroupedReducescatter(torch.autograd.Function):
                                                        process_set))
 
 
-def grouped_reducescatter(tensors, name, compression, op, process_set, prescale, postscale):
+def _grouped_reducescatter_recorded(tensors, name, compression, op, process_set, prescale,
+                                    postscale):
     return list(_GroupedReducescatter.apply(name, compression, op, process_set, prescale,
                                             postscale, *tensors))
+
+
+# ---- The public calls: through the functions above when autograd needs them --------------
+
+
+def allreduce(tensor, average=None, name=None, compression=_horovod.Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0,
+              process_set=_horovod.global_process_set):
+    """The allreduce of `tensor` over all workers, as a new tensor (`tensor` is left alone).
+    `compression`: Compression.fp16 sends floating-point tensors as fp16. Differentiable: the
+    gradient's backward is the same allreduce of the gradient."""
+    if wants_grad(tensor):
+        return _allreduce_recorded(tensor, average, name, compression, op, prescale_factor,
+                                   postscale_factor, process_set)
+    return _horovod._allreduce(tensor, average, name, compression, op, prescale_factor,
+                               postscale_factor, process_set)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=_horovod.Compression.none,
+                      op=None, prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=_horovod.global_process_set):
+    """The allreduce of every tensor of `tensors`, as new tensors, as one group (fused).
+    Differentiable: the backward is the grouped allreduce of the gradients."""
+    tensors = list(tensors)
+    if wants_grad(*tensors):
+        return _grouped_allreduce_recorded(tensors, average, name, compression, op,
+                                           prescale_factor, postscale_factor, process_set)
+    return _horovod._grouped_allreduce(tensors, average, name, compression, op,
+                                       prescale_factor, postscale_factor, process_set)
+
+
+def allgather(tensor, name=None, process_set=_horovod.global_process_set):
+    """Concatenates every rank's `tensor` along the first dimension, in rank order; first
+    dimensions may differ, the rest of the shape and the dtype must agree (MismatchError).
+    Differentiable: the backward averages the gradient over the set and keeps this rank's
+    rows, as Horovod's."""
+    if wants_grad(tensor):
+        return _allgather_recorded(tensor, name, process_set)
+    return _gather._allgather(tensor, name, process_set)[0]
+
+
+def grouped_allgather(tensors, name=None, process_set=_horovod.global_process_set):
+    """allgather() of every tensor of `tensors`, started together; differentiable."""
+    tensors = list(tensors)
+    if wants_grad(*tensors):
+        return _grouped_allgather_recorded(tensors, name, process_set)
+    return [out for out, _ in _gather._grouped_allgather(tensors, name, process_set)]
+
+
+def alltoall(tensor, splits=None, name=None, process_set=_horovod.global_process_set):
+    """Rank r sends rows splits[j] of `tensor` (in order, along the first dimension) to rank j
+    (splits None: an even split) and receives the rows every rank sent it, concatenated in rank
+    order, through the servers' all-to-all routing (each block once, from its sender to its
+    receiver; a rank's own block is copied locally). Returns the received tensor; with
+    `splits` (int32), (received tensor, received splits), as Horovod does. Differentiable: the
+    backward sends each block of the gradient back to where it came from."""
+    if wants_grad(tensor):
+        return _alltoall_recorded(tensor, splits, name, process_set)
+    out, received = _gather._alltoall(tensor, splits, name, process_set)
+    return out if splits is None else (out, received)
+
+
+def reducescatter(tensor, name=None, compression=None, op=_horovod.Average,
+                  process_set=_horovod.global_process_set, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """The sum (op=Sum), average (Average, default), min, max or product of every rank's
+    `tensor`, cut along the first dimension as evenly as possible (the first ranks get one row
+    more): this rank's part, from the servers' reduce-scatter (each rank pulls only its rows).
+    Ranks whose tensors differ in shape or dtype get MismatchError naming them. Scale factors
+    as allreduce's (integers scaled in fp64). Differentiable: the backward gathers the
+    gradient (times the set's size for op=Sum), as Horovod's."""
+    if wants_grad(tensor):
+        return _reducescatter_recorded(tensor, name, compression, op, process_set,
+                                       prescale_factor, postscale_factor)
+    return _gather._reducescatter(tensor, name, compression, op, process_set, prescale_factor,
+                                  postscale_factor)
+
+
+def grouped_reducescatter(tensors, name=None, compression=None, op=_horovod.Average,
+                          process_set=_horovod.global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """reducescatter() of every tensor of `tensors`, started together; differentiable."""
+    tensors = list(tensors)
+    if wants_grad(*tensors):
+        return _grouped_reducescatter_recorded(tensors, name, compression, op, process_set,
+                                               prescale_factor, postscale_factor)
+    return _gather._grouped_reducescatter(tensors, name, compression, op, process_set,
+                                          prescale_factor, postscale_factor)
+
+
+def broadcast(tensor, root_rank=0, name=None, process_set=None):
+    """Horovod's broadcast: root_rank's `tensor` as a new tensor on every rank of
+    `process_set` (every worker by default); `tensor` is left alone (broadcast_() writes it in
+    place). Differentiable: the gradient is averaged over the set on the root and zero on the
+    other ranks, as Horovod's."""
+    if wants_grad(tensor):
+        return _broadcast_recorded(tensor, root_rank, name, process_set)
+    return _broadcast._broadcast(tensor, root_rank, name, process_set)

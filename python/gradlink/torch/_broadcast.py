@@ -1,9 +1,10 @@
 """Broadcasts through the servers' relay: the root pushes its tensor once, every other worker
 receives it (gradlink/collective.h), bit for bit in every dtype (routed as raw bits).
 
-Horovod's forms: broadcast() returns a new tensor and leaves its argument alone (and is
-differentiable, _autograd.py); broadcast_() writes in place; both take a process set. Also
-broadcast_parameters(), broadcast_object() and broadcast_optimizer_state()."""
+Horovod's forms: broadcast() returns a new tensor and leaves its argument alone (here
+_broadcast(); the public one, differentiable, is _autograd.py's); broadcast_() writes in
+place; both take a process set. Also broadcast_parameters(), broadcast_object() and
+broadcast_optimizer_state()."""
 
 import collections
 import io
@@ -95,17 +96,6 @@ def broadcast_async(tensor, root_rank=0, name=None, process_set=None):
 def _broadcast(tensor, root_rank, name, process_set):
     """broadcast() without autograd."""
     return _core.synchronize(broadcast_async(tensor, root_rank, name, process_set))
-
-
-def broadcast(tensor, root_rank=0, name=None, process_set=None):
-    """Horovod's broadcast: root_rank's `tensor` as a new tensor on every rank of
-    `process_set` (every worker by default); `tensor` is left alone (broadcast_() writes it in
-    place). Differentiable: the gradient is averaged over the set on the root and zero on the
-    other ranks, as Horovod's."""
-    from . import _autograd
-    if _autograd.wants_grad(tensor):
-        return _autograd.broadcast(tensor, root_rank, name, process_set)
-    return _broadcast(tensor, root_rank, name, process_set)
 
 
 def _named_tensors(params):

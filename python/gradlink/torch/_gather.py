@@ -12,7 +12,7 @@ on, as under Horovod. Routed data travels as raw bits of the same width (1-byte 
 to 16 bits), so every dtype, complex included, arrives bit for bit.
 
 A name still in flight on this rank is refused at once (InvalidArgumentError, a ValueError).
-The synchronous calls are differentiable (_autograd.py).
+The synchronous calls are `_<name>` here; the public ones, differentiable, are _autograd.py's.
 """
 
 import io
@@ -135,17 +135,6 @@ def _allgather(tensor, name, process_set):
     return out, info["firsts"]
 
 
-def allgather(tensor, name=None, process_set=global_process_set):
-    """Concatenates every rank's `tensor` along the first dimension, in rank order; first
-    dimensions may differ, the rest of the shape and the dtype must agree (MismatchError).
-    Differentiable: the backward averages the gradient over the set and keeps this rank's
-    rows, as Horovod's."""
-    from . import _autograd
-    if _autograd.wants_grad(tensor):
-        return _autograd.allgather(tensor, name, process_set)
-    return _allgather(tensor, name, process_set)[0]
-
-
 def allgather_async(tensor, name=None, process_set=global_process_set):
     """Starts allgather() and returns at once: the shapes are exchanged first, then the data
     goes through the servers' gather (each rank's bytes once to every other rank)."""
@@ -160,15 +149,6 @@ def _grouped_allgather(tensors, name, process_set):
                                 infos[i])
                for i, t in enumerate(tensors)]
     return [(_core.synchronize(h), info["firsts"]) for h, info in zip(handles, infos)]
-
-
-def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    """allgather() of every tensor of `tensors`, started together; differentiable."""
-    tensors = list(tensors)
-    from . import _autograd
-    if _autograd.wants_grad(*tensors):
-        return _autograd.grouped_allgather(tensors, name, process_set)
-    return [out for out, _ in _grouped_allgather(tensors, name, process_set)]
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
@@ -259,22 +239,6 @@ def _reducescatter(tensor, name, compression, op, process_set, prescale_factor,
                                                   "reducescatter", True))
 
 
-def reducescatter(tensor, name=None, compression=None, op=Average,
-                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    """The sum (op=Sum), average (Average, default), min, max or product of every rank's
-    `tensor`, cut along the first dimension as evenly as possible (the first ranks get one row
-    more): this rank's part, from the servers' reduce-scatter (each rank pulls only its rows).
-    Ranks whose tensors differ in shape or dtype get MismatchError naming them. Scale factors
-    as allreduce's (integers scaled in fp64). Differentiable: the backward gathers the
-    gradient (times the set's size for op=Sum), as Horovod's."""
-    from . import _autograd
-    if _autograd.wants_grad(tensor):
-        return _autograd.reducescatter(tensor, name, compression, op, process_set,
-                                       prescale_factor, postscale_factor)
-    return _reducescatter(tensor, name, compression, op, process_set, prescale_factor,
-                          postscale_factor)
-
-
 def reducescatter_async(tensor, name=None, compression=None, op=Average,
                         process_set=global_process_set, prescale_factor=1.0,
                         postscale_factor=1.0):
@@ -287,19 +251,6 @@ def _grouped_reducescatter(tensors, name, compression, op, process_set, prescale
     """grouped_reducescatter() without autograd."""
     return _core.synchronize(grouped_reducescatter_async(
         tensors, name, compression, op, process_set, prescale_factor, postscale_factor))
-
-
-def grouped_reducescatter(tensors, name=None, compression=None, op=Average,
-                          process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0):
-    """reducescatter() of every tensor of `tensors`, started together; differentiable."""
-    tensors = list(tensors)
-    from . import _autograd
-    if _autograd.wants_grad(*tensors):
-        return _autograd.grouped_reducescatter(tensors, name, compression, op, process_set,
-                                               prescale_factor, postscale_factor)
-    return _grouped_reducescatter(tensors, name, compression, op, process_set,
-                                  prescale_factor, postscale_factor)
 
 
 def grouped_reducescatter_async(tensors, name=None, compression=None, op=Average,
@@ -388,20 +339,6 @@ class _FirstOf:
 def _alltoall(tensor, splits, name, process_set):
     """alltoall() without autograd: (received tensor, received splits)."""
     return _core.synchronize(_start_alltoall(tensor, splits, name, process_set, True))
-
-
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    """Rank r sends rows splits[j] of `tensor` (in order, along the first dimension) to rank j
-    (splits None: an even split) and receives the rows every rank sent it, concatenated in rank
-    order, through the servers' all-to-all routing (each block once, from its sender to its
-    receiver; a rank's own block is copied locally). Returns the received tensor; with
-    `splits` (int32), (received tensor, received splits), as Horovod does. Differentiable: the
-    backward sends each block of the gradient back to where it came from."""
-    from . import _autograd
-    if _autograd.wants_grad(tensor):
-        return _autograd.alltoall(tensor, splits, name, process_set)
-    out, received = _alltoall(tensor, splits, name, process_set)
-    return out if splits is None else (out, received)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):

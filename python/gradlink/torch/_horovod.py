@@ -7,8 +7,8 @@ it (and after the average). Sums and averages run on the servers (fp16/bf16 accu
 bit-reproducible); Min, Max and Product are the servers' own reductions (gradlink/collective.h);
 Adasum raises InvalidArgumentError naming it. Process sets (add_process_set) run over their
 members on the servers. Scale factors multiply as Horovod's do (integers in fp64, truncated
-back; 16-bit floats in fp32). allreduce and grouped_allreduce are differentiable
-(_autograd.py: the backward is the same allreduce of the gradient).
+back; 16-bit floats in fp32). The synchronous allreduce and grouped_allreduce are
+_allreduce and _grouped_allreduce here; the public ones, differentiable, are _autograd.py's.
 """
 
 import enum
@@ -304,19 +304,6 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                   process_set, Compression.none, "allreduce_async")
 
 
-def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    """The allreduce of `tensor` over all workers, as a new tensor (`tensor` is left alone).
-    `compression`: Compression.fp16 sends floating-point tensors as fp16. Differentiable: the
-    gradient's backward is the same allreduce of the gradient (_autograd.py)."""
-    from . import _autograd
-    if _autograd.wants_grad(tensor):
-        return _autograd.allreduce(tensor, average, name, compression, op, prescale_factor,
-                                   postscale_factor, process_set)
-    return _allreduce(tensor, average, name, compression, op, prescale_factor,
-                      postscale_factor, process_set)
-
-
 def _allreduce(tensor, average, name, compression, op, prescale_factor, postscale_factor,
                process_set):
     """allreduce() without autograd."""
@@ -388,19 +375,6 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                             postscale_factor=1.0, process_set=global_process_set):
     return _grouped(tensors, False, average, name, op, prescale_factor, postscale_factor,
                     process_set, Compression.none, "grouped_allreduce_async")
-
-
-def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    """The allreduce of every tensor of `tensors`, as new tensors, as one group (fused).
-    Differentiable: the backward is the grouped allreduce of the gradients."""
-    tensors = list(tensors)
-    from . import _autograd
-    if _autograd.wants_grad(*tensors):
-        return _autograd.grouped_allreduce(tensors, average, name, compression, op,
-                                           prescale_factor, postscale_factor, process_set)
-    return _grouped_allreduce(tensors, average, name, compression, op, prescale_factor,
-                              postscale_factor, process_set)
 
 
 def _grouped_allreduce(tensors, average, name, compression, op, prescale_factor,

@@ -15,7 +15,8 @@ import itertools
 
 import torch
 
-from ._horovod import Sum, _members, _set_name, allreduce, global_process_set
+from ._autograd import allreduce
+from ._horovod import Sum, _members, _set_name, global_process_set
 
 
 def _reduce_dims(x):
