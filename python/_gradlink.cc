@@ -651,6 +651,9 @@ PYBIND11_MODULE(_gradlink, m) {
   py::class_<gl::TensorHandle>(m, "Tensor", "A declared tensor: name, dtype and count.")
       .def_property_readonly("name", [](const gl::TensorHandle& t) { return t.name(); })
       .def_property_readonly("key", &gl::TensorHandle::key)
+      .def_property_readonly("current", &gl::TensorHandle::current,
+                             "False once its name was declared again otherwise (or its plan "
+                             "was refused): declare it again for the current declaration")
       .def_property_readonly("dtype", [](const gl::TensorHandle& t) {
         return std::string(gl::DataTypeName(t.dtype()));
       })

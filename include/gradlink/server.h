@@ -36,6 +36,10 @@ struct ServerStats {
   uint64_t bytes_in_rounds = 0;
   uint64_t peak_bytes_held = 0;
   uint64_t buffer_allocations = 0;  // round buffers allocated (not reused) so far
+  // (key, partition) slots this server sums now, and keys it forgot because every worker had
+  // declared their names again with another shape (Worker::Declare: the key retired).
+  uint64_t partitions = 0;
+  uint64_t keys_retired = 0;
   // CPU time of this process since the server started (all its threads: the server's own in
   // gradlink-server, which runs nothing else), and per GB of pushes summed (bytes_reduced); 0
   // before any push. The server logs both at info level when it stops.

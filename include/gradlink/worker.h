@@ -57,7 +57,7 @@ class GRADLINK_EXPORT TensorHandle {
  public:
   TensorHandle() = default;
   uint64_t key() const;
-  const std::string& name() const;
+  const std::string& name() const;  // as declared (the label; key() hashes VersionedName)
   DataType dtype() const;
   uint64_t count() const;
   // The dimensions given to Declare (their product is count()); empty when none were given.
@@ -68,6 +68,10 @@ class GRADLINK_EXPORT TensorHandle {
   uint64_t input_count() const;
   uint64_t output_count() const;
   bool valid() const { return state_ != nullptr; }
+  // False once its name was declared again with another dtype, shape or collective, or its
+  // plan was refused (kMismatch, ...): its operations then fail at once, naming why, and
+  // Declare() gives the name's usable handle (Horovod's names are labels matched per call).
+  bool current() const;
 
  private:
   friend class Worker;
@@ -205,8 +209,13 @@ class GRADLINK_EXPORT Worker {
   virtual uint32_t size() const = 0;  // number of workers
   virtual uint32_t num_servers() const = 0;
 
-  // Declares a tensor (non-blocking). Declaring a name again returns the same handle if dtype and
-  // count agree, kMismatch otherwise; kInvalidArgument for an empty name or too many elements.
+  // Declares a tensor (non-blocking); kInvalidArgument for an empty name or too many elements.
+  // A name is a label matched across workers per call, as Horovod's are. Declaring it again
+  // returns the same handle if dtype, count, shape and collective agree and its plan was not
+  // refused (so a key repeated every step is planned once and keeps what its servers hold);
+  // otherwise the name gets a new key, planned afresh, and the earlier one is retired (the
+  // servers free it once every worker has moved on). Declaring again while an operation of
+  // the earlier declaration is in flight is kInvalidArgument.
   virtual Result<TensorHandle> Declare(std::string_view name, DataType dtype, uint64_t count) = 0;
   // The same with the tensor's shape (at most 64 dimensions; count is their product). Workers
   // that give a shape must all give the same one, else every worker gets kMismatch naming both

@@ -56,6 +56,13 @@ void Placer::Move(uint32_t from, uint32_t to, uint64_t bytes) {
   PlaceOn(to, bytes);
 }
 
+void Placer::Remove(uint32_t id, uint64_t bytes) {
+  if (id >= load_.size()) return;
+  load_[id] -= std::min(load_[id], bytes);
+  cost_[id] -= std::min(cost_[id], bytes + kPartitionCostBytes);
+  if (parts_[id] > 0) --parts_[id];
+}
+
 uint32_t Placer::LeastLoaded() const {
   if (!retired_.empty()) {  // the servers left, by cost per weight (ties: lowest id)
     constexpr double kTie = 1 - 1e-12;

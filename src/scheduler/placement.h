@@ -53,6 +53,8 @@ class Placer {
   void PlaceOn(uint32_t id, uint64_t bytes);
   // A partition of `bytes` placed on `from` moves to `to` (rebalancing onto a new server).
   void Move(uint32_t from, uint32_t to, uint64_t bytes);
+  // A partition of `bytes` placed on `id` is gone (its key was retired: Worker::Declare).
+  void Remove(uint32_t id, uint64_t bytes);
   // Whether server `id` takes new partitions (not retired, not a standby).
   bool active(uint32_t id) const {
     return id < weight_.size() && (retired_.empty() || !retired_[id]);

@@ -277,8 +277,8 @@ std::vector<wire::PartitionPlan> SchedulerImpl::PlanSegments(const Declaration& 
   return plan;
 }
 
-Status SchedulerImpl::Admit(const std::string& keyhex, const Declaration& decl,
-                            const std::vector<wire::PartitionPlan>& plan) {
+std::vector<uint64_t> SchedulerImpl::HeldBy(const Declaration& decl,
+                                            const std::vector<wire::PartitionPlan>& plan) const {
   std::vector<uint64_t> need(held_.size(), 0);
   const std::vector<layout::Segment> segments =
       layout::Segments(decl.spec, opts_.num_workers, decl.count);
@@ -292,8 +292,15 @@ Status SchedulerImpl::Admit(const std::string& keyhex, const Declaration& decl,
                                            : static_cast<uint32_t>(peers.contributors.size());
     const uint64_t bytes = reduce::ServerBytesHeld(topology::WireType(decl.dtype, decl.mode),
                                                    p.count, contributors);
+    if (p.server >= need.size()) continue;
     need[p.server] = bytes > UINT64_MAX - need[p.server] ? UINT64_MAX : need[p.server] + bytes;
   }
+  return need;
+}
+
+Status SchedulerImpl::Admit(const std::string& keyhex, const Declaration& decl,
+                            const std::vector<wire::PartitionPlan>& plan) {
+  const std::vector<uint64_t> need = HeldBy(decl, plan);
   for (uint32_t s = 0; s < need.size(); ++s) {
     if (need[s] > budget_[s] || held_[s] > budget_[s] - need[s]) {
       const Connection& server = *servers_.at(s);
@@ -314,6 +321,7 @@ Status SchedulerImpl::Admit(const std::string& keyhex, const Declaration& decl,
 Status SchedulerImpl::OnAssignAck(Connection& c, const Frame& f) {
   if (c.role != Role::kServer) return ProtocolError("kAssignAck from a worker");
   auto it = decls_.find(f.header.key);
+  if (it == decls_.end() && retired_keys_.count(f.header.key) != 0) return Status::Ok();
   if (it == decls_.end() || !it->second.planned || !it->second.status.ok()) {
     return ProtocolError("kAssignAck for a key that was not assigned");
   }
@@ -322,6 +330,35 @@ Status SchedulerImpl::OnAssignAck(Connection& c, const Frame& f) {
   if (f.header.round != decl.assign_header.round) return Status::Ok();
   decl.acks.insert(c.id);
   DeliverWhenAcked(decl);
+  return Status::Ok();
+}
+
+Status SchedulerImpl::OnRetire(Connection& c, const Frame& f) {
+  if (c.role != Role::kWorker || !started_) return ProtocolError("unexpected kRetire");
+  auto it = decls_.find(f.header.key);
+  if (it == decls_.end() || it->second.by_rank.count(c.id) == 0) {
+    return ProtocolError("kRetire of key " + KeyHex(f.header.key) + ", which worker " +
+                         std::to_string(c.id) + " has not declared");
+  }
+  Declaration& decl = it->second;
+  decl.retired.insert(c.id);
+  if (decl.retired.size() < decl.by_rank.size()) return Status::Ok();  // others still use it
+  if (decl.planned && decl.status.ok()) {
+    const std::vector<uint64_t> held = HeldBy(decl, decl.plan);
+    for (uint32_t s = 0; s < held.size(); ++s) held_[s] -= std::min(held_[s], held[s]);
+    const uint64_t size = DataTypeSize(topology::WireType(decl.dtype, decl.mode));
+    for (const wire::PartitionPlan& p : decl.plan) placer_.Remove(p.server, p.count * size);
+    wire::Header h = MakeHeader(MsgType::kRetire);
+    h.key = f.header.key;
+    const auto now = Clock::now();
+    for (auto& [id, s] : servers_) {
+      if (lost_servers_.count(id) == 0 && !s->left) s->link.Send(h, {}, {}, now);
+    }
+  }
+  GL_LOG(kDebug) << "scheduler: key " << KeyHex(f.header.key) << " '" << decl.name
+                 << "' retired by every worker that declared it";
+  retired_keys_.insert(f.header.key);
+  decls_.erase(it);
   return Status::Ok();
 }
 

@@ -79,6 +79,7 @@ Status SchedulerImpl::Handle(Connection& c, const Frame& f) {
     case MsgType::kRegister: return OnRegister(c, f);
     case MsgType::kDeclare: return OnDeclare(c, f);
     case MsgType::kResumeKey: return OnResumeKey(c, f);
+    case MsgType::kRetire: return OnRetire(c, f);
     case MsgType::kAssignAck: return OnAssignAck(c, f);
     case MsgType::kBarrier: return OnBarrier(c, f);
     case MsgType::kJoin: return OnJoin(c, f);

@@ -124,6 +124,9 @@ struct Declaration {
   // Ranks of the key's group that had joined (Worker::Join) and not declared it when it was
   // planned: each may declare it later, and gets the plan if its declaration agrees.
   std::set<uint32_t> joined_at_plan;
+  // Declarers that have retired the key (kRetire: its name was declared again); once all have,
+  // the servers forget it and so does the scheduler (OnRetire).
+  std::set<uint32_t> retired;
 };
 
 class SchedulerImpl final : public Scheduler {
@@ -206,6 +209,15 @@ class SchedulerImpl final : public Scheduler {
   // Every worker declared the key: compare the declarations, plan, tell the servers.
   Status Plan(uint64_t key, Declaration& decl);
   Status OnAssignAck(Connection& c, const transport::Frame& f);
+  // kRetire from a worker: it is done with the key (its name was declared again, the key's
+  // declaration retired: Worker::Declare). Once every worker that declared it is, its servers
+  // get kRetire and free it, its bytes leave their budgets and the placer, and the declaration
+  // is forgotten (a later kAssignAck of it is dropped: retired_keys_).
+  Status OnRetire(Connection& c, const transport::Frame& f);
+  std::set<uint64_t> retired_keys_;
+  // The bytes each server holds of `plan` of `decl` (reduce::ServerBytesHeld, per server id).
+  std::vector<uint64_t> HeldBy(const Declaration& decl,
+                               const std::vector<wire::PartitionPlan>& plan) const;
   Status OnBarrier(Connection& c, const transport::Frame& f);
   // Join (Worker::Join): a rank that ran out of data is absent from every later round, and
   // counts as declared and arrived, until every rank has joined; then the servers forget it

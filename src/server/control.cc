@@ -33,6 +33,9 @@ ControlVerdict ServerImpl::OnControl(const transport::Frame& f) {
       membership_->Reply(ack);
       break;
     }
+    case MsgType::kRetire:
+      OnRetire(f.header.key);
+      break;
     case MsgType::kMemberLeft:
       OnMemberLeft(f.header.count);
       break;
@@ -59,6 +62,7 @@ ControlVerdict ServerImpl::OnControl(const transport::Frame& f) {
 }
 
 Status ServerImpl::OnTick() {
+  FreeRetired();
   if (!release_) return Status::Ok();
   if (const size_t left = release_->partitions_left.load(); left != 0) {
     if (transport::Clock::now() <= release_->deadline) return Status::Ok();

@@ -70,7 +70,8 @@ void ServerImpl::Answer(uint32_t rank, const wire::Header& push, const Status& e
 }
 
 // Where a push's (or a recovery's) payload lands; *found: its partition, when there is one
-// (partitions are never erased while the lanes run, so the pointer stays good).
+// (a partition leaves parts_ only when its key is retired, and lives kRetiredGrace longer: the
+// pointer stays good through the push's callbacks).
 Result<std::span<std::byte>> ServerImpl::OnPushHeader(const wire::Header& h, PartitionState** found) {
   const bool recover = h.type == MsgType::kRecover;
   if ((h.type != MsgType::kPush && !recover) || h.job != job_hash_ ||

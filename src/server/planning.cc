@@ -1,7 +1,8 @@
 // kAssign: the partitions of a key this server sums, as the scheduler planned them (control/
 // layout.h), made here before the ack lets any worker push them; or taken over from a lost
 // server (kFlagReplan: the workers then say where its rounds stand, PartitionState::Adopt).
-// Control thread only; partitions are added under parts_mu_ and never erased while the lanes run.
+// Control thread only; partitions are added under parts_mu_, and erased only when every worker
+// has retired their key (kRetire: OnRetire), then deleted some seconds later (FreeRetired).
 #include "common/naming.h"
 #include "control/layout.h"
 #include "server/server_impl.h"
@@ -74,6 +75,27 @@ Status ServerImpl::OnAssign(const transport::Frame& f) {
     }
   }
   return Status::Ok();
+}
+
+void ServerImpl::OnRetire(uint64_t key) {
+  const auto now = transport::Clock::now();
+  MutexLock lock(parts_mu_);
+  auto it = parts_.lower_bound({key, 0});
+  bool any = false;
+  while (it != parts_.end() && it->first.first == key) {
+    retiring_.push_back(Retiring{std::move(it->second), now});
+    it = parts_.erase(it);
+    any = true;
+  }
+  if (any) keys_retired_++;
+}
+
+void ServerImpl::FreeRetired() {
+  const auto now = transport::Clock::now();
+  MutexLock lock(parts_mu_);
+  std::erase_if(retiring_, [&](const Retiring& r) {
+    return now - r.since >= kRetiredGrace && r.part->bytes_held() == 0;
+  });
 }
 
 }  // namespace gradlink

@@ -109,6 +109,12 @@ class ServerImpl final : public Server, private MembershipHandler {
 
   // ---- planning.cc: kAssign (control thread) -------------------------------------------------
   Status OnAssign(const transport::Frame& f);
+  // kRetire: every worker is done with the key (its name was declared again: Worker::Declare).
+  // Its partitions leave parts_ (a push that still comes is refused, naming the key); each is
+  // deleted by FreeRetired once it holds no buffer and kRetiredGrace has passed.
+  void OnRetire(uint64_t key);
+  // On the control thread's tick: deletes the retired partitions whose time has come.
+  void FreeRetired();
 
   // ---- data_plane.cc: pushes in, sums, results out ---------------------------------------------
   PartitionState* Find(uint64_t key, uint32_t partition) EXCLUDES(parts_mu_);
@@ -185,6 +191,17 @@ class ServerImpl final : public Server, private MembershipHandler {
   // Partitions a restarted scheduler planned again differently (planning.cc): kept, not freed,
   // while closures posted to their owners may still point at them.
   std::vector<std::unique_ptr<PartitionState>> retired_ GUARDED_BY(parts_mu_);
+  // Partitions of retired keys (OnRetire), with when. Kept kRetiredGrace after their key left
+  // parts_, and until they hold no buffer: by then every worker had its last reply (that is
+  // what let it retire the key), and what a lane's thread still ran on them (the tail of a
+  // push's callback, a reply's send completion) has long returned.
+  struct Retiring {
+    std::unique_ptr<PartitionState> part;
+    transport::Clock::time_point since;
+  };
+  static constexpr auto kRetiredGrace = std::chrono::seconds(5);
+  std::vector<Retiring> retiring_ GUARDED_BY(parts_mu_);
+  std::atomic<uint64_t> keys_retired_{0};
 
   // Every partition's round buffers; kept free for reuse up to kPoolFreeBytes. Declared before
   // parts_, which give their buffers back to it.

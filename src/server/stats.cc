@@ -22,8 +22,11 @@ ServerStats ServerImpl::stats() const {
   {
     ReaderLock lock(parts_mu_);
     for (const auto& [id, part] : parts_) s.bytes_in_rounds += part->bytes_held();
+    for (const Retiring& r : retiring_) s.bytes_in_rounds += r.part->bytes_held();
+    s.partitions = parts_.size();
   }
   s.bytes_held = s.bytes_in_rounds + pool_.free_bytes();
+  s.keys_retired = keys_retired_.load();
   s.peak_bytes_held = pool_.peak_bytes();
   s.buffer_allocations = pool_.allocations();
   s.process_cpu_seconds = ProcessCpuSeconds() - cpu_at_start_;

@@ -38,7 +38,7 @@ enum Offset : size_t {
 };
 
 bool IsKnownType(uint8_t t) {
-  return (t >= 1 && t <= 22) || (t >= 32 && t <= 36);
+  return (t >= 1 && t <= 23) || (t >= 32 && t <= 36);
 }
 
 }  // namespace

@@ -65,6 +65,11 @@ enum class MsgType : uint8_t {
   // Restart: worker -> a restarted scheduler, after its kRegister with ResumeState: one tensor
   // it declared and the plan it has for it (wire::ResumeKeyMsg), before the welcome.
   kResumeKey = 22,
+  // A tensor's name declared again with another shape, dtype or collective (a name is a label
+  // per call, as Horovod's are): worker -> scheduler, this worker is done with `key`, the earlier
+  // declaration's (it runs no op of it again); once every worker that declared it is, scheduler
+  // -> the servers that sum it: forget it (its partitions and their buffers).
+  kRetire = 23,
   // Data plane (transport lanes).
   kPush = 32,          // worker -> server: one partition of one round (+ pull request)
   kPullResponse = 33,  // server -> worker: the round's result for that partition

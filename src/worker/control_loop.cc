@@ -441,7 +441,11 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
   {
     MutexLock lock(mu_);
     auto it = tensors_.find(f.header.key);
-    if (it == tensors_.end()) return ProtocolError("kAssign for a key this worker never declared");
+    if (it == tensors_.end()) {
+      // The plan of a declaration since retired (its label declared again): nothing uses it.
+      if (retired_keys_.count(f.header.key) != 0) return Status::Ok();
+      return ProtocolError("kAssign for a key this worker never declared");
+    }
     t = it->second;
   }
   Status plan_status;
@@ -497,6 +501,8 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     }
     t->planned = true;
     t->plan_status = plan_status;
+    // A refused plan: the next Declare of the label gives it a new key (the job goes on).
+    if (!plan_status.ok()) t->current.store(false, std::memory_order_release);
     t->parts = std::move(parts);
     t->roles = std::move(roles);
     uint64_t pushed = 0, pulled = 0;

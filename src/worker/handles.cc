@@ -139,7 +139,10 @@ PushPullTiming MakeTiming(Clock::time_point t0, Clock::time_point started,
 }  // namespace
 
 uint64_t TensorHandle::key() const { return state_->key; }
-const std::string& TensorHandle::name() const { return state_->name; }
+const std::string& TensorHandle::name() const { return state_->label; }
+bool TensorHandle::current() const {
+  return state_ != nullptr && state_->current.load(std::memory_order_acquire);
+}
 DataType TensorHandle::dtype() const { return state_->dtype; }
 uint64_t TensorHandle::count() const { return state_->count; }
 const std::vector<uint64_t>& TensorHandle::shape() const { return state_->shape; }

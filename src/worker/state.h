@@ -82,6 +82,12 @@ enum class PartStage : uint8_t { kQueued, kSent, kPushed, kLeft, kDone };
 
 struct TensorState {
   uint64_t key = 0;
+  // Names are labels matched per call, as Horovod's are: `label` is the name the caller gave,
+  // `name` what the key hashes (VersionedName): the label itself when first declared, then a
+  // new name each time the label comes back with another dtype, shape or collective, or after
+  // its plan was refused (`version` counts those). The earlier declaration is then retired.
+  std::string label;
+  uint32_t version = 0;
   std::string name;
   DataType dtype{};
   uint64_t count = 0;
@@ -89,6 +95,10 @@ struct TensorState {
   CollectiveSpec spec;          // the plain sum unless declared with one
   uint64_t input_count = 0, output_count = 0;  // this worker's buffers (layout.h)
   std::vector<layout::LocalCopy> copies;       // what this worker copies itself, per op
+  // False once the label was declared again or this declaration's plan was refused: its
+  // handles (TensorHandle::current) no longer start ops that can succeed. Written under
+  // WorkerImpl::mu_, read without it.
+  std::atomic<bool> current{true};
   // Guarded by WorkerImpl::mu_.
   bool planned = false;
   Status plan_status;                      // kMismatch when the workers disagree

@@ -188,36 +188,49 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
                            std::to_string(wire::kMaxPartitionsPerTensor) + " partitions of " +
                            std::to_string(partition) + " bytes");
   }
-  const uint64_t key = wire::TensorKey(opts_.job, name);
   std::shared_ptr<TensorState> t;
+  std::optional<uint64_t> retired;  // the earlier declaration's key, to tell the scheduler
   {
     MutexLock lock(mu_);
     if (verdict_.failed()) return verdict_.failure();
-    auto it = tensors_.find(key);
-    if (it != tensors_.end()) {
-      const TensorState& old = *it->second;
-      if (old.name != name) {
-        return Mismatch("tensor names '" + old.name + "' and '" + std::string(name) +
-                        "' hash to the same key " + KeyHex(key));
-      }
+    uint32_t version = 0;
+    if (auto l = labels_.find(std::string(name)); l != labels_.end()) {
+      const std::shared_ptr<TensorState> old = tensors_.at(l->second);  // a copy: retiring erases it
       const bool shape_differs =
-          !shape.empty() && !old.shape.empty() &&
-          !std::equal(shape.begin(), shape.end(), old.shape.begin(), old.shape.end());
-      if (old.dtype != dtype || old.count != count || shape_differs || old.spec != spec) {
+          !shape.empty() && !old->shape.empty() &&
+          !std::equal(shape.begin(), shape.end(), old->shape.begin(), old->shape.end());
+      const bool refused = old->planned && !old->plan_status.ok();
+      if (old->dtype == dtype && old->count == count && !shape_differs && old->spec == spec &&
+          !refused) {
+        return TensorHandle(old);
+      }
+      if (old->busy || !old->queue.empty()) {
         const auto what = [](const CollectiveSpec& c) {
           return c.is_sum() ? std::string() : " for " + DescribeSpec(c);
         };
-        return Mismatch("key " + KeyHex(key) + " '" + old.name + "' was declared as " +
-                        std::string(DataTypeName(old.dtype)) + "[" + std::to_string(old.count) +
-                        "]" + ShapeSuffix(old.shape) + what(old.spec) + " on rank " +
-                        std::to_string(rank_) + ", now as " + std::string(DataTypeName(dtype)) +
-                        "[" + std::to_string(count) + "]" + ShapeSuffix(shape) + what(spec));
+        return InvalidArgument(
+            "tensor '" + std::string(name) + "' declared as " + std::string(DataTypeName(dtype)) +
+            "[" + std::to_string(count) + "]" + ShapeSuffix(shape) + what(spec) + " on rank " +
+            std::to_string(rank_) + " while an operation of its declaration as " +
+            std::string(DataTypeName(old->dtype)) + "[" + std::to_string(old->count) + "]" +
+            ShapeSuffix(old->shape) + what(old->spec) +
+            " is in flight: a name takes another shape, dtype or collective once its "
+            "operations have ended");
       }
-      return TensorHandle(it->second);
+      version = old->version + 1;
+      retired = RetireLocked(old);
+    }
+    const std::string versioned = VersionedName(name, version);
+    const uint64_t key = wire::TensorKey(opts_.job, versioned);
+    if (auto it = tensors_.find(key); it != tensors_.end()) {
+      return Mismatch("tensor names '" + it->second->name + "' and '" + versioned +
+                      "' hash to the same key " + KeyHex(key));
     }
     t = std::make_shared<TensorState>();
     t->key = key;
-    t->name = std::string(name);
+    t->label = std::string(name);
+    t->version = version;
+    t->name = versioned;
     t->dtype = dtype;
     t->count = count;
     t->shape.assign(shape.begin(), shape.end());
@@ -232,7 +245,9 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
       resume_rounds_.erase(resume);
     }
     tensors_[key] = t;
+    labels_[t->label] = key;
   }
+  if (retired) SendRetire(*retired);
   // Outside the lock: a claim in the host's segment may wait on another process. Only sums
   // have a host stage.
   const uint8_t mode =
@@ -259,6 +274,53 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
   // Else the control thread sees the scheduler gone too, and the declaration reaches the
   // restarted one in this worker's ResumeState (or the job fails).
   return TensorHandle(t);
+}
+
+std::string VersionedName(std::string_view label, uint32_t version) {
+  if (version == 0) return std::string(label);
+  std::string suffix = " (declaration " + std::to_string(version + 1) + ")";
+  if (label.size() + suffix.size() <= wire::kMaxNameLength) return std::string(label) + suffix;
+  // A long label: its start, and its hash to tell it from others that start alike.
+  suffix = " (declaration " + std::to_string(version + 1) + " of " +
+           KeyHex(wire::TensorKey("", label)) + ")";
+  return std::string(label.substr(0, wire::kMaxNameLength - suffix.size())) + suffix;
+}
+
+std::optional<uint64_t> WorkerImpl::RetireLocked(std::shared_ptr<TensorState> t) {
+  t->current.store(false, std::memory_order_release);
+  const Status why = InvalidArgument(
+      "tensor '" + t->label + "' was declared again with another dtype, shape or collective "
+      "(or its plan was refused): this handle is of its earlier declaration as " +
+      std::string(DataTypeName(t->dtype)) + "[" + std::to_string(t->count) + "]" +
+      ShapeSuffix(t->shape) + "; declare it again for the current one");
+  t->planned = true;  // a kAssign still on its way is dropped (retired_keys_)
+  t->plan_status = why;
+  t->results.clear();
+  t->results.shrink_to_fit();
+  tensors_.erase(t->key);
+  retired_keys_.insert(t->key);
+  // Kept: fused tensors' members and cached group layouts point at it.
+  retired_tensors_.push_back(t);
+  if (!t->declared || t->declare_pending) return std::nullopt;  // the scheduler never had it
+  return t->key;
+}
+
+void WorkerImpl::SendRetire(uint64_t key) {
+  uint64_t gen;
+  {
+    MutexLock lock(rendezvous_.mu);
+    // Rejoining: the restarted scheduler never hears of the retired key (nor do its servers
+    // free it: docs/operations.md, "Names").
+    if (rendezvous_.reconnecting) return;
+    gen = membership_->generation();
+  }
+  wire::Header h;
+  h.type = MsgType::kRetire;
+  h.job = job_hash_;
+  h.sender = rank_;
+  h.key = key;
+  // A scheduler that is gone: the control thread sees it too (and rejoins or fails the job).
+  membership_->SendOn(gen, h, {}, Clock::now() + std::chrono::seconds(10)).IgnoreError();
 }
 
 std::pair<wire::Header, wire::DeclareMsg> WorkerImpl::DeclarationOf(const TensorState& t) const {

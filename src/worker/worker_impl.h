@@ -53,6 +53,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "control/control_channel.h"
@@ -93,6 +94,10 @@ inline constexpr auto kVerdictGrace = std::chrono::milliseconds(500);
 // waits this long for the scheduler's word (kServerLost, or kAbort), which comes once the
 // scheduler's own liveness limit has passed for a server that stopped answering.
 inline constexpr auto kFailoverGrace = transport::kSilenceLimit + std::chrono::seconds(2);
+
+// The name a label's key hashes: the label for its first declaration (version 0), then the
+// label with " (declaration N)" (N = version + 1), cut to fit wire::kMaxNameLength.
+std::string VersionedName(std::string_view label, uint32_t version);
 
 // WorkerOptions::max_bytes_ahead times the servers an op spans, saturating (push_queue.cc).
 uint64_t LeadLimit(uint64_t per_server, uint32_t servers);
@@ -201,6 +206,13 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   Result<TensorHandle> DeclareShaped(std::string_view name, DataType dtype, uint64_t count,
                                      std::span<const uint64_t> shape,
                                      const CollectiveSpec& spec = {}) EXCLUDES(mu_);
+
+  // The label's earlier declaration `t` is over (Declare gave the label a new key): its
+  // handles stop being current, a kAssign still on its way for it is dropped, and it is kept
+  // (fusion points at it). Returns its key when the scheduler must hear of it (SendRetire).
+  std::optional<uint64_t> RetireLocked(std::shared_ptr<TensorState> t) REQUIRES(mu_);
+  // kRetire of `key` to the scheduler, which has the servers free it once every worker has.
+  void SendRetire(uint64_t key) EXCLUDES(mu_);
 
   // Member `t` of fused tensor `f` failed its plan (e.g. another worker declared it with
   // another shape): f's key will never be planned, so its ops fail now with t's error.
@@ -528,6 +540,10 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   // Pull lane's progress thread only: the span the last OnHeader() returned is a kept result.
   bool reply_kept_ = false;
   std::unordered_map<uint64_t, std::shared_ptr<TensorState>> tensors_ GUARDED_BY(mu_);
+  // Each label's current declaration (its key in tensors_), and the declarations retired.
+  std::unordered_map<std::string, uint64_t> labels_ GUARDED_BY(mu_);
+  std::unordered_set<uint64_t> retired_keys_ GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<TensorState>> retired_tensors_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::shared_ptr<Op>> ops_ GUARDED_BY(mu_);  // by id; in flight
   // ops_'s nodes, kept when an op ends for the next one (a node per op otherwise).
   using OpsNode = decltype(ops_)::node_type;

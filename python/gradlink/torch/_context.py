@@ -44,10 +44,11 @@ class Context:
 
     def declare(self, name, dtype, count, shape=None):
         t = self.tensors.get(name)
-        if t is not None and t.dtype == dtype and t.count == count and (
+        if t is not None and t.current and t.dtype == dtype and t.count == count and (
                 shape is None or t.shape is None or t.shape == shape):
             return t
-        # New, or redeclared with another shape (the worker raises MismatchError).
+        # New, or a name back with another dtype or shape (Horovod's names are labels per call):
+        # the worker retires the earlier declaration and plans this one.
         t = self.worker.declare(name, dtype, count, shape)
         self.tensors[name] = t
         return t

@@ -114,9 +114,9 @@ def start_collective(kind, tensor, inp, out, name, dtype=None, op="sum", root=0,
     spec = (dtype, total, kind, op, root, tuple(counts), tuple(group))
     with ctx.lock:
         known = ctx.collectives.get(key)
-    if known is not None and known[1] == spec:
+    if known is not None and known[1] == spec and known[0].current:
         t = known[0]
-    else:  # new, or declared again otherwise (the worker raises MismatchError)
+    else:  # new, or back with another spec: the worker retires the earlier declaration
         # Outside the lock: declaring sends to the scheduler. Two threads declaring one key
         # get the same handle from the worker.
         t = ctx.worker.declare_collective(key, dtype, total, kind, op, root, counts, group)

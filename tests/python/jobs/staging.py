@@ -122,18 +122,30 @@ except gradlink.MismatchError as e:
 else:
     raise AssertionError("no MismatchError for ranks that disagree on averaging")
 
-# A chunk whose key cannot be declared (its name taken by another shape): the staged op fails
-# with that error, the other chunks end, nothing hangs.
+# A chunk's key named as another shape's before (names are labels per call): planned afresh.
 staged(False)
-gl.push_pull(torch.zeros(5), average=False, name="clash#0/3")
+gl.push_pull(torch.zeros(5), average=False, name="reused#0/3")
 staged(True)
 t = values(torch.float32, 3 * CHUNK // 4, 12).to(DEVICE)  # 3 chunks
+want = sum(values(torch.float32, 3 * CHUNK // 4, 12, r) for r in range(size)).to(DEVICE)
+gl.push_pull(t, average=False, name="reused")
+assert torch.allclose(t, want), (t[:3], want[:3])
+
+# Chunks whose keys cannot be declared (their names too long by one character: chunks 10 and
+# 11 of 12; chunks 0 to 9 are declared and run): the staged op fails naming that error, the
+# other chunks end, nothing hangs.
+t = values(torch.float32, 12 * CHUNK // 4, 13).to(DEVICE)  # 12 chunks
+base = "n" * (4096 - len("#0/12"))
 try:
-    gl.push_pull(t, average=False, name="clash")
+    gl.push_pull(t, average=False, name=base)
 except gradlink.GradlinkError as e:
-    assert "clash#0/3" in str(e), e
+    assert "1 to 4096 characters" in str(e), e
 else:
-    raise AssertionError("no error for a chunk whose key was declared with another shape")
+    raise AssertionError("no error for chunks whose names are too long")
+t = values(torch.float32, 3 * CHUNK // 4, 14).to(DEVICE)
+want = sum(values(torch.float32, 3 * CHUNK // 4, 14, r) for r in range(size)).to(DEVICE)
+gl.push_pull(t, average=False, name="after")
+assert torch.allclose(t, want), (t[:3], want[:3])
 
 print("STAGING OK rank %d" % rank)
 gl.shutdown()

@@ -254,16 +254,16 @@ TEST(FrameTest, RejectsBadVersion) {
 }
 
 TEST(FrameTest, RejectsUnknownTypes) {
-  for (uint8_t t : {0, 23, 31, 37, 255}) {
+  for (uint8_t t : {0, 24, 31, 37, 255}) {
     for (const Header& base : {SampleControl(), SamplePush()}) {
       HeaderBytes b = EncodeHeader(base);
       PutLe(b, kOffType, t, 1);
       ExpectProtocolError(DecodeHeader(b), "type " + std::to_string(t));
     }
   }
-  // Every value outside 1..22 and 32..36.
+  // Every value outside 1..23 and 32..36.
   for (int t = 0; t < 256; ++t) {
-    const bool known = (t >= 1 && t <= 22) || (t >= 32 && t <= 36);
+    const bool known = (t >= 1 && t <= 23) || (t >= 32 && t <= 36);
     if (known) continue;
     HeaderBytes b = EncodeHeader(SampleControl());
     PutLe(b, kOffType, static_cast<uint64_t>(t), 1);

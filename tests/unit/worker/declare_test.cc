@@ -125,10 +125,16 @@ TEST(JobTest, ShapeMismatchFailsEveryRank) {
     EXPECT_NE(s.message().find("fp32[12] shape (4, 3)"), std::string::npos) << s.message();
     EXPECT_NE(s.message().find("'s'"), std::string::npos) << s.message();
   });
-  // Redeclaring locally with another shape is a mismatch at once.
-  auto again = job.worker(0).Declare("s", DataType::kFloat32, std::vector<uint64_t>{2, 6});
-  EXPECT_EQ(again.status().code(), Code::kMismatch) << again.status().ToString();
-  EXPECT_NE(again.status().message().find("shape (2, 6)"), std::string::npos);
+  // The job goes on: the name again, with one shape on both ranks, is planned afresh and sums.
+  test::OnEveryWorker(2, [&](uint32_t rank) {
+    auto h = job.worker(rank).Declare("s", DataType::kFloat32, std::vector<uint64_t>{2, 6});
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    std::vector<std::byte>& buf = job.Buffer(12 * 4);
+    FillTensor(DataType::kFloat32, 0, rank, 0, buf);
+    Status s = job.worker(rank).PushPull(*h, buf).Wait(In(kOpTimeout));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, buf));
+  });
   // Agreeing shapes (and a rank without one) sum as before.
   test::OnEveryWorker(2, [&](uint32_t rank) {
     auto h = rank == 0 ? job.worker(0).Declare("ok", DataType::kFloat32, std::vector<uint64_t>{3, 4})
@@ -161,8 +167,27 @@ TEST(JobTest, LocalDeclarationErrors) {
   auto again = w.Declare("t", DataType::kFloat32, 10);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->key(), a->key());
-  EXPECT_EQ(w.Declare("t", DataType::kFloat64, 10).status().code(), Code::kMismatch);
-  EXPECT_EQ(w.Declare("t", DataType::kFloat32, 11).status().code(), Code::kMismatch);
+  EXPECT_TRUE(a->current());
+  // The name with another dtype: a new declaration under another key; the first is retired,
+  // and its operations fail at once saying why.
+  auto f64 = w.Declare("t", DataType::kFloat64, 10);
+  ASSERT_TRUE(f64.ok()) << f64.status().ToString();
+  EXPECT_NE(f64->key(), a->key());
+  EXPECT_EQ(f64->name(), "t");
+  EXPECT_TRUE(f64->current());
+  EXPECT_FALSE(a->current());
+  {
+    std::vector<std::byte>& b = job.Buffer(40);
+    Status s = w.PushPull(*a, b).Wait(In(1s));
+    EXPECT_EQ(s.code(), Code::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("declared again"), std::string::npos) << s.ToString();
+  }
+  // And back as it was: a third key.
+  a = w.Declare("t", DataType::kFloat32, 10);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_NE(a->key(), again->key());
+  EXPECT_NE(a->key(), f64->key());
+  EXPECT_FALSE(f64->current());
   EXPECT_EQ(w.Declare("", DataType::kFloat32, 1).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(w.Declare("big", DataType::kFloat64, uint64_t{1} << 62).status().code(),
             Code::kInvalidArgument);
@@ -182,6 +207,90 @@ TEST(JobTest, LocalDeclarationErrors) {
   auto e = w.Declare("empty", DataType::kFloat32, 0);
   ASSERT_TRUE(e.ok());
   EXPECT_TRUE(w.PushPull(*e, {}).Wait(In(kOpTimeout)).ok());
+  job.FinishCleanly();
+}
+
+// Names are labels matched per call (as Horovod's are): a name back with another count or dtype
+// retires its earlier key and plans a new one. The scheduler frees the earlier plan's budget (a
+// budget that holds only one of them admits the second), the server forgets the retired key's
+// partitions, an in-flight operation blocks the change, and a name refused as a mismatch is
+// usable again once the ranks agree.
+TEST(JobTest, ANameBackWithAnotherShapeIsPlannedAfreshAndTheOldKeyFreed) {
+  constexpr uint64_t kElements = 10000;  // fp32, 2 workers: 16 bytes per element on the server
+  JobConfig config;
+  config.servers = 1;
+  config.partition_bytes = 8192;  // 5 partitions of the first declaration
+  config.server_memory_budget = kElements * 16;
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  auto sum = [&](DataType dtype, uint64_t count, uint64_t step) {
+    std::vector<TensorHandle> handles(2);
+    OnEveryWorker(2, [&](uint32_t rank) {
+      auto h = job.worker(rank).Declare("x", dtype, count);
+      ASSERT_TRUE(h.ok()) << h.status().ToString();
+      std::vector<std::byte>& buf = job.Buffer(count * DataTypeSize(dtype));
+      FillTensor(dtype, 0, rank, step, buf);
+      Status s = job.worker(rank).PushPull(*h, buf).Wait(In(kOpTimeout));
+      ASSERT_TRUE(s.ok()) << "rank " << rank << ": " << s.ToString();
+      EXPECT_TRUE(CheckTensor(dtype, 0, 2, step, false, buf));
+      handles[rank] = *h;
+    });
+    return handles;
+  };
+  std::vector<TensorHandle> first = sum(DataType::kFloat32, kElements, 0);
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_EQ(job.server(0).stats().partitions, 5u);
+  // The same again: the same key, nothing re-planned.
+  std::vector<TensorHandle> same = sum(DataType::kFloat32, kElements, 1);
+  EXPECT_EQ(same[0].key(), first[0].key());
+  EXPECT_EQ(job.server(0).stats().keys_retired, 0u);
+  // 9000 elements fit the budget only once the first declaration's 10000 are given back.
+  std::vector<TensorHandle> second = sum(DataType::kFloat32, kElements - 1000, 2);
+  EXPECT_NE(second[0].key(), first[0].key());
+  EXPECT_EQ(second[0].key(), second[1].key());
+  EXPECT_FALSE(first[0].current());
+  EXPECT_TRUE(second[1].current());
+  // The server forgets the retired key's partitions (told by the scheduler once every worker
+  // has moved on).
+  for (auto until = In(std::chrono::seconds(5));
+       job.server(0).stats().keys_retired != 1u && Clock::now() < until;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(job.server(0).stats().keys_retired, 1u);
+  EXPECT_EQ(job.server(0).stats().partitions, 5u);  // 9000 fp32 in 8192-byte partitions
+  // Another dtype (fp64, 8 bytes an element): again within the budget only after a retirement
+  // (and leaving room for "y" below).
+  constexpr uint64_t kHalf = kElements / 2 - 100;
+  sum(DataType::kFloat64, kHalf, 3);
+  // An operation in flight blocks the change on that rank (the other rank has not pushed).
+  auto h = job.worker(0).Declare("x", DataType::kFloat64, kHalf);
+  ASSERT_TRUE(h.ok());
+  std::vector<std::byte>& pending = job.Buffer(kHalf * 8);
+  FillTensor(DataType::kFloat64, 0, 0, 4, pending);
+  PushPullHandle op = job.worker(0).PushPull(*h, pending);
+  auto busy = job.worker(0).Declare("x", DataType::kFloat32, 10);
+  EXPECT_EQ(busy.status().code(), Code::kInvalidArgument) << busy.status().ToString();
+  EXPECT_NE(busy.status().message().find("in flight"), std::string::npos);
+  {
+    auto h1 = job.worker(1).Declare("x", DataType::kFloat64, kHalf);
+    ASSERT_TRUE(h1.ok());
+    std::vector<std::byte>& b1 = job.Buffer(kHalf * 8);
+    FillTensor(DataType::kFloat64, 0, 1, 4, b1);
+    ASSERT_TRUE(job.worker(1).PushPull(*h1, b1).Wait(In(kOpTimeout)).ok());
+    ASSERT_TRUE(op.Wait(In(kOpTimeout)).ok());
+    EXPECT_TRUE(CheckTensor(DataType::kFloat64, 0, 2, 4, false, pending));
+  }
+  // Ranks that disagree get kMismatch; agreeing afterwards, the name sums again.
+  ExpectMismatchOnBothRanks(job, "y", DataType::kFloat32, 10, DataType::kFloat32, 12);
+  OnEveryWorker(2, [&](uint32_t rank) {
+    auto y = job.worker(rank).Declare("y", DataType::kFloat32, 12);
+    ASSERT_TRUE(y.ok()) << y.status().ToString();
+    std::vector<std::byte>& buf = job.Buffer(12 * 4);
+    FillTensor(DataType::kFloat32, 0, rank, 0, buf);
+    Status s = job.worker(rank).PushPull(*y, buf).Wait(In(kOpTimeout));
+    ASSERT_TRUE(s.ok()) << "rank " << rank << ": " << s.ToString();
+    EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, 0, false, buf));
+  });
   job.FinishCleanly();
 }
 
