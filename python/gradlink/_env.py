@@ -117,6 +117,12 @@ def local_size():
     return integer("GRADLINK_LOCAL_SIZE", "LOCAL_WORLD_SIZE", default=1)
 
 
+def launched_by_gradlink_run():
+    """GRADLINK_LAUNCHER=gradlink-run: gradlink-run started this worker and ends its job once
+    every worker has exited."""
+    return text("GRADLINK_LAUNCHER") == "gradlink-run"
+
+
 def fail_fast():
     """GRADLINK_FAIL_FAST: on unless 0 or false (unset or empty: on)."""
     return text("GRADLINK_FAIL_FAST", default="1") not in ("0", "false")

@@ -109,7 +109,7 @@ def run_job(run, n, servers, work, selector, timeout, log):
     os.makedirs(reports)
     # Each rank writes its own report ({rank} filled in by the shell of every worker).
     cmd = [run, "-n", str(n), "-s", str(servers), "--", "sh", "-c",
-           'exec "$0" -m pytest -q -p no:cacheprovider -o junit_family=xunit1 '
+           'exec "$0" -m pytest -v -p no:cacheprovider -o junit_family=xunit1 -o faulthandler_timeout=60 '
            '--junitxml="%s/rank$GRADLINK_RANK.xml" "$@"' % reports,
            sys.executable] + selector
     deselect = []

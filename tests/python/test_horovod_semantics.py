@@ -5,6 +5,8 @@ integer and reduce-scatter scaling, duplicate names in flight, DistributedOptimi
 names / over a process set / with sparse gradients, the callable sparse handle,
 broadcast_optimizer_state with a parameter that needs no gradient, the error classes."""
 
+import time
+
 import pytest
 
 pytest.importorskip("torch")
@@ -20,3 +22,18 @@ def test_horovod_semantics(run_job):
         for section in SECTIONS:
             assert "%s ok rank %d" % (section, r) in lines, job.explain()
         assert "HVD SEMANTICS OK rank %d" % r in lines, job.explain()
+
+
+def test_init_shutdown_init_and_an_exit_without_shutdown(run_job):
+    """HOROVOD_* set as horovodrun sets them; init -> shutdown -> init three times in one
+    process; workers that exit 0 without shutdown() end the job at once (gradlink-run exits 0;
+    it would wait for its --timeout and fail with 143 if the job hung on)."""
+    start = time.monotonic()
+    job = run_job(2, 2, "hvd_lifecycle.py", timeout=60)
+    took = time.monotonic() - start
+    assert job.rc == 0, job.explain()
+    for r in range(2):
+        lines = job.lines("[worker %d]" % r)
+        for section in ("env ok", "reinit ok", "LIFECYCLE OK"):
+            assert "%s rank %d" % (section, r) in lines, job.explain()
+    assert took < 30, "the job took %.1f s\n%s" % (took, job.explain())

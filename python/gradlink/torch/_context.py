@@ -20,13 +20,14 @@ _observers = ()  # replaced whole under _observers_lock; read without it
 class Context:
     """One joined worker and what the front end keeps about it."""
 
-    def __init__(self, worker, local_rank, local_size, timeout):
+    def __init__(self, worker, local_rank, local_size, timeout, joined_as=None):
         self.worker = worker
         self.rank = worker.rank
         self.size = worker.size
         self.local_rank = local_rank
         self.local_size = local_size
         self.timeout = timeout
+        self.joined_as = joined_as  # (scheduler, job, rank) init() joined with
         self.tensors = {}  # name -> gradlink.Tensor
         self.collectives = {}  # key (name + spec) -> gradlink.Tensor
         self.noname = itertools.count()

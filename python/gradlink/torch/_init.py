@@ -15,6 +15,14 @@ from gradlink import InvalidArgumentError, _env
 
 from . import _context
 
+# The worker a shutdown() under gradlink-run kept, with (scheduler, job, rank) it joined as: the
+# next init() of the same job takes it again, the process's exit leaves the job. Horovod's
+# programs may shutdown() and init() again in one process (its own tests do, in every
+# tearDown); under gradlink-run the job is the workers' processes, so a shutdown() before the
+# process ends does not end it: the other workers go on and this one may come back. Guarded by
+# _context.setting_lock.
+_kept = None
+
 # init()'s options while it makes a gradlink process group, which joins through init() itself
 # (_c10d._create): the caller's options, not the defaults.
 _pending_options = {}
@@ -108,6 +116,11 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
                 "RANK", default=-1)
         job = job or env["job"]
         expected = _env.workers()
+        worker = _take_kept((scheduler, job, rank))
+        if worker is not None:
+            _context.install(_context.Context(worker, _env.local_rank(), _env.local_size(),
+                                              timeout, (scheduler, job, rank)))
+            return
         if connect_timeout is None and not _env.is_set("GRADLINK_CONNECT_TIMEOUT"):
             connect_timeout = 60.0  # the Python layer's default: workers start at their own pace
         # Every other tuning option: None leaves it to the binding, which applies the GRADLINK_*
@@ -129,12 +142,15 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
             raise InvalidArgumentError(
                 "gradlink.torch.init(): the job has %d workers, the environment says %d"
                 % (worker.size, expected))
-        _context.install(_context.Context(worker, _env.local_rank(), _env.local_size(), timeout))
+        _context.install(_context.Context(worker, _env.local_rank(), _env.local_size(), timeout,
+                                          (scheduler, job, rank)))
         if fail_fast is None:
             fail_fast = _env.fail_fast()
         if fail_fast:
             _install_fail_fast()
-    atexit.register(shutdown)
+    if not _registered[0]:
+        _registered[0] = True
+        atexit.register(_at_exit)
 
 
 def _install_fail_fast():
@@ -163,19 +179,63 @@ def _install_fail_fast():
 
 
 def shutdown():
-    """Leaves the job cleanly (pending operations fail with AbortedError). Idempotent."""
+    """Leaves the job cleanly (pending operations fail with AbortedError). Idempotent.
+
+    Under gradlink-run, whose job lasts as long as its workers' processes, the worker keeps its
+    place until the process exits: init() again in this process takes it back (as Horovod's
+    init() after shutdown() does), with the front end's state (names in flight, caches) new."""
+    global _kept
     if _context.is_initialized():
         _context.notify_shutdown()  # a timeline still recording is written, as Horovod does
     ctx = _context.take()
     if ctx is None:
         return
+    keep = _env.launched_by_gradlink_run() and not _exiting[0]
     try:
-        ctx.worker.shutdown()
+        if not keep:
+            ctx.worker.shutdown()
     finally:
         if ctx.completer is not None:
             ctx.completer.stop()
         if ctx.stager is not None:
             ctx.stager.stop()
+        if keep:
+            with _context.setting_lock:
+                _leave_kept()
+                _kept = (ctx.worker, ctx.joined_as)
+
+
+_exiting = [False]
+_registered = [False]  # _at_exit, once per process
+
+
+def _at_exit():
+    """The process ends: the job is left for good (a kept worker too)."""
+    _exiting[0] = True
+    shutdown()
+    with _context.setting_lock:
+        _leave_kept()
+
+
+def _take_kept(joined_as):
+    """The kept worker if it joined as `joined_as` (then no longer kept); else None, and a kept
+    worker of another job leaves it. Holding _context.setting_lock."""
+    global _kept
+    if _kept is None:
+        return None
+    worker, kept_as = _kept
+    if kept_as == joined_as:
+        _kept = None
+        return worker
+    _leave_kept()
+    return None
+
+
+def _leave_kept():
+    global _kept
+    if _kept is not None:
+        worker, _kept = _kept[0], None
+        worker.shutdown()
 
 
 def barrier(timeout=None):

@@ -1,0 +1,49 @@
+"""Horovod's life cycle under gradlink-run (issue 42): the variables horovodrun sets, init ->
+shutdown -> init in one process (as every tearDown of Horovod's test_torch.py does), names that
+come back with another shape, and an exit without shutdown() (the job must still end at once:
+test_horovod_semantics.py times it). Asserts inside; prints a line per section."""
+
+import os
+import socket
+
+import torch
+
+import gradlink.torch as hvd
+
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+
+# The variables horovodrun sets, as Horovod's programs read them.
+assert int(os.environ["HOROVOD_RANK"]) == rank
+assert int(os.environ["HOROVOD_SIZE"]) == size
+assert int(os.environ["HOROVOD_LOCAL_RANK"]) == hvd.local_rank()
+assert int(os.environ["HOROVOD_LOCAL_SIZE"]) == hvd.local_size()
+assert int(os.environ["HOROVOD_CROSS_RANK"]) == hvd.cross_rank()
+assert int(os.environ["HOROVOD_CROSS_SIZE"]) == hvd.cross_size()
+assert os.environ["HOROVOD_HOSTNAME"] == socket.gethostname()
+print("env ok rank %d" % rank, flush=True)
+
+# init -> shutdown -> init, three times, a collective each time (the same name with another
+# shape and dtype each round: names are labels per call).
+for round_ in range(3):
+    n = 10 + round_
+    dtype = (torch.float32, torch.float64, torch.int32)[round_]
+    out = hvd.allreduce(torch.full((n,), rank + 1, dtype=dtype), op=hvd.Sum, name="life")
+    assert out.dtype == dtype and torch.equal(
+        out, torch.full((n,), size * (size + 1) // 2, dtype=dtype)), (round_, out)
+    hvd.barrier()
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    try:
+        hvd.rank()
+        raise AssertionError("rank() after shutdown()")
+    except ValueError:
+        pass
+    hvd.init()
+    assert hvd.is_initialized() and hvd.rank() == rank and hvd.size() == size
+print("reinit ok rank %d" % rank, flush=True)
+
+# The job still works, and this process now ends without calling shutdown().
+g = hvd.allgather(torch.full((rank + 1, 2), float(rank)))
+assert g.shape == (size * (size + 1) // 2, 2)
+print("LIFECYCLE OK rank %d" % rank, flush=True)
