@@ -464,22 +464,14 @@ std::optional<Completion> PartitionState::Progress() {
   sent_cookies_[slot].assign(cookie_.begin(), cookie_.end());
   c.cookies = sent_cookies_[slot];
   uint32_t absent = 0, first_present = 0;
-  // The ranks an average leaves out: those that sat the round out, whole (an absent
-  // participant: a worker, or a host all of whose workers joined) or in part (a host's partial
-  // that sums fewer than its workers, ranks_).
-  uint32_t left_out = 0;
   if (joined_count_ != 0) {  // else no allocation: `absent` stays empty
     c.absent.assign(num_part_, false);
     for (uint32_t i = 0; i < num_part_; ++i) {
       // Sat the round out, or failed it only by having joined: no reply either way.
       c.absent[i] = stage_[i] == Stage::kAbsent || (joined_[i] && stage_[i] == Stage::kFailed);
       absent += c.absent[i] ? 1 : 0;
-      if (c.absent[i] && i < num_workers_) left_out += Weight(i);
     }
     while (first_present + 1 < num_part_ && c.absent[first_present]) ++first_present;
-  }
-  for (uint32_t i = 0; i < num_workers_; ++i) {
-    if (ranks_[i] != 0 && (c.absent.empty() || !c.absent[i])) left_out += Weight(i) - ranks_[i];
   }
   const auto sat_out = [&](uint32_t i) { return !c.absent.empty() && c.absent[i]; };
   if (!failure_.empty()) {
@@ -510,9 +502,9 @@ std::optional<Completion> PartitionState::Progress() {
     }
   }
   if (c.status.ok()) {
-    // An average divides by the ranks summed: those that sat the round out are not in it.
-    const uint32_t divisor =
-        (flags_[first_present] & wire::kFlagAverage) ? divisor_ - left_out : 1;
+    // An average divides by every rank, those that sat the round out (Worker::Join) included:
+    // they add zeros, as under Horovod's join and torch's Join (divide_by_initial_world_size).
+    const uint32_t divisor = (flags_[first_present] & wire::kFlagAverage) ? divisor_ : 1;
     if (routing_.copy) {
       c.result = acc;  // the contributor's push, as it came
     } else if (acc_bytes_ == wire_bytes_) {

@@ -161,7 +161,8 @@ bool LocalReduce::AdvanceFlat(Running& r, uint64_t max_sums) {
         reduce::SumTwo(job.dtype, acc, slot(in[0], seq), slot(in[1], seq), n);
       }
       for (uint32_t k = 2; k < n_in; ++k) reduce::Accumulate(job.dtype, acc, slot(in[k], seq), n);
-      const uint32_t divisor = avg0 ? n_in : 1;
+      // Every rank, joined ones included (they add zeros: PartitionState's average).
+      const uint32_t divisor = avg0 ? ranks : 1;
       if (acc != out || divisor != 1) reduce::Store(job.dtype, out, acc, n, divisor);
     }
     state[me].consumed.store(seq, std::memory_order_release);

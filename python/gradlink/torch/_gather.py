@@ -158,8 +158,11 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
-    """Every rank's `obj` (pickled), as a list in rank order."""
-    key = name or "allgather_object.noname.%d" % next(_core._require().noname)
+    """Every rank's `obj` (pickled), as a list in rank order. Unnamed, the call is named after
+    the object's type, as Horovod's is: the same on every rank whatever calls came before (an
+    unnamed collective that failed on some ranks only leaves the ranks' counters of unnamed
+    calls apart)."""
+    key = "allgather_object." + (name or type(obj).__name__)
     f = io.BytesIO()
     torch.save(obj, f)
     data = torch.frombuffer(bytearray(f.getvalue()), dtype=torch.uint8)

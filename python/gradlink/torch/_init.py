@@ -246,7 +246,7 @@ def barrier(timeout=None):
 
 def join(timeout=None):
     """This rank has run out of data: waits for its own operations to end, then sits out the
-    other ranks' sums (it adds nothing; an average divides by the ranks that pushed) until
+    other ranks' sums (it adds zeros: an average still divides by every rank, as Horovod's) until
     every rank has joined. Returns the rank that joined last; every rank then goes on in step.
     Only sums and averages run while a rank has joined: other collectives that need it raise
     InvalidArgumentError naming it."""

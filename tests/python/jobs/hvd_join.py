@@ -1,7 +1,8 @@
 """hvd.join with uneven data, as a Horovod script uses it: rank r has 2 + r batches, trains
 with DistributedOptimizer until its data runs out, then joins. Each step's averaged gradient is
-the mean over the ranks that still had a batch, so the model must equal a single-process run
-that averages exactly those ranks' losses at each step. After the join, the model of the rank
+the sum over the ranks that still had a batch divided by every rank (a joined rank adds zeros,
+as under Horovod), so the model must equal a single-process run whose loss at each step is
+those ranks' losses summed over the job's size. After the join, the model of the rank
 that joined last is broadcast (Horovod's pattern) and one more step has every rank again
 (asserts inside). JOIN_TEST_HOSTS=h0,h1,...: rank r counts as host h_r (GRADLINK_HOST), so
 that hosts with several workers sum first (hierarchical aggregation)."""
@@ -38,7 +39,7 @@ def train_step(model, opt, step, ranks):
         common.loss_fn(model(x), y).backward()
     else:
         loss = sum(common.loss_fn(model(x), y)
-                   for x, y in (common.shard(batch, r, size) for r in ranks)) / len(ranks)
+                   for x, y in (common.shard(batch, r, size) for r in ranks)) / size
         loss.backward()
     opt.step()
 
@@ -67,7 +68,7 @@ for step in range(steps[rank]):
     # A plain allreduce beside it counts the ranks still training: the joined add nothing.
     count = hvd.allreduce(torch.ones(3, dtype=torch.int64), op=hvd.Sum, name="count")
     assert count.tolist() == [len(present(step))] * 3, (step, count)
-# This rank's model took its own steps, each averaged over the ranks present.
+# This rank's model took its own steps, each the present ranks' gradients over the job's size.
 expect_equal(model.state_dict(), reference(steps[rank]), "before join")
 if os.environ.get("JOIN_TEST_HOSTS"):
     from gradlink.torch import _core  # noqa: E402

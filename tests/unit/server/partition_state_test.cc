@@ -840,7 +840,8 @@ TEST(PartitionStateRoutingTest, MinFoldsInRankOrder) {
 }
 
 // A rank that joined (Worker::Join) sits rounds out: the others' round completes without it,
-// in rank order, an average divides by the ranks that pushed, it gets no reply, and a push from
+// in rank order, an average divides by every rank (the joined add zeros, as under Horovod's
+// join and torch's Join), it gets no reply, and a push from
 // it is refused; a round it alone would start never begins; once every rank has joined and the
 // join is over, it takes part again.
 TEST(PartitionStateTest, AJoinedRankSitsRoundsOut) {
@@ -861,7 +862,8 @@ TEST(PartitionStateTest, AJoinedRankSitsRoundsOut) {
   EXPECT_EQ(h.Begin(h.MakePush(1, 1), pushes[1], &run).code(), Code::kProtocolError);
   Done d1 = RunRound(h, 1, pushes, {2, 0}, wire::kFlagAverage);
   ASSERT_TRUE(d1.c.status.ok()) << d1.c.status.ToString();
-  EXPECT_EQ(FromBytes<float>(d1.result), (std::vector<float>{(1.5f + 100) / 2, 101, 151.5f}));
+  EXPECT_EQ(FromBytes<float>(d1.result),
+            (std::vector<float>{(1.5f + 100) / 4, 202.0f / 4, 303.0f / 4}));  // zeros from 1 and 3
   EXPECT_EQ(d1.c.absent, (std::vector<bool>{false, true, false, true}));
   ReleaseSlot(h.state(), d1.c, 2);  // two replies, not four
   // The join is over: round 2 has every rank again.
@@ -874,7 +876,7 @@ TEST(PartitionStateTest, AJoinedRankSitsRoundsOut) {
 
 // Summed per host first (hosts {0, 0, 1, 1, 1}, pushed by ranks 0 and 2): a host's partial that
 // leaves joined workers out says how many it sums (Header::ranks), and an average divides by
-// the ranks summed over all hosts; a host sits out only once all its workers have joined; a
+// every worker (the joined add zeros); a host sits out only once all its workers have joined; a
 // partial naming more workers than its host has, or a flat push naming any, is refused.
 TEST(PartitionStateTest, HostPartialsLeaveJoinedWorkersOut) {
   PartitionState st(kKey, 0, "h", DataType::kFloat32, 2, {0, 2}, 5, {0, 0, 1, 1, 1});
@@ -918,13 +920,13 @@ TEST(PartitionStateTest, HostPartialsLeaveJoinedWorkersOut) {
   EXPECT_FALSE(st.SetJoined(3, true));
   EXPECT_EQ(push(0, 1, 3, host0).code(), Code::kProtocolError);  // host 0 has 2 workers
   auto [r1, absent1] = round(1, {{2, 2}, {0, 1}});
-  EXPECT_EQ(r1, (std::vector<float>{15.0f / 3, 30.0f / 3}));
+  EXPECT_EQ(r1, (std::vector<float>{15.0f / 5, 30.0f / 5}));  // joined ranks add zeros
   EXPECT_TRUE(absent1.empty());
   // Rank 0 joins too: host 0 has no worker left, and sits out.
   EXPECT_TRUE(st.SetJoined(0, true));
   EXPECT_EQ(push(0, 2, 0, host0).code(), Code::kProtocolError);
   auto [r2, absent2] = round(2, {{2, 2}});
-  EXPECT_EQ(r2, (std::vector<float>{12.0f / 2, 24.0f / 2}));
+  EXPECT_EQ(r2, (std::vector<float>{12.0f / 5, 24.0f / 5}));
   EXPECT_EQ(absent2, (std::vector<bool>{true, false}));
   // The join is over: every worker again.
   for (uint32_t r : {0u, 1u, 3u}) EXPECT_FALSE(st.SetJoined(r, false));

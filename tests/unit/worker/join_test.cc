@@ -52,8 +52,8 @@ std::vector<uint32_t> Present(uint64_t k) {
   return in;
 }
 
-// What the servers' reducers give over the ranks in `in`: fp32 summed in fp32, divided by the
-// ranks summed; int32 summed exactly, divided with truncation toward zero. The order: rank
+// What the servers' reducers give over the ranks in `in`: fp32 summed in fp32, divided by every
+// rank (those that joined add zeros); int32 summed exactly, divided with truncation toward zero. The order: rank
 // order (`host_of` empty: flat), or, where hosts sum first, each host's ranks in rank order
 // into an fp32 partial, then the hosts' partials in order of each host's lowest rank.
 float ExpectedAverage(const std::vector<uint32_t>& in, uint64_t k, uint64_t i,
@@ -73,7 +73,7 @@ float ExpectedAverage(const std::vector<uint32_t>& in, uint64_t k, uint64_t i,
   for (const std::optional<float>& p : partial) {
     if (p) acc = acc ? *acc + *p : *p;
   }
-  return *acc / static_cast<float>(in.size());
+  return *acc / static_cast<float>(kWorkers);  // the joined add zeros
 }
 int32_t ExpectedSum(const std::vector<uint32_t>& in, uint64_t k, uint64_t i) {
   int64_t acc = 0;
@@ -210,7 +210,7 @@ TEST(JoinTest, UnevenRoundsOnTheSameHostPath) {
 // 0 and 2 share a host, rank 1 is alone on another. Rank 0 joins first: it still pushes its
 // share of its host's partials, which hold rank 2's tensors only; then rank 1 joins, and its
 // host sits rounds out whole. Every round is the hosts' order over the ranks that pushed it
-// (an average divides by them), which differs from the rank order on these inputs.
+// (an average divides by every rank), which differs from the rank order on these inputs.
 JobConfig HostsConfig(const std::vector<uint32_t>& host_of) {
   JobConfig config = ServersConfig();
   config.partition_bytes = 4096;  // 49 partitions: more than a host channel's 32 entries
