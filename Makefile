@@ -144,6 +144,15 @@ test-byteps: build
 	GRADLINK_BUILD_DIR=$(abspath $(BUILD)) .venv/bin/python scripts/byteps/run_tests.py \
 	  "$(BYTEPS_TESTS)" -n 2 3
 
+# Horovod's own PyTorch test file (test/parallel/test_torch.py of a fetched horovod/horovod) on
+# gradlink.torch, one test per job and the whole file in one job, at 2, 3 and 4 workers
+# (docs/horovod_api.md). Not part of make test: `make test-horovod HOROVOD_TESTS=<its test/parallel>`.
+.PHONY: test-horovod
+test-horovod: build
+	@test -n "$(HOROVOD_TESTS)" || { echo "make test-horovod HOROVOD_TESTS=<horovod checkout>/test/parallel"; exit 2; }
+	GRADLINK_BUILD_DIR=$(abspath $(BUILD)) .venv/bin/python scripts/horovod/run_suite.py \
+	  --tests "$(HOROVOD_TESTS)" -n 2 3 4 --mode both
+
 # Reducer throughput against memcpy (Google Benchmark).
 bench-reduce: build
 	$(BUILD)/bin/reduce_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true

@@ -478,6 +478,7 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     mode = static_cast<topology::Mode>(a.mode);
   }
   IssueBatch batch;
+  std::optional<uint64_t> retired;
   if (f.header.flags & wire::kFlagReplan) {
     if (!plan_status.ok()) return ProtocolError("a refusal sent as a replan");
     {
@@ -501,8 +502,6 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     }
     t->planned = true;
     t->plan_status = plan_status;
-    // A refused plan: the next Declare of the label gives it a new key (the job goes on).
-    if (!plan_status.ok()) t->current.store(false, std::memory_order_release);
     t->parts = std::move(parts);
     t->roles = std::move(roles);
     uint64_t pushed = 0, pulled = 0;
@@ -526,8 +525,15 @@ Status WorkerImpl::OnAssign(const transport::Frame& f) {
     StartNextLocked(*t);
     PumpLocked();
     TakeIssueLocked(&batch);
+    // A refused plan retires its key at once (its queued ops have just failed with the
+    // refusal, and so will later ones on its handles): the next Declare of the label gets a
+    // new key, and the scheduler forgets this one once every declarer has retired it, so that
+    // a rank that had joined meanwhile and declares it later is planned afresh, not refused
+    // for what happened while it sat out.
+    if (!plan_status.ok()) retired = RetireLocked(t);
   }
   Issue(std::move(batch));
+  if (retired) SendRetire(*retired);
   // The control thread does not copy tensors.
   if (local_) local_->Progress(LocalReduce::Step::kBackground);
   return Status::Ok();

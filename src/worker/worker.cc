@@ -195,16 +195,18 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
     if (verdict_.failed()) return verdict_.failure();
     uint32_t version = 0;
     if (auto l = labels_.find(std::string(name)); l != labels_.end()) {
-      const std::shared_ptr<TensorState> old = tensors_.at(l->second);  // a copy: retiring erases it
+      const std::shared_ptr<TensorState> old = l->second;  // a copy: retiring erases it
+      const auto live = tensors_.find(old->key);
+      const bool retired_already = live == tensors_.end() || live->second != old;
       const bool shape_differs =
           !shape.empty() && !old->shape.empty() &&
           !std::equal(shape.begin(), shape.end(), old->shape.begin(), old->shape.end());
       const bool refused = old->planned && !old->plan_status.ok();
       if (old->dtype == dtype && old->count == count && !shape_differs && old->spec == spec &&
-          !refused) {
+          !refused && !retired_already) {
         return TensorHandle(old);
       }
-      if (old->busy || !old->queue.empty()) {
+      if (!retired_already && (old->busy || !old->queue.empty())) {
         const auto what = [](const CollectiveSpec& c) {
           return c.is_sum() ? std::string() : " for " + DescribeSpec(c);
         };
@@ -218,7 +220,7 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
             "operations have ended");
       }
       version = old->version + 1;
-      retired = RetireLocked(old);
+      if (!retired_already) retired = RetireLocked(old);
     }
     const std::string versioned = VersionedName(name, version);
     const uint64_t key = wire::TensorKey(opts_.job, versioned);
@@ -245,7 +247,7 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
       resume_rounds_.erase(resume);
     }
     tensors_[key] = t;
-    labels_[t->label] = key;
+    labels_[t->label] = t;
   }
   if (retired) SendRetire(*retired);
   // Outside the lock: a claim in the host's segment may wait on another process. Only sums
@@ -288,13 +290,14 @@ std::string VersionedName(std::string_view label, uint32_t version) {
 
 std::optional<uint64_t> WorkerImpl::RetireLocked(std::shared_ptr<TensorState> t) {
   t->current.store(false, std::memory_order_release);
-  const Status why = InvalidArgument(
-      "tensor '" + t->label + "' was declared again with another dtype, shape or collective "
-      "(or its plan was refused): this handle is of its earlier declaration as " +
-      std::string(DataTypeName(t->dtype)) + "[" + std::to_string(t->count) + "]" +
-      ShapeSuffix(t->shape) + "; declare it again for the current one");
+  if (t->plan_status.ok()) {  // a refusal stays what its handles' operations fail with
+    t->plan_status = InvalidArgument(
+        "tensor '" + t->label + "' was declared again with another dtype, shape or "
+        "collective: this handle is of its earlier declaration as " +
+        std::string(DataTypeName(t->dtype)) + "[" + std::to_string(t->count) + "]" +
+        ShapeSuffix(t->shape) + "; declare it again for the current one");
+  }
   t->planned = true;  // a kAssign still on its way is dropped (retired_keys_)
-  t->plan_status = why;
   t->results.clear();
   t->results.shrink_to_fit();
   tensors_.erase(t->key);

@@ -540,8 +540,9 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   // Pull lane's progress thread only: the span the last OnHeader() returned is a kept result.
   bool reply_kept_ = false;
   std::unordered_map<uint64_t, std::shared_ptr<TensorState>> tensors_ GUARDED_BY(mu_);
-  // Each label's current declaration (its key in tensors_), and the declarations retired.
-  std::unordered_map<std::string, uint64_t> labels_ GUARDED_BY(mu_);
+  // Each label's latest declaration (in tensors_ unless retired: declared again, or refused),
+  // and the declarations retired.
+  std::unordered_map<std::string, std::shared_ptr<TensorState>> labels_ GUARDED_BY(mu_);
   std::unordered_set<uint64_t> retired_keys_ GUARDED_BY(mu_);
   std::vector<std::shared_ptr<TensorState>> retired_tensors_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::shared_ptr<Op>> ops_ GUARDED_BY(mu_);  // by id; in flight

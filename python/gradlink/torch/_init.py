@@ -116,10 +116,15 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
                 "RANK", default=-1)
         job = job or env["job"]
         expected = _env.workers()
-        worker = _take_kept((scheduler, job, rank))
-        if worker is not None:
-            _context.install(_context.Context(worker, _env.local_rank(), _env.local_size(),
-                                              timeout, (scheduler, job, rank)))
+        kept = _take_kept((scheduler, job, rank))
+        if kept is not None:
+            ctx = _context.Context(kept[0], _env.local_rank(), _env.local_size(), timeout,
+                                   (scheduler, job, rank))
+            # Unnamed calls go on numbering where they were: a name from before never comes
+            # back for another call (a rank whose call failed before the shutdown would take
+            # it up with another shape while the others cannot).
+            ctx.noname = kept[1]
+            _context.install(ctx)
             return
         if connect_timeout is None and not _env.is_set("GRADLINK_CONNECT_TIMEOUT"):
             connect_timeout = 60.0  # the Python layer's default: workers start at their own pace
@@ -202,7 +207,7 @@ def shutdown():
         if keep:
             with _context.setting_lock:
                 _leave_kept()
-                _kept = (ctx.worker, ctx.joined_as)
+                _kept = (ctx.worker, ctx.joined_as, ctx.noname)
 
 
 _exiting = [False]
@@ -218,15 +223,16 @@ def _at_exit():
 
 
 def _take_kept(joined_as):
-    """The kept worker if it joined as `joined_as` (then no longer kept); else None, and a kept
-    worker of another job leaves it. Holding _context.setting_lock."""
+    """(worker, its counter of unnamed calls) kept if it joined as `joined_as` (then no longer
+    kept); else None, and a kept worker of another job leaves it. Holding
+    _context.setting_lock."""
     global _kept
     if _kept is None:
         return None
-    worker, kept_as = _kept
+    worker, kept_as, noname = _kept
     if kept_as == joined_as:
         _kept = None
-        return worker
+        return worker, noname
     _leave_kept()
     return None
 
