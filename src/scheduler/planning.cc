@@ -58,6 +58,13 @@ Status SchedulerImpl::OnDeclare(Connection& c, const Frame& f) {
     }
     return Status::Ok();
   }
+  if (decl.planned && !decl.status.ok()) {
+    // Refused (the ranks disagreed, or it cannot run while a rank has joined): a worker that
+    // declares it late gets the same refusal, and is not one of its declarers (its kRetire is
+    // not waited for).
+    c.link.Send(decl.assign_header, {}, decl.assign_payload, Clock::now());
+    return Status::Ok();
+  }
   if (decl.planned) {
     // Only a worker outside the key's group declares it now (every member had, or the key
     // would not be planned): its plan is a refusal naming the group.
@@ -77,10 +84,19 @@ Status SchedulerImpl::OnDeclare(Connection& c, const Frame& f) {
   const CollectiveSpec first = decl.by_rank.empty() ? d.spec : decl.by_rank.begin()->second.second.spec;
   decl.by_rank[c.id] = {h, std::move(d)};
   // A group that cannot be (ranks out of range) is refused at once: Plan names it.
-  if (layout::GroupIsValid(first, opts_.num_workers) && !ReadyToPlan(decl, first)) {
+  if (layout::GroupIsValid(first, opts_.num_workers) && !ReadyToPlan(decl, first) &&
+      !CannotRunWhileJoined(first)) {
     return Status::Ok();
   }
   return Plan(h.key, decl);
+}
+
+bool SchedulerImpl::CannotRunWhileJoined(const CollectiveSpec& spec) const {
+  if (spec.is_sum()) return false;
+  for (uint32_t rank : joined_) {
+    if (layout::PositionOf(spec, rank) >= 0) return true;
+  }
+  return false;
 }
 
 bool SchedulerImpl::ReadyToPlan(const Declaration& decl, const CollectiveSpec& spec) const {
@@ -337,8 +353,9 @@ Status SchedulerImpl::OnRetire(Connection& c, const Frame& f) {
   if (c.role != Role::kWorker || !started_) return ProtocolError("unexpected kRetire");
   auto it = decls_.find(f.header.key);
   if (it == decls_.end() || it->second.by_rank.count(c.id) == 0) {
-    return ProtocolError("kRetire of key " + KeyHex(f.header.key) + ", which worker " +
-                         std::to_string(c.id) + " has not declared");
+    // A key this worker declared late and was refused with the others' refusal (OnDeclare),
+    // or one already forgotten: nothing of it is held for this worker.
+    return Status::Ok();
   }
   Declaration& decl = it->second;
   decl.retired.insert(c.id);

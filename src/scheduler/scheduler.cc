@@ -365,11 +365,14 @@ Status SchedulerImpl::OnJoin(Connection& c, const Frame& f) {
   // can go on there (and join) only after this join is recorded, and the rank that joined last
   // is the last one recorded here.
   Send(c, h);
-  // Keys that waited only for this rank's declaration, and barriers only for it, go on.
+  // Keys that waited only for this rank's declaration, and barriers only for it, go on; a
+  // collective other than a sum that needs it is refused now, whoever has declared it (as
+  // Horovod fails it at once: whether the other ranks named it alike no longer matters).
   for (auto& [key, decl] : decls_) {
     if (decl.planned || decl.by_rank.empty()) continue;
     const CollectiveSpec& spec = decl.by_rank.begin()->second.second.spec;
-    if (layout::GroupIsValid(spec, opts_.num_workers) && ReadyToPlan(decl, spec)) {
+    if (layout::GroupIsValid(spec, opts_.num_workers) &&
+        (ReadyToPlan(decl, spec) || CannotRunWhileJoined(spec))) {
       GL_RETURN_IF_ERROR(Plan(key, decl));
     }
   }

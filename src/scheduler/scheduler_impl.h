@@ -226,6 +226,9 @@ class SchedulerImpl final : public Scheduler {
   Status OnJoinReleaseAck(Connection& c);
   // Every member of `spec`'s group that has not joined has declared the key.
   bool ReadyToPlan(const Declaration& decl, const CollectiveSpec& spec) const;
+  // A collective other than a sum whose group holds a rank that has joined: it cannot run
+  // until the join is over, so its declaration is refused at once (Plan says why).
+  bool CannotRunWhileJoined(const CollectiveSpec& spec) const;
   // Releases every barrier that every worker has entered or joined past.
   void ReleaseBarriers();
   Status OnGoodbye(Connection& c);

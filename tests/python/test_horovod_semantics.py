@@ -3,7 +3,9 @@
 reference computed in the job: autograd through every collective, broadcast and broadcast_,
 integer and reduce-scatter scaling, duplicate names in flight, DistributedOptimizer without
 names / over a process set / with sparse gradients, the callable sparse handle,
-broadcast_optimizer_state with a parameter that needs no gradient, the error classes."""
+broadcast_optimizer_state with a parameter that needs no gradient, the error classes; and, in
+jobs of their own, collectives while a rank has joined (hvd_join_refusal.py) and the life cycle
+(hvd_lifecycle.py)."""
 
 import time
 
@@ -37,3 +39,14 @@ def test_init_shutdown_init_and_an_exit_without_shutdown(run_job):
         for section in ("env ok", "reinit ok", "LIFECYCLE OK"):
             assert "%s rank %d" % (section, r) in lines, job.explain()
     assert took < 30, "the job took %.1f s\n%s" % (took, job.explain())
+
+
+def test_collectives_while_a_rank_has_joined_fail_at_once(run_job):
+    """Horovod's test_horovod_join_allgather with 3 workers: each rank joins first in turn while
+    the others allgather (unnamed, so their names drift apart after the first round) and must
+    get an error at once, then join; the rank that joined last is never the first; the job goes
+    on. Before the scheduler refused such a key at once, the third round hung."""
+    job = run_job(3, 2, "hvd_join_refusal.py", timeout=60)
+    assert job.rc == 0, job.explain()
+    for r in range(3):
+        assert "JOIN REFUSAL OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()

@@ -27,7 +27,7 @@ def _start(tensor, root_rank, name, priority=0, group=None, what="broadcast"):
         raise InvalidArgumentError("%s: root_rank %d out of range for %s" % (
             what, root_rank, "ranks %s" % list(group) if group else "%d workers" % ctx.size))
     if name is None:
-        name = "noname.%d" % next(ctx.noname)
+        name = "noname.%d" % ctx.unnamed.next(group)
     name = "broadcast." + name
     with torch.no_grad():
         t = tensor.detach()
@@ -65,8 +65,8 @@ def _set_key(group, name):
     from ._horovod import _set_name
     if group is None:
         return name
-    return _set_name(group, name if name is not None else "noname.%d" % next(
-        _core._require().noname))
+    return _set_name(group, name if name is not None else "noname.%d" % _core._require(
+        ).unnamed.next(group))
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):

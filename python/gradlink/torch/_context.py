@@ -7,7 +7,6 @@ This module imports no other module of gradlink.torch: the others import it.
 Threads: any. `setting_lock` orders setting and clearing the context; Context.lock its caches.
 """
 
-import itertools
 import threading
 
 from gradlink import InvalidArgumentError
@@ -30,7 +29,7 @@ class Context:
         self.joined_as = joined_as  # (scheduler, job, rank) init() joined with
         self.tensors = {}  # name -> gradlink.Tensor
         self.collectives = {}  # key (name + spec) -> gradlink.Tensor
-        self.noname = itertools.count()
+        self.unnamed = Unnamed()
         self.in_flight = {}  # name -> the handle of the last operation started under it
         self.in_flight_sweep = 64  # its size that triggers the next sweep (_ops.track)
         self.lock = threading.Lock()
@@ -53,6 +52,25 @@ class Context:
         t = self.worker.declare(name, dtype, count, shape)
         self.tensors[name] = t
         return t
+
+
+class Unnamed:
+    """Numbers unnamed calls, per process set: the n-th unnamed call of a kind among the ranks
+    of a set is named alike on each of them, whatever calls other sets made (a process set's
+    calls are made by its members only, so one count for all would drift apart between ranks of
+    different sets). Kept across init -> shutdown -> init (a name never comes back)."""
+
+    def __init__(self):
+        self._counts = {}
+        self._lock = threading.Lock()
+
+    def next(self, ranks=None):
+        """The next number for calls over `ranks` (None: every worker)."""
+        key = tuple(ranks) if ranks else None
+        with self._lock:
+            n = self._counts.get(key, 0)
+            self._counts[key] = n + 1
+        return n
 
 
 def current():

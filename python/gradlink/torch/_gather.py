@@ -32,9 +32,10 @@ _DTYPE_CODE = {t: i for i, t in enumerate((
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.complex64, torch.complex128))}
 
 
-def _names(name, what):
+def _names(name, what, process_set=None):
     if name is None:
-        name = "%s.noname.%d" % (what, next(_core._require().noname))
+        ranks = getattr(process_set, "ranks", None)
+        name = "%s.noname.%d" % (what, _core._require().unnamed.next(ranks))
     return "%s.%s" % (what, name)
 
 
@@ -112,7 +113,7 @@ def _start_allgather(tensor, name, process_set, what, wait_first, info=None):
     dimension once the shapes are known."""
     _core._check_tensor(tensor, what)
     group, _, _ = _members(process_set, what)
-    key = _set_name(group, _names(name, "allgather"))
+    key = _set_name(group, _names(name, "allgather", process_set))
     t = tensor.detach()
     if t.dim() == 0:
         t = t.reshape(1)
@@ -143,7 +144,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
 
 def _grouped_allgather(tensors, name, process_set):
     """grouped_allgather() without autograd: [(result, every rank's first dimension)]."""
-    base = _names(name, "grouped_allgather")
+    base = _names(name, "grouped_allgather", process_set)
     infos = [{} for _ in tensors]
     handles = [_start_allgather(t, "%s.%d" % (base, i), process_set, "grouped_allgather", False,
                                 infos[i])
@@ -152,7 +153,7 @@ def _grouped_allgather(tensors, name, process_set):
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
-    base = _names(name, "grouped_allgather")
+    base = _names(name, "grouped_allgather", process_set)
     return _GroupHandle([allgather_async(t, "%s.%d" % (base, i), process_set)
                          for i, t in enumerate(tensors)])
 
@@ -197,7 +198,7 @@ def _start_reducescatter(tensor, name, compression, op, process_set, prescale_fa
     _core._check_tensor(tensor, what)
     group, pos, m = _members(process_set, what)
     op = _resolve_any_op(op, what)
-    key = _set_name(group, _names(name, "reducescatter"))
+    key = _set_name(group, _names(name, "reducescatter", process_set))
     t = tensor.detach()
     if t.dim() == 0:
         raise InvalidArgumentError("%s: a 0-d tensor cannot be scattered" % what)
@@ -259,7 +260,7 @@ def _grouped_reducescatter(tensors, name, compression, op, process_set, prescale
 def grouped_reducescatter_async(tensors, name=None, compression=None, op=Average,
                                 process_set=global_process_set, prescale_factor=1.0,
                                 postscale_factor=1.0):
-    base = _names(name, "grouped_reducescatter")
+    base = _names(name, "grouped_reducescatter", process_set)
     return _GroupHandle([_start_reducescatter(t, "%s.%d" % (base, i), compression, op,
                                               process_set, prescale_factor, postscale_factor,
                                               "grouped_reducescatter")
@@ -271,7 +272,7 @@ def _start_alltoall(tensor, splits, name, process_set, wait_first):
     splits)."""
     _core._check_tensor(tensor, "alltoall")
     group, pos, m = _members(process_set, "alltoall")
-    key = _set_name(group, _names(name, "alltoall"))
+    key = _set_name(group, _names(name, "alltoall", process_set))
     t = tensor.detach()
     if t.dim() == 0:
         raise InvalidArgumentError("alltoall: a 0-d tensor cannot be split")
@@ -389,7 +390,7 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_pro
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise InvalidArgumentError("sparse_allreduce_async: expected a sparse COO tensor")
     group, _, m = _members(process_set, "sparse_allreduce_async")
-    key = _set_name(group, _names(name, "sparse_allreduce"))
+    key = _set_name(group, _names(name, "sparse_allreduce", process_set))
     _core.claim(key, "sparse_allreduce_async")
     t = tensor.detach().coalesce()
     dense = torch.tensor([list(t.shape)], dtype=torch.int64)  # one row per rank

@@ -260,7 +260,7 @@ def _start(tensor, out, average, name, op, prescale_factor, postscale_factor, pr
                                               tensor.device.type))
     ctx = _core._require()
     if name is None:
-        name = "allreduce.noname.%d" % next(ctx.noname)
+        name = "allreduce.noname.%d" % ctx.unnamed.next(group)
     name = _set_name(group, name)
     with torch.no_grad():
         # What travels: `out` itself, or its compressed copy.
@@ -329,7 +329,8 @@ def _grouped(tensors, in_place, average, name, op, prescale_factor, postscale_fa
              process_set, compression, what):
     tensors = list(tensors)
     if name is None:
-        name = "grouped_allreduce.noname.%d" % next(_core._require().noname)
+        name = "grouped_allreduce.noname.%d" % _core._require().unnamed.next(
+            getattr(process_set, "ranks", None))
     resolved = _resolve_op(average, op, what)
     group, _, _ = _members(process_set, what)
     if resolved in (Sum, Average) and group is None:

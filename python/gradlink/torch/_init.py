@@ -123,7 +123,7 @@ def init(scheduler=None, rank=None, job=None, *, timeout=None, connect_timeout=N
             # Unnamed calls go on numbering where they were: a name from before never comes
             # back for another call (a rank whose call failed before the shutdown would take
             # it up with another shape while the others cannot).
-            ctx.noname = kept[1]
+            ctx.unnamed = kept[1]
             _context.install(ctx)
             return
         if connect_timeout is None and not _env.is_set("GRADLINK_CONNECT_TIMEOUT"):
@@ -207,7 +207,7 @@ def shutdown():
         if keep:
             with _context.setting_lock:
                 _leave_kept()
-                _kept = (ctx.worker, ctx.joined_as, ctx.noname)
+                _kept = (ctx.worker, ctx.joined_as, ctx.unnamed)
 
 
 _exiting = [False]

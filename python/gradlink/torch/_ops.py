@@ -144,7 +144,7 @@ def push_pull_async(tensor, average=True, name=None, priority=0):
     _check_tensor(tensor, "push_pull", device_ok=True)
     ctx = _context._require()
     if name is None:
-        name = "push_pull.noname.%d" % next(ctx.noname)
+        name = "push_pull.noname.%d" % ctx.unnamed.next()
     claim(name, "push_pull")
     if _staged(tensor):
         with torch.no_grad():
@@ -197,7 +197,7 @@ def grouped_push_pull_async(tensors, average=True, name=None, priority=0, names=
         _check_tensor(t, "grouped_push_pull (member %d)" % i, device_ok=True)
     if names is None:
         if name is None:
-            name = "grouped_push_pull.noname.%d" % next(ctx.noname)
+            name = "grouped_push_pull.noname.%d" % ctx.unnamed.next()
         names = ["%s.%d" % (name, i) for i in range(len(tensors))]
     else:
         names = list(names)
