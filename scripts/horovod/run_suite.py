@@ -30,8 +30,18 @@ import xml.etree.ElementTree as ET
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# test name -> why gradlink does not run it (at most 3; docs/horovod_api.md repeats them).
-DESELECTED = {}
+# test name -> (the worker counts it is not run at, why); at most 3, docs/horovod_api.md
+# repeats them.
+DESELECTED = {
+    "test_horovod_allreduce_prescale": (
+        (3,), "with 3 workers it compares a float16 sum, exactly, with a float32 product that no "
+        "float16 number holds (3 x a float16 value needs more mantissa bits): no float16 result "
+        "can pass, Horovod's included; with 2 and 4 workers it runs"),
+}
+
+
+def deselected(name, n):
+    return name in DESELECTED and n in DESELECTED[name][0]
 
 # Our stand-ins for the three helpers of Horovod's test/utils/common.py the file imports.
 COMMON = '''"""Stand-ins (gradlink's, scripts/horovod/run_suite.py) for the helpers test_torch.py imports
@@ -114,7 +124,8 @@ def run_job(run, n, servers, work, selector, timeout, log):
            sys.executable] + selector
     deselect = []
     for name in DESELECTED:
-        deselect += ["--deselect", "test_torch.py::TorchTests::" + name]
+        if deselected(name, n):
+            deselect += ["--deselect", "test_torch.py::TorchTests::" + name]
     cmd += deselect
     start = time.monotonic()
     try:
@@ -169,7 +180,6 @@ def main():
     names = prepare(os.path.abspath(args.tests), work)
     if args.k:
         names = [t for t in names if args.k in t]
-    names = [t for t in names if t not in DESELECTED]
     log_path = args.log or os.path.join(work, "jobs.log")
     log = open(log_path, "w")
     modes = ["each", "file"] if args.mode == "both" else [args.mode]
@@ -181,6 +191,8 @@ def main():
             if mode == "each":
                 statuses = {}
                 for name in names:
+                    if deselected(name, n):
+                        continue
                     log.write("\n==== %s n=%d %s\n" % (mode, n, name))
                     log.flush()
                     per_rank, status, took = run_job(
@@ -196,7 +208,7 @@ def main():
                 sel = ["test_torch.py"] + (["-k", args.k] if args.k else [])
                 per_rank, status, took = run_job(run, n, args.servers, work, sel,
                                                  args.timeout or 1200, log)
-                results = merge(per_rank, names, status)
+                results = merge(per_rank, [t for t in names if not deselected(t, n)], status)
                 statuses = {"job": (status, round(took, 1))}
             counts = {}
             for outcome, _ in results.values():
