@@ -66,9 +66,15 @@ Status ServerImpl::OnTick() {
   if (!release_) return Status::Ok();
   if (const size_t left = release_->partitions_left.load(); left != 0) {
     if (transport::Clock::now() <= release_->deadline) return Status::Ok();
+    std::string which;
+    for (size_t i = 0; i < release_->parts.size(); ++i) {
+      if (release_->done[i].load()) continue;
+      if (!which.empty()) which += ", ";
+      which += release_->parts[i];
+    }
     return Internal("server " + std::to_string(id_) + ": " + std::to_string(left) +
                     " partitions did not forget the join within " +
-                    std::to_string(kJoinReleaseLimit.count()) + " s");
+                    std::to_string(kJoinReleaseLimit.count()) + " s: " + which);
   }
   release_.reset();
   AckJoinRelease();
@@ -147,10 +153,16 @@ void ServerImpl::OnJoinRelease() {
     ReaderLock lock(parts_mu_);
     // Counted before any owner can count down.
     release->partitions_left = parts_.size();
+    release->done = std::make_unique<std::atomic<bool>[]>(parts_.size());
     for (auto& [id, part] : parts_) {
       PartitionState* p = part.get();
-      RunOnOwner(*p, [p, release] {
+      const size_t i = release->parts.size();
+      release->parts.push_back("'" + p->name() + "' partition " + std::to_string(p->partition()) +
+                               " (" + (SummedInline(*p) ? std::string("push lane")
+                                       : "engine " + std::to_string(EngineIndex(*p))) + ")");
+      RunOnOwner(*p, [p, release, i] {
         for (uint32_t rank : release->ranks) p->SetJoined(rank, false);
+        release->done[i].store(true);
         release->partitions_left.fetch_sub(1);
       });
     }

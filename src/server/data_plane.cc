@@ -40,10 +40,12 @@ bool ServerImpl::SummedInline(const PartitionState& p) const {
   return p.count() * DataTypeSize(p.dtype()) <= kInlineSumBytes;
 }
 
-WorkQueue& ServerImpl::EngineFor(const PartitionState& p) {
+size_t ServerImpl::EngineIndex(const PartitionState& p) const {
   const uint64_t h = (p.key() ^ (uint64_t{p.partition()} * 0x9E3779B97F4A7C15ull));
-  return *engines_[(h >> 17) % engines_.size()];
+  return (h >> 17) % engines_.size();
 }
+
+WorkQueue& ServerImpl::EngineFor(const PartitionState& p) { return *engines_[EngineIndex(p)]; }
 
 // Runs `fn` on the one thread that sums `p` (its only writer).
 void ServerImpl::RunOnOwner(const PartitionState& p, std::function<void()> fn) {

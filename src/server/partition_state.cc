@@ -176,7 +176,9 @@ uint32_t PartitionState::SummableEndLocked() const {
 bool PartitionState::RoundOverLocked() const {
   // A failed round sums nothing more: staged pushes only wait for the others. A requester's
   // push (nothing to sum) is done once it has arrived. A round that every participant sits
-  // out has not begun.
+  // out, or fails only by having joined, has not begun: nobody is there to answer, and
+  // completing it would start the next one the same way, round after round, holding the
+  // owner thread (and the join release queued behind it) forever.
   bool begun = false;
   for (uint32_t i = 0; i < num_part_; ++i) {
     const Stage s = stage_[i];
@@ -185,7 +187,7 @@ bool PartitionState::RoundOverLocked() const {
           (s == Stage::kStaged && (!failure_.empty() || i >= num_workers_)))) {
       return false;
     }
-    begun = true;
+    begun = begun || !(s == Stage::kFailed && joined_[i]);
   }
   return begun;
 }

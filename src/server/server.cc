@@ -165,6 +165,7 @@ void ServerImpl::Finish(Status s) {
   MutexLock lock(mu_);
   if (finished_) return;
   finished_ = true;
+  if (!s.ok()) GL_LOG(kWarn) << "server " << id_ << ": " << s.message();
   result_ = std::move(s);
   cv_.NotifyAll();
 }

@@ -974,6 +974,29 @@ TEST(PartitionStateRoutingTest, AJoinedRankFailsARelayUntilTheJoinIsOver) {
   EXPECT_TRUE(c->status.ok()) << c->status.ToString();
 }
 
+// Every participant of a relay has joined: no round begins (nobody pushes, nobody is answered).
+// Completing a round that every rank failed only by having joined started the next one failed
+// the same way, so Progress() never returned nullopt: the owner thread spun, and the join's
+// release queued behind it never ran (3 workers, a broadcast before every rank joined).
+TEST(PartitionStateRoutingTest, ARelayEveryRankHasJoinedBeginsNoRound) {
+  Routing routing{ReduceOp::kSum, true, {1, 2}, {}};
+  PartitionState st(kKey, 0, "b", DataType::kFloat32, 2, {0}, 3, {}, routing);
+  for (uint32_t r : {0u, 1u, 2u}) st.SetJoined(r, true);
+  EXPECT_FALSE(st.Progress().has_value());
+  EXPECT_FALSE(st.Progress().has_value());
+  EXPECT_EQ(st.round(), 0u);
+  // The join is over: round 0 runs as any other.
+  for (uint32_t r : {0u, 1u, 2u}) EXPECT_FALSE(st.SetJoined(r, false));
+  const float root[2] = {3, 4};
+  for (uint32_t r : {0u, 1u, 2u}) {
+    ASSERT_TRUE(PushTo(st, r, 0, DataType::kFloat32, r == 0 ? 2 : 0, root).ok()) << r;
+  }
+  std::optional<Completion> c = st.Progress();
+  ASSERT_TRUE(c.has_value());
+  ASSERT_TRUE(c->status.ok()) << c->status.ToString();
+  EXPECT_EQ(FromBytes<float>(c->result), (std::vector<float>{3, 4}));
+}
+
 // The pool hands out buffers of the size asked, reuses what was given back (by size), frees
 // what would pass its free bound, and counts what is in use, free and at most both.
 TEST(BufferPoolTest, ReusesBySizeAndBoundsWhatItKeeps) {
