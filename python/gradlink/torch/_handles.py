@@ -38,7 +38,14 @@ class _Pending:
 
     def _complete(self, timeout):
         if not self._done:
-            self._h.wait(self._timeout if timeout is None else timeout)
+            try:
+                self._h.wait(self._timeout if timeout is None else timeout)
+            except BaseException:  # noqa: B902 - re-raised
+                # Failed, the name is free; timed out (still running), it stays taken.
+                ctx = _context.current()
+                if ctx is not None and self._h.poll():
+                    ctx.landed(self.name, self)
+                raise
             if self._finish:
                 with torch.no_grad():
                     for f in self._finish:
@@ -128,13 +135,15 @@ class TwoStepHandle:
     def wait(self, timeout=None):
         if not self._ready.wait(_context._require().timeout if timeout is None else timeout):
             raise GradlinkTimeout("%s: its first step did not finish in time" % self.name)
-        if self._error is not None:
-            raise self._error
-        result = self._second.wait(timeout)
         ctx = _context.current()
-        if ctx is not None:
-            ctx.landed(self.name, self)
-        return result
+        try:
+            if self._error is not None:
+                raise self._error
+            return self._second.wait(timeout)
+        finally:
+            # Done or failed: the name is free; the second step timed out: it stays taken.
+            if ctx is not None and (self._error is not None or self._second.poll()):
+                ctx.landed(self.name, self)
 
     def timing(self):
         return self._second.timing() if self._second is not None else {}

@@ -30,11 +30,15 @@ def claim(name, what):
     """Refuses a second operation under `name` while this process's last one under it is still
     in flight: InvalidArgumentError (a ValueError, as Horovod raises it), at once and on this
     rank only, before anything is sent. Horovod matches operations across ranks by name, so two
-    in flight under one name could not be told apart."""
+    in flight under one name could not be told apart. In flight means: not yet waited for
+    (synchronize(), or the handle's wait, whether it raised or not), as Horovod's handle map
+    keeps an operation until it is synchronized. Not "not yet finished": an operation can
+    finish the moment this rank starts it (the same-host path sums inline when the last rank
+    arrives), and whether a second start under its name is refused must not depend on that."""
     ctx = _context._require()
     with ctx.lock:
         h = ctx.in_flight.get(name)
-    if h is not None and not h.poll():
+    if h is not None:
         raise InvalidArgumentError(
             "%s: an operation named '%s' is still in flight on rank %d; operations in flight "
             "at the same time need different names" % (what, name, ctx.rank))
