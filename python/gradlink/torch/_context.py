@@ -31,16 +31,21 @@ class Context:
         self.collectives = {}  # key (name + spec) -> gradlink.Tensor
         self.unnamed = Unnamed()
         self.in_flight = {}  # name -> the handle of the last operation started under it
+        # id(handle) -> (handle, the names it is in flight under): a group's handle has several
+        self.in_flight_names = {}
         self.in_flight_sweep = 64  # its size that triggers the next sweep (_ops.track)
         self.lock = threading.Lock()
         self.completer = None  # _handles.Completer, made on first use
         self.stager = None  # _staging.Stager: device tensors (and GRADLINK_STAGE_HOST=1)
 
     def landed(self, name, handle):
-        """`handle`, started under `name`, has been waited for: the name is free again."""
+        """`handle`, started under `name` (and the other names track() gave it), has been waited
+        for: its names are free again."""
         with self.lock:
-            if self.in_flight.get(name) is handle:
-                del self.in_flight[name]
+            _, names = self.in_flight_names.pop(id(handle), (handle, (name,)))
+            for n in names:
+                if self.in_flight.get(n) is handle:
+                    del self.in_flight[n]
 
     def declare(self, name, dtype, count, shape=None):
         t = self.tensors.get(name)
@@ -71,6 +76,14 @@ class Unnamed:
             n = self._counts.get(key, 0)
             self._counts[key] = n + 1
         return n
+
+
+def release(handle, name):
+    """`handle` (tracked under `name`, and whatever other names) has been waited for, or failed:
+    its names are free again (_ops.claim). Nothing without a context."""
+    ctx = current()
+    if ctx is not None:
+        ctx.landed(name, handle)
 
 
 def current():

@@ -22,7 +22,7 @@ import torch
 
 from gradlink import InvalidArgumentError, MismatchError
 
-from . import _core
+from . import _context, _core
 from ._horovod import (_GroupHandle, _members, _scaled, _set_name, Average, Compression, Max,
                        Min, Product, ReduceOp, Sum, global_process_set)
 
@@ -367,7 +367,11 @@ class _SparseHandle:
 
     def wait(self, timeout=None):
         if self._result is None:
-            shapes, indices, values = (_core.synchronize(h, timeout) for h in self._handles)
+            try:
+                shapes, indices, values = (_core.synchronize(h, timeout) for h in self._handles)
+            finally:
+                if self.poll():  # done or failed, not timed out: the name is free
+                    _context.release(self, self._key)
             if any(list(map(int, r)) != list(self._shape) for r in shapes):
                 raise MismatchError("%s: every rank's sparse tensor must have the shape %s; %s"
                                     % (self._key, list(self._shape),

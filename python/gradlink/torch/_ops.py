@@ -50,6 +50,7 @@ def track(name, handle):
     with ctx.lock:
         table = ctx.in_flight
         table[name] = handle
+        ctx.in_flight_names.setdefault(id(handle), (handle, []))[1].append(name)
         entries = list(table.items()) if len(table) > ctx.in_flight_sweep else None
     if entries is not None:
         # Polled outside the lock (a handle's poll may take locks of its own).
@@ -58,6 +59,7 @@ def track(name, handle):
             for n, h in done:
                 if table.get(n) is h:
                     del table[n]
+                ctx.in_flight_names.pop(id(h), None)
             ctx.in_flight_sweep = max(_IN_FLIGHT_SWEEP, 2 * len(table))
     return handle
 

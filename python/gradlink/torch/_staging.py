@@ -34,6 +34,8 @@ import torch
 
 from gradlink import AbortedError, InvalidArgumentError, TimeoutError, _env  # noqa: A004
 
+from . import _context
+
 _DEFAULT_CHUNK_BYTES = _env.STAGING_CHUNK_DEFAULT
 
 
@@ -269,6 +271,7 @@ class StagedOp:
                 "push_pull of '%s' (%s tensor, %d chunk(s) staged through host memory) not "
                 "complete after %.1f s: %d of them pushed, %d ended"
                 % (self.name, self._engine.name, len(self.chunks), timeout, pushed, self._ended))
+        _context.release(self, self.name)  # done or failed: its name is free
         if self._failure is not None:
             raise self._failure
         self._engine.make_current_wait(
@@ -313,6 +316,8 @@ class StagedGroup:
                 p.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
             except Exception as e:  # noqa: BLE001 - the first is raised
                 failure = failure or e
+        if self.poll():  # done or failed, not timed out: the members' names are free
+            _context.release(self, self.name)
         if failure is not None:
             raise failure
         return self.tensors
