@@ -483,8 +483,17 @@ Status WorkerImpl::AnnounceJoin(Clock::time_point deadline) {
       }
     }
     if (Clock::now() >= deadline) {
+      std::string busy;
+      {
+        MutexLock lock(mu_);
+        for (const auto& [key, t] : tensors_) {
+          if (!t->busy && t->queue.empty()) continue;
+          busy += (busy.empty() ? ": '" : ", '") + t->name + "' (round " +
+                  std::to_string(t->next_round) + (t->busy ? ", running" : ", queued") + ")";
+        }
+      }
       return Timeout("join() on rank " + std::to_string(rank_) +
-                     ": this worker's own operations had not ended by the deadline");
+                     ": this worker's own operations had not ended by the deadline" + busy);
     }
     if (local_) local_->Progress(LocalReduce::Step::kPoll);
     std::this_thread::sleep_for(std::chrono::microseconds(200));

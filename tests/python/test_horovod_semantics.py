@@ -36,7 +36,7 @@ def test_init_shutdown_init_and_an_exit_without_shutdown(run_job):
     assert job.rc == 0, job.explain()
     for r in range(2):
         lines = job.lines("[worker %d]" % r)
-        for section in ("env ok", "reinit ok", "LIFECYCLE OK"):
+        for section in ("env ok", "reinit ok", "drain ok", "LIFECYCLE OK"):
             assert "%s rank %d" % (section, r) in lines, job.explain()
     assert took < 30, "the job took %.1f s\n%s" % (took, job.explain())
 

@@ -192,6 +192,17 @@ def shutdown():
     global _kept
     if _context.is_initialized():
         _context.notify_shutdown()  # a timeline still recording is written, as Horovod does
+    live = _context.current()
+    if live is not None and live.completer is not None:
+        # Drained while the context still stands: an operation of two steps whose first step
+        # has ended starts its second (which needs the context) on every rank alike. Stopped
+        # after the context was taken, the completion thread's second steps failed to start
+        # on this rank while the other ranks' went out, waiting for it for good (and a later
+        # join() waited for them: Horovod's test_barrier_with_multiple_collectives, then
+        # test_horovod_join_allgather, one file run in two).
+        live.completer.stop()
+        with live.lock:
+            live.completer = None  # a later submit starts another, stopped below
     ctx = _context.take()
     if ctx is None:
         return
