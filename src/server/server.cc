@@ -165,7 +165,8 @@ void ServerImpl::Finish(Status s) {
   MutexLock lock(mu_);
   if (finished_) return;
   finished_ = true;
-  if (!s.ok()) GL_LOG(kWarn) << "server " << id_ << ": " << s.message();
+  // Why the server ends, when it is not its own Stop().
+  if (!s.ok() && s.code() != Code::kAborted) GL_LOG(kWarn) << "server " << id_ << ": " << s.message();
   result_ = std::move(s);
   cv_.NotifyAll();
 }

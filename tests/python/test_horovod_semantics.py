@@ -50,3 +50,16 @@ def test_collectives_while_a_rank_has_joined_fail_at_once(run_job):
     assert job.rc == 0, job.explain()
     for r in range(3):
         assert "JOIN REFUSAL OK rank %d" % r in job.lines("[worker %d]" % r), job.explain()
+
+
+def test_a_job_whose_workers_never_join_ends_at_once_with_their_status(run_job):
+    """Workers that exit 0 before init() (a script that ends first; each of Horovod's tests
+    that skips itself for want of a GPU, in its own job): gradlink-run stops the scheduler and
+    servers, left waiting for members that never come, within 1.5 s and exits 0. It used to
+    wait 15 s, stop them and exit 143 ("job failed")."""
+    start = time.monotonic()
+    job = run_job(2, 2, ["-c", "print('never joins', flush=True)"], timeout=40)
+    took = time.monotonic() - start
+    assert job.rc == 0, job.explain()
+    assert "never joined the job" in job.err, job.explain()
+    assert took < 10, "the job took %.1f s\n%s" % (took, job.explain())
