@@ -166,7 +166,9 @@ void ServerImpl::Finish(Status s) {
   if (finished_) return;
   finished_ = true;
   // Why the server ends, when it is not its own Stop().
-  if (!s.ok() && s.code() != Code::kAborted) GL_LOG(kWarn) << "server " << id_ << ": " << s.message();
+  if (!s.ok() && s.code() != Code::kAborted) {
+    GL_LOG(kWarn) << "server " << id_ << ": " << s.message();
+  }
   result_ = std::move(s);
   cv_.NotifyAll();
 }
