@@ -70,10 +70,9 @@ Status ServerImpl::OnTick() {
     for (size_t i = 0; i < release_->parts.size(); ++i) {
       if (release_->done[i].load()) continue;
       if (!which.empty()) which += ", ";
-      which += release_->parts[i];
+      which += DescribeOwner(release_->parts[i].first, release_->parts[i].second);
     }
-    return Internal("server " + std::to_string(id_) + ": " + std::to_string(left) +
-                    " partitions did not forget the join within " +
+    return Internal(std::to_string(left) + " partitions did not forget the join within " +
                     std::to_string(kJoinReleaseLimit.count()) + " s: " + which);
   }
   release_.reset();
@@ -157,9 +156,7 @@ void ServerImpl::OnJoinRelease() {
     for (auto& [id, part] : parts_) {
       PartitionState* p = part.get();
       const size_t i = release->parts.size();
-      release->parts.push_back("'" + p->name() + "' partition " + std::to_string(p->partition()) +
-                               " (" + (SummedInline(*p) ? std::string("push lane")
-                                       : "engine " + std::to_string(EngineIndex(*p))) + ")");
+      release->parts.emplace_back(id.first, id.second);
       RunOnOwner(*p, [p, release, i] {
         for (uint32_t rank : release->ranks) p->SetJoined(rank, false);
         release->done[i].store(true);

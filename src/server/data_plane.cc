@@ -47,6 +47,14 @@ size_t ServerImpl::EngineIndex(const PartitionState& p) const {
 
 WorkQueue& ServerImpl::EngineFor(const PartitionState& p) { return *engines_[EngineIndex(p)]; }
 
+std::string ServerImpl::DescribeOwner(uint64_t key, uint32_t partition) {
+  const PartitionState* p = Find(key, partition);
+  if (p == nullptr) return "key " + KeyHex(key) + " partition " + std::to_string(partition);
+  return "'" + p->name() + "' partition " + std::to_string(partition) + " (" +
+         (SummedInline(*p) ? std::string("push lane")
+                           : "engine " + std::to_string(EngineIndex(*p))) + ")";
+}
+
 // Runs `fn` on the one thread that sums `p` (its only writer).
 void ServerImpl::RunOnOwner(const PartitionState& p, std::function<void()> fn) {
   if (SummedInline(p)) {

@@ -121,6 +121,8 @@ class ServerImpl final : public Server, private MembershipHandler {
   bool SummedInline(const PartitionState& p) const;
   WorkQueue& EngineFor(const PartitionState& p);
   size_t EngineIndex(const PartitionState& p) const;
+  // "'name' partition P (push lane)" or "(engine E)"; a partition no longer held, by its key.
+  std::string DescribeOwner(uint64_t key, uint32_t partition) EXCLUDES(parts_mu_);
   // Runs `fn` on the one thread that sums `p` (its only writer).
   void RunOnOwner(const PartitionState& p, std::function<void()> fn);
   // Sends to worker `rank`'s pull lane; completes `done` with kPeerLost if it is unreachable.
@@ -163,10 +165,10 @@ class ServerImpl final : public Server, private MembershipHandler {
   // A join release in progress: the partitions that have yet to forget the join.
   struct JoinRelease {
     std::atomic<size_t> partitions_left{0};
-    // Each partition (in parts_'s order, named with its owner thread) and whether its owner
-    // has run the release yet: what a release past its deadline names. Names, not pointers:
-    // a retired partition may be freed meanwhile.
-    std::vector<std::string> parts;
+    // Each partition (key, partition; in parts_'s order) and whether its owner has run the
+    // release yet: what a release past its deadline names. Not pointers: a retired partition
+    // may be freed meanwhile.
+    std::vector<std::pair<uint64_t, uint32_t>> parts;
     std::unique_ptr<std::atomic<bool>[]> done;
     std::vector<uint32_t> ranks;
     transport::Clock::time_point deadline;

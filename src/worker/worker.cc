@@ -196,8 +196,8 @@ Result<TensorHandle> WorkerImpl::DeclareShaped(std::string_view name, DataType d
     uint32_t version = 0;
     if (auto l = labels_.find(std::string(name)); l != labels_.end()) {
       const std::shared_ptr<TensorState> old = l->second;  // a copy: retiring erases it
-      const auto live = tensors_.find(old->key);
-      const bool retired_already = live == tensors_.end() || live->second != old;
+      // Retired (a refused plan): its label is free for a new key, and nothing to retire.
+      const bool retired_already = !old->current.load(std::memory_order_acquire);
       const bool shape_differs =
           !shape.empty() && !old->shape.empty() &&
           !std::equal(shape.begin(), shape.end(), old->shape.begin(), old->shape.end());

@@ -41,10 +41,8 @@ class _Pending:
             try:
                 self._h.wait(self._timeout if timeout is None else timeout)
             except BaseException:  # noqa: B902 - re-raised
-                # Failed, the name is free; timed out (still running), it stays taken.
-                ctx = _context.current()
-                if ctx is not None and self._h.poll():
-                    ctx.landed(self.name, self)
+                if self._h.poll():  # failed: the name is free; timed out (running): still taken
+                    _context.release(self, self.name)
                 raise
             if self._finish:
                 with torch.no_grad():
@@ -52,9 +50,7 @@ class _Pending:
                         f()
             self._done = True
             self._finish = None
-            ctx = _context.current()
-            if ctx is not None:
-                ctx.landed(self.name, self)
+            _context.release(self, self.name)
             observers = _context.observers()
             if observers:
                 timing = self._h.timing()
@@ -135,15 +131,14 @@ class TwoStepHandle:
     def wait(self, timeout=None):
         if not self._ready.wait(_context._require().timeout if timeout is None else timeout):
             raise GradlinkTimeout("%s: its first step did not finish in time" % self.name)
-        ctx = _context.current()
         try:
             if self._error is not None:
                 raise self._error
             return self._second.wait(timeout)
         finally:
             # Done or failed: the name is free; the second step timed out: it stays taken.
-            if ctx is not None and (self._error is not None or self._second.poll()):
-                ctx.landed(self.name, self)
+            if self._error is not None or self._second.poll():
+                _context.release(self, self.name)
 
     def timing(self):
         return self._second.timing() if self._second is not None else {}
