@@ -31,7 +31,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -199,6 +201,53 @@ class GRADLINK_EXPORT PushPullHandle {
   std::shared_ptr<internal::Group> group_;
 };
 
+// ---- Point-to-point (worker/peer_link.h) ---------------------------------------------------
+//
+// A message from one worker to another, straight between them (never through a server), as
+// torch.distributed's send / recv define it: a recv takes the oldest unmatched message of its
+// (sender, channel, tag), or, from any sender, the one that arrived first; messages of one
+// (sender, channel, tag) are received in the order they were sent. A message and the recv it
+// meets must agree on size and element type, else both fail (kInvalidArgument) naming both.
+
+// What a Send carries and a Recv expects, besides the bytes.
+struct PeerMessage {
+  uint64_t channel = 0;   // messages of different channels never meet (a process group's id)
+  uint32_t tag = 0;
+  uint16_t element = 0;   // the caller's element type: a recv refuses a message of another
+};
+
+// What completed: the status, and the sender of a Recv (its source rank).
+struct PeerResult {
+  Status status;
+  uint32_t source = 0;
+};
+// Called once per Send / Recv when it ends, on whichever gradlink thread ended it (a lane's
+// progress thread, the control thread) or on the caller's, before Send / Recv returns, when it
+// failed at once. Must not block, nor start another Send / Recv of this worker's.
+using PeerCallback = std::function<void(const PeerResult&)>;
+
+namespace internal {
+struct PeerOp;
+}
+
+// The pending result of one Send or Recv. Cheap to copy.
+class GRADLINK_EXPORT PeerHandle {
+ public:
+  PeerHandle() = default;
+  // OK once a Send's bytes may be reused (its receiver has them, or is taking them) or a Recv's
+  // bytes are in the buffer; the failure otherwise; kTimeout if it is still running at the
+  // deadline (it goes on until its own deadline, the one given to Send / Recv).
+  Status Wait(Clock::time_point deadline) const;
+  bool Poll() const;
+  // A Recv's sender, once it has completed OK.
+  uint32_t source() const;
+
+ private:
+  friend class PeerLink;
+  explicit PeerHandle(std::shared_ptr<internal::PeerOp> op) : op_(std::move(op)) {}
+  std::shared_ptr<internal::PeerOp> op_;
+};
+
 class GRADLINK_EXPORT Worker {
  public:
   // Joins the job; returns once the address book has arrived and the lanes are connected.
@@ -289,6 +338,19 @@ class GRADLINK_EXPORT Worker {
 
   // Leaves the job cleanly; pending operations fail with kAborted. Idempotent.
   virtual Status Shutdown(Clock::time_point deadline) = 0;
+
+  // Sends `data` to worker `to` (point-to-point, above). `data` must stay valid and unchanged
+  // until the handle completes. Fails at `deadline` (kTimeout) if no recv has taken it by then;
+  // kPeerLost when `to` leaves or its connection fails; kInvalidArgument for a message larger
+  // than 1 GiB, a rank out of range, or this worker itself.
+  virtual PeerHandle Send(uint32_t to, const PeerMessage& message, std::span<const std::byte> data,
+                          Clock::time_point deadline, PeerCallback done = {}) = 0;
+  // Receives the next message of `message`'s channel and tag from `from` (any worker when
+  // empty) into `data`, which must be exactly the message's size. `data` must stay valid
+  // until the handle completes.
+  virtual PeerHandle Recv(std::optional<uint32_t> from, const PeerMessage& message,
+                          std::span<std::byte> data, Clock::time_point deadline,
+                          PeerCallback done = {}) = 0;
 };
 
 }  // namespace gradlink

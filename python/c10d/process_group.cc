@@ -23,6 +23,21 @@ namespace gradlink::c10d {
 
 using ::c10d::OpType;
 
+namespace {
+
+// The group's point-to-point channel: a 64-bit FNV-1a hash of its uid, the same on every
+// member; messages of different groups never meet.
+uint64_t ChannelOf(const std::string& uid) {
+  uint64_t h = 14695981039346656037ull;
+  for (char c : "c10d/" + uid) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
 ProcessGroupGradlink::ProcessGroupGradlink(std::shared_ptr<Worker> worker, int rank, int size,
                                            std::vector<uint32_t> members, std::string uid,
                                            std::chrono::milliseconds timeout, uint64_t slots)
@@ -31,8 +46,10 @@ ProcessGroupGradlink::ProcessGroupGradlink(std::shared_ptr<Worker> worker, int r
       members_(std::move(members)),
       uid_(std::move(uid)),
       timeout_(timeout),
-      slots_(std::max<uint64_t>(slots, 1)) {
+      slots_(std::max<uint64_t>(slots, 1)),
+      channel_(ChannelOf(uid_)) {
   completion_ = std::thread([this] { CompletionLoop(); });
+  StartPeerThread();
 }
 
 ProcessGroupGradlink::~ProcessGroupGradlink() {
@@ -41,13 +58,16 @@ ProcessGroupGradlink::~ProcessGroupGradlink() {
     stopping_ = true;
   }
   cv_.notify_all();
+  StopPeerQueue();  // a Send / Recv still pending ends into a queue no one reads
   // A Future's callback may need the GIL (a Python DDP hook): never join holding it.
   if (Py_IsInitialized() && PyGILState_Check()) {
     Py_BEGIN_ALLOW_THREADS
     completion_.join();
+    peer_completion_.join();
     Py_END_ALLOW_THREADS
   } else {
     completion_.join();
+    peer_completion_.join();
   }
 }
 

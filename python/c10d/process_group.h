@@ -37,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -97,6 +98,16 @@ class ProcessGroupGradlink final : public ProcessGroupBase {
                                             std::vector<at::Tensor>& inputs,
                                             const ::c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
+
+  // Point-to-point (p2p.cc): worker to worker, never through a server (Worker::Send / Recv).
+  // Each completes on the group's point-to-point thread as soon as it ends, in no order with
+  // the others (a recv waiting for its peer holds up nothing else).
+  c10::intrusive_ptr<::c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank,
+                                        int tag) override;
+  c10::intrusive_ptr<::c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank,
+                                        int tag) override;
+  c10::intrusive_ptr<::c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                                 int tag) override;
 #if TORCH_VERSION_MAJOR >= 2
   // torch 2.x only: several all_gather_into_tensor / reduce_scatter_tensor calls as one Work
   // (dist._coalescing_manager's fast path; functional collectives, hence DTensor, issue even a
@@ -149,11 +160,23 @@ class ProcessGroupGradlink final : public ProcessGroupBase {
                                              std::chrono::milliseconds op_timeout);
 #endif
 
+  // Point-to-point: a Send / Recv ended; its Work completes on the group's p2p thread.
+  struct PeerDone;
+  class PeerQueue;
+  c10::intrusive_ptr<::c10d::Work> PointToPoint(::c10d::OpType type, at::Tensor& tensor,
+                                                std::optional<int> peer, int tag);
+  void StartPeerThread();
+  void StopPeerQueue();
+  // The worker's rank of the group's rank `r`, and back.
+  uint32_t Global(int r) const;
+  int Local(uint32_t global) const;
+
   std::shared_ptr<Worker> worker_;
   const std::vector<uint32_t> members_;
   const std::string uid_;
   const std::chrono::milliseconds timeout_;
   const uint64_t slots_;
+  const uint64_t channel_;  // the group's point-to-point channel (a hash of uid_)
   std::atomic<uint64_t> operations_{0};  // calls started: later ones get higher priority
 
   mutable std::mutex mu_;  // guards what follows
@@ -168,6 +191,9 @@ class ProcessGroupGradlink final : public ProcessGroupBase {
   bool stopping_ = false;
   std::condition_variable cv_;
   std::thread completion_;
+  // Shared with the Send / Recv callbacks, which may come after the group is gone.
+  std::shared_ptr<PeerQueue> peer_queue_;
+  std::thread peer_completion_;
 };
 
 }  // namespace gradlink::c10d

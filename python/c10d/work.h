@@ -5,6 +5,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <atomic>
 #include <exception>
 #include <vector>
 
@@ -21,6 +22,9 @@ class ProcessGroupGradlink::Work final : public ::c10d::Work {
             c10::ListType::create(c10::TensorType::get()))) {}
 
   std::vector<at::Tensor> result() override { return outputs_; }
+  // A recv's sender (the group's rank); -1 before it completes, and for other operations.
+  int sourceRank() const override { return source_.load(); }
+  void SetSource(int rank) { source_.store(rank); }
   c10::intrusive_ptr<at::ivalue::Future> getFuture() override { return future_; }
 
   // The Work first (wait() returns), then the Future (its callbacks run here).
@@ -36,6 +40,7 @@ class ProcessGroupGradlink::Work final : public ::c10d::Work {
  private:
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<at::ivalue::Future> future_;
+  std::atomic<int> source_{-1};
 };
 
 }  // namespace gradlink::c10d

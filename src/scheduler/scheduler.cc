@@ -83,6 +83,7 @@ Status SchedulerImpl::Handle(Connection& c, const Frame& f) {
     case MsgType::kAssignAck: return OnAssignAck(c, f);
     case MsgType::kBarrier: return OnBarrier(c, f);
     case MsgType::kJoin: return OnJoin(c, f);
+    case MsgType::kPeerLookup: return OnPeerLookup(c, f);
     case MsgType::kJoinRelease: return OnJoinReleaseAck(c);
     case MsgType::kGoodbye: return OnGoodbye(c);
     case MsgType::kHeartbeat: return started_ ? Status::Ok() : ProtocolError("early kHeartbeat");
@@ -334,6 +335,29 @@ void SchedulerImpl::ReleaseBarriers() {
     it = barriers_.erase(it);
     SendToWorkers(h, nullptr);
   }
+}
+
+Status SchedulerImpl::OnPeerLookup(Connection& c, const Frame& f) {
+  if (c.role != Role::kWorker || !started_) return ProtocolError("unexpected kPeerLookup");
+  wire::Header h = MakeHeader(MsgType::kPeerAddress);
+  h.count = f.header.count;
+  auto it = f.header.count < opts_.num_workers ? workers_.find(static_cast<uint32_t>(f.header.count))
+                                               : workers_.end();
+  if (it == workers_.end() || it->second == nullptr) {
+    // Out of range, or a worker that has left: the asker fails its sends to it.
+    h.code = static_cast<uint8_t>(Code::kInvalidArgument);
+    const std::string why = f.header.count < opts_.num_workers
+                                ? "worker " + std::to_string(f.header.count) + " has left the job"
+                                : "no worker " + std::to_string(f.header.count) + " in a job of " +
+                                      std::to_string(opts_.num_workers);
+    const std::vector<std::byte> text = wire::EncodeText(why);
+    Send(c, h, text);
+    return Status::Ok();
+  }
+  // Where its point-to-point frames go: the worker's reply lane (kept from its kRegister; the
+  // workers' address book leaves it out).
+  Send(c, h, it->second->reg.pull_address);
+  return Status::Ok();
 }
 
 Status SchedulerImpl::OnJoin(Connection& c, const Frame& f) {

@@ -219,6 +219,8 @@ class SchedulerImpl final : public Scheduler {
   std::vector<uint64_t> HeldBy(const Declaration& decl,
                                const std::vector<wire::PartitionPlan>& plan) const;
   Status OnBarrier(Connection& c, const transport::Frame& f);
+  // kPeerLookup: the reply lane of worker `count`, for a point-to-point sender or receiver.
+  Status OnPeerLookup(Connection& c, const transport::Frame& f);
   // Join (Worker::Join): a rank that ran out of data is absent from every later round, and
   // counts as declared and arrived, until every rank has joined; then the servers forget it
   // (each acks), and every worker learns where the keys' rounds stand (kJoinRelease).

@@ -38,7 +38,7 @@ enum Offset : size_t {
 };
 
 bool IsKnownType(uint8_t t) {
-  return (t >= 1 && t <= 23) || (t >= 32 && t <= 36);
+  return (t >= 1 && t <= 25) || (t >= 32 && t <= 40);
 }
 
 }  // namespace
@@ -54,6 +54,20 @@ uint64_t DecodeServerTime(uint16_t code) { return uint64_t{code & 0xFFFu} << (co
 
 bool IsControlType(MsgType t) { return static_cast<uint8_t>(t) < 32; }
 bool IsDataType(MsgType t) { return static_cast<uint8_t>(t) >= 32; }
+bool IsPeerType(MsgType t) { return t >= MsgType::kPeerData && t <= MsgType::kPeerAck; }
+
+namespace {
+// Bytes 30-31 of `h`'s frame: what its type keeps there.
+uint16_t TypeWord(const Header& h) {
+  switch (h.type) {
+    case MsgType::kPullResponse: return h.server_time;
+    case MsgType::kPush: return h.ranks;
+    case MsgType::kPeerData:
+    case MsgType::kPeerReady: return h.element;
+    default: return 0;
+  }
+}
+}  // namespace
 
 HeaderBytes EncodeHeader(const Header& h) {
   HeaderBytes b{};
@@ -68,9 +82,7 @@ HeaderBytes EncodeHeader(const Header& h) {
   Put<uint32_t>(p + kOffPartition, h.partition);
   Put<uint8_t>(p + kOffDtype, h.dtype);
   Put<uint8_t>(p + kOffCode, h.code);
-  Put<uint16_t>(p + kOffTypeWord, h.type == MsgType::kPullResponse ? h.server_time
-                                  : h.type == MsgType::kPush       ? h.ranks
-                                                                   : uint16_t{0});
+  Put<uint16_t>(p + kOffTypeWord, TypeWord(h));
   Put<uint64_t>(p + kOffRound, h.round);
   Put<uint64_t>(p + kOffCount, h.count);
   Put<uint64_t>(p + kOffPayload, h.payload_bytes);
@@ -90,6 +102,37 @@ Status CheckDataShape(DataType dtype, uint64_t count, uint64_t payload_bytes) {
   return Status::Ok();
 }
 
+namespace {
+// A point-to-point frame's fields: no dtype (its bytes are the caller's), a message of at most
+// kMaxDataPayload bytes, sent whole by kPeerData (payload == count) or announced by kPeerReady.
+Result<Header> CheckPeerFrame(const Header& h) {
+  const auto bad = [&](const std::string& what) {
+    return ProtocolError("peer frame of type " + std::to_string(static_cast<int>(h.type)) + ": " +
+                         what);
+  };
+  if (h.dtype != 0) return bad("dtype byte " + std::to_string(h.dtype) + " (must be 0)");
+  if (h.count > kMaxDataPayload) return bad("a message of " + std::to_string(h.count) + " bytes");
+  switch (h.type) {
+    case MsgType::kPeerData:
+      if (h.payload_bytes != h.count) {
+        return bad("payload of " + std::to_string(h.payload_bytes) + " bytes for a message of " +
+                   std::to_string(h.count));
+      }
+      break;
+    case MsgType::kPeerReady:
+    case MsgType::kPeerClear:
+      if (h.payload_bytes != 0) return bad("a payload");
+      break;
+    default:  // kPeerAck: a reason
+      if (h.payload_bytes > kMaxControlPayload) return bad("reason too long");
+  }
+  if ((h.flags & ~kFlagCleared) != 0 || (h.flags != 0 && h.type != MsgType::kPeerData)) {
+    return bad("flags " + std::to_string(h.flags));
+  }
+  return h;
+}
+}  // namespace
+
 Result<Header> DecodeHeader(std::span<const std::byte> bytes) {
   if (bytes.size() < kHeaderSize) {
     return ProtocolError("frame header truncated: " + std::to_string(bytes.size()) + " of " +
@@ -108,9 +151,12 @@ Result<Header> DecodeHeader(std::span<const std::byte> bytes) {
   const uint16_t type_word = Get<uint16_t>(p + kOffTypeWord);
   const bool pull = type == static_cast<uint8_t>(MsgType::kPullResponse);
   const bool push = type == static_cast<uint8_t>(MsgType::kPush);
-  if (type_word != 0 && !pull && !push) {
+  const bool peer_message = type == static_cast<uint8_t>(MsgType::kPeerData) ||
+                            type == static_cast<uint8_t>(MsgType::kPeerReady);
+  if (type_word != 0 && !pull && !push && !peer_message) {
     return ProtocolError("bytes 30-31 hold " + std::to_string(type_word) + " on a frame of type " +
-                         std::to_string(type) + " (only a pull response or a push uses them)");
+                         std::to_string(type) +
+                         " (only a pull response, a push or a peer message uses them)");
   }
 
   Header h;
@@ -128,6 +174,7 @@ Result<Header> DecodeHeader(std::span<const std::byte> bytes) {
   h.cookie = Get<uint64_t>(p + kOffCookie);
   h.server_time = pull ? type_word : 0;
   h.ranks = push ? type_word : 0;
+  h.element = peer_message ? type_word : 0;
 
   if ((h.flags & ~kKnownFlags) != 0) return ProtocolError("unknown flags " + std::to_string(h.flags));
   if (h.code > kMaxCode) return ProtocolError("status code out of range: " + std::to_string(h.code));
@@ -148,6 +195,7 @@ Result<Header> DecodeHeader(std::span<const std::byte> bytes) {
     if (h.payload_bytes > kMaxLaneHelloPayload) return ProtocolError("lane hello too long");
     return h;
   }
+  if (IsPeerType(h.type)) return CheckPeerFrame(h);
   if (h.payload_bytes > kMaxDataPayload) {
     return ProtocolError("data payload of " + std::to_string(h.payload_bytes) +
                          " bytes exceeds " + std::to_string(kMaxDataPayload));

@@ -70,6 +70,11 @@ enum class MsgType : uint8_t {
   // declaration's (it runs no op of it again); once every worker that declared it is, scheduler
   // -> the servers that sum it: forget it (its partitions and their buffers).
   kRetire = 23,
+  // Point-to-point (worker/peer_link.h): worker -> scheduler, the reply lane of worker `count`
+  // please; scheduler -> worker, that address as the payload (or `code` and a reason when
+  // there is no such worker).
+  kPeerLookup = 24,
+  kPeerAddress = 25,
   // Data plane (transport lanes).
   kPush = 32,          // worker -> server: one partition of one round (+ pull request)
   kPullResponse = 33,  // server -> worker: the round's result for that partition
@@ -80,6 +85,16 @@ enum class MsgType : uint8_t {
   // round it received; else `round` is the round it pushes next. kFlagInputFollows: its push
   // of that round follows.
   kRecover = 36,
+  // Point-to-point between workers (worker/peer_link.h), on the lanes the workers already
+  // have: sent from the push lane to the peer's reply lane. `key` is the channel (a process
+  // group), `partition` the tag, `round` the message's number in its (sender, channel, tag)
+  // stream, `cookie` the sender's send, `count` the message's bytes, bytes 30-31 the caller's
+  // element type (`element`).
+  kPeerData = 37,   // the message (kFlagCleared: answering a kPeerClear; else sent eagerly)
+  kPeerReady = 38,  // a message too big to send eagerly is ready: its size, no payload
+  kPeerClear = 39,  // receiver -> sender: a recv matched your kPeerReady, send the data
+  kPeerAck = 40,    // receiver -> sender: a recv matched your eager kPeerData (`code` 0), or
+                    // refused your message (`code`, and the reason as the payload)
 };
 
 // A duration in microseconds in 16 bits: a 12-bit mantissa and a 4-bit exponent (m << e), so
@@ -89,6 +104,8 @@ uint64_t DecodeServerTime(uint16_t code);
 
 bool IsControlType(MsgType t);
 bool IsDataType(MsgType t);
+// kPeerData, kPeerReady, kPeerClear, kPeerAck.
+bool IsPeerType(MsgType t);
 
 // Flag bits.
 inline constexpr uint16_t kFlagAverage = 1u << 0;  // kPush: divide the sum by the worker count
@@ -101,8 +118,10 @@ inline constexpr uint16_t kFlagReplan = 1u << 2;
 // kRecover: the payload is the result of `round` / the worker's push of that round follows.
 inline constexpr uint16_t kFlagHasResult = 1u << 3;
 inline constexpr uint16_t kFlagInputFollows = 1u << 4;
-inline constexpr uint16_t kKnownFlags =
-    kFlagAverage | kFlagHostDisagrees | kFlagReplan | kFlagHasResult | kFlagInputFollows;
+// kPeerData: the data of a message whose kPeerReady a receiver cleared.
+inline constexpr uint16_t kFlagCleared = 1u << 5;
+inline constexpr uint16_t kKnownFlags = kFlagAverage | kFlagHostDisagrees | kFlagReplan |
+                                        kFlagHasResult | kFlagInputFollows | kFlagCleared;
 
 struct Header {
   MsgType type{};
@@ -120,6 +139,9 @@ struct Header {
   // round out (they had joined: Worker::Join); 0: all of them. Same bytes as `server_time`; 0
   // on every other frame.
   uint16_t ranks = 0;
+  // kPeerData / kPeerReady: the element type the sender's caller gave (compared with the
+  // receiver's, opaque to gradlink). Same bytes; 0 on every other frame.
+  uint16_t element = 0;
   uint64_t round = 0;       // round number on data frames
   uint64_t count = 0;       // elements in the payload (data frames)
   uint64_t payload_bytes = 0;

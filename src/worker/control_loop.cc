@@ -227,6 +227,12 @@ void WorkerImpl::FailJob(const Status& s) {
 }
 
 void WorkerImpl::FailAll(const Status& s, bool force) {
+  FailOps(s, force);
+  // Point-to-point after the ops, with the job's failure (the first one stands).
+  peer_.FailAll(verdict_.failure(), /*lanes_stopped=*/force);
+}
+
+void WorkerImpl::FailOps(const Status& s, bool force) {
   MutexLock lock(mu_);
   // Set under mu_: an op starting (StartOp) sees either the failure or every op ended here.
   const Status failure = verdict_.Fail(s);
@@ -271,6 +277,9 @@ ControlVerdict WorkerImpl::OnControl(const transport::Frame& f) {
     case MsgType::kServerLost:
       OnServerLost(static_cast<uint32_t>(f.header.count));
       break;
+    case MsgType::kPeerAddress:
+      peer_.OnAddress(f.header, f.payload);
+      break;
     case MsgType::kServerJoined:
       if (Status s = OnServerJoined(f); !s.ok()) {
         FailAll(s);
@@ -307,6 +316,7 @@ ControlVerdict WorkerImpl::OnControl(const transport::Frame& f) {
 Status WorkerImpl::OnTick() {
   if (std::optional<Status> lost = ExpiredPeerFailure()) return *lost;
   EndParkedOps();  // same-host ops whose verdict grace has passed
+  peer_.Tick(Clock::now());  // point-to-point operations past their deadline
   return Status::Ok();
 }
 
@@ -406,6 +416,7 @@ void WorkerImpl::OnRejoined(const Status& result, uint64_t generation) {
     h.round = barrier;
     membership_->SendOn(generation, h, {}, deadline).IgnoreError();
   }
+  peer_.LookUpAgain();  // point-to-point addresses asked of the scheduler that went away
 }
 
 Status WorkerImpl::OnJoinRelease(const transport::Frame& f) {

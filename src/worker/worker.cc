@@ -99,7 +99,13 @@ Status WorkerImpl::Init() {
   max_bytes_in_flight_ = opts_.max_bytes_in_flight.value_or(tuning_.max_bytes_in_flight);
   max_bytes_ahead_ = opts_.max_bytes_ahead.value_or(tuning_.max_bytes_ahead);
   hosts_ = topology::Of(welcome);
+  worker_hosts_.assign(size_, "");
+  for (const wire::Member& m : welcome.members) {
+    if (m.role == wire::Role::kWorker && m.id < size_) worker_hosts_[m.id] = m.host;
+  }
+  worker_hosts_known_.store(true, std::memory_order_release);
   membership_->Run(this);
+  peer_.Start(rank_, size_, &lanes_.push());
   // After the control thread: it keeps the heartbeats going (and hears a failed job) while
   // the workers wait for each other's segment.
   GL_RETURN_IF_ERROR(OpenLocalPath(welcome, deadline));
@@ -306,6 +312,31 @@ std::optional<uint64_t> WorkerImpl::RetireLocked(std::shared_ptr<TensorState> t)
   retired_tensors_.push_back(t);
   if (!t->declared || t->declare_pending) return std::nullopt;  // the scheduler never had it
   return t->key;
+}
+
+Status WorkerImpl::LookUpPeer(uint32_t rank) {
+  uint64_t gen;
+  {
+    MutexLock lock(rendezvous_.mu);
+    // Rejoining: asked again once the restarted scheduler has taken this worker back.
+    if (rendezvous_.reconnecting) return Unavailable("the scheduler is being replaced");
+    gen = membership_->generation();
+  }
+  wire::Header h;
+  h.type = MsgType::kPeerLookup;
+  h.job = job_hash_;
+  h.sender = rank_;
+  h.count = rank;
+  return membership_->SendOn(gen, h, {}, Clock::now() + std::chrono::seconds(10));
+}
+
+std::string WorkerImpl::PeerName(uint32_t rank) const {
+  std::string name = "worker " + std::to_string(rank);
+  if (worker_hosts_known_.load(std::memory_order_acquire) && rank < worker_hosts_.size() &&
+      !worker_hosts_[rank].empty()) {
+    name += " (" + worker_hosts_[rank] + ")";
+  }
+  return name;
 }
 
 void WorkerImpl::SendRetire(uint64_t key) {

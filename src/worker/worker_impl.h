@@ -69,6 +69,7 @@
 #include "worker/fusion_pool.h"
 #include "worker/local_reduce.h"
 #include "worker/job_verdict.h"
+#include "worker/peer_link.h"
 #include "worker/rendezvous.h"
 #include "worker/server_directory.h"
 #include "worker/state.h"
@@ -140,6 +141,16 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   Result<uint32_t> Join(Clock::time_point deadline) override;
 
   Status Shutdown(Clock::time_point deadline) override;
+
+  PeerHandle Send(uint32_t to, const PeerMessage& message, std::span<const std::byte> data,
+                  Clock::time_point deadline, PeerCallback done) override {
+    return peer_.Send(to, message, data, deadline, std::move(done));
+  }
+  PeerHandle Recv(std::optional<uint32_t> from, const PeerMessage& message,
+                  std::span<std::byte> data, Clock::time_point deadline,
+                  PeerCallback done) override {
+    return peer_.Recv(from, message, data, deadline, std::move(done));
+  }
 
   // Test hook: the state lock, to count its acquisitions (state_mutex.h).
   internal::StateMutex& state_mutex_for_testing() { return mu_; }
@@ -366,6 +377,17 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   // Sticky failure of this worker. With `force` (the lanes are stopped: no callback will come)
   // every op finishes now; otherwise each finishes when the transport lets go of its buffer.
   void FailAll(const Status& s, bool force = false) EXCLUDES(mu_);
+  // FailAll's part for the ops.
+  void FailOps(const Status& s, bool force) EXCLUDES(mu_);
+
+  // ---- Point-to-point (peer_link.h) ----------------------------------------------------------
+
+  // kPeerLookup of worker `rank`'s reply lane to the scheduler.
+  Status LookUpPeer(uint32_t rank);
+  // "worker 2 (host)".
+  std::string PeerName(uint32_t rank) const;
+  std::vector<std::string> worker_hosts_;  // by rank, from the welcome; then read-only
+  std::atomic<bool> worker_hosts_known_{false};  // set once worker_hosts_ is filled
 
   // ---- Pull lane -----------------------------------------------------------------------------
 
@@ -383,23 +405,33 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   class Receiver final : public transport::Receiver {
    public:
     explicit Receiver(WorkerImpl* w) : w_(w) {}
-    Result<std::span<std::byte>> OnHeader(const wire::Header& h) override { return w_->OnHeader(h); }
+    // Point-to-point frames (another worker's) go to the PeerLink, replies to the worker.
+    Result<std::span<std::byte>> OnHeader(const wire::Header& h) override {
+      return wire::IsPeerType(h.type) ? w_->peer_.OnHeader(h) : w_->OnHeader(h);
+    }
     void OnPayload(const wire::Header& h, std::span<std::byte>) override {
+      if (wire::IsPeerType(h.type)) return w_->peer_.OnPayload(h, true, Status::Ok());
       w_->OnPayload(h, true, Status::Ok());
     }
     void OnReceiveFailed(const wire::Header& h, const Status& s) override {
+      if (wire::IsPeerType(h.type)) return w_->peer_.OnPayload(h, false, s);
       w_->OnPayload(h, false, s);
     }
     Result<uint64_t> OnFrame(const wire::Header& h,
                              std::span<const std::byte> payload) override {
+      if (wire::IsPeerType(h.type)) return transport::Receiver::OnFrame(h, payload);
       return w_->OnFrame(h, payload);
     }
     void OnPeerFailed(transport::PeerId peer, const Status& s) override {
+      if (w_->peer_.OnPeerFailed(peer, s)) return;  // another worker's endpoint
       w_->OnDataPeerFailed(peer, s);
     }
     // A reply into the worker's copy of a result (never freed while a receive may write it:
     // Shutdown leaks them if the lane gave one up) lands there directly, with no bounce copy.
-    bool KeepsBuffer(const wire::Header&) override { return w_->reply_kept_; }
+    // A peer's message lands in its caller's buffer, which is not kept so.
+    bool KeepsBuffer(const wire::Header& h) override {
+      return !wire::IsPeerType(h.type) && w_->reply_kept_;
+    }
 
    private:
     WorkerImpl* w_;
@@ -504,6 +536,10 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   const uint32_t job_hash_;
   uint32_t rank_ = 0, size_ = 0, num_servers_ = 0;
   std::shared_ptr<transport::Fabric> fabric_;  // the one given (tests), until Init() opens lanes
+  // Point-to-point (peer_link.h): before the lanes, which call into it until they stop.
+  PeerLink peer_{PeerLink::Config{
+      job_hash_, [this](uint32_t rank) { return LookUpPeer(rank); },
+      [this](uint32_t rank) { return PeerName(rank); }}};
   MemberLanes lanes_;
   std::shared_ptr<LocalReduce> local_;  // the same-host path or the host's segment; null when off
   std::vector<ParkedOp> parked_ops_ GUARDED_BY(mu_);  // ops, with the op table

@@ -1,0 +1,702 @@
+// worker/peer_link.h: point-to-point messages between workers.
+#include "worker/peer_link.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "wire/messages.h"
+
+namespace gradlink {
+
+using wire::MsgType;
+
+// ---- Handles ----------------------------------------------------------------------------------
+
+Status PeerHandle::Wait(Clock::time_point deadline) const {
+  if (!op_) return InvalidArgument("wait on an empty PeerHandle");
+  MutexLock lock(op_->mu);
+  const bool done = op_->cv.WaitUntil(op_->mu, deadline, [&] {
+    op_->mu.AssertHeld();  // the wait runs it under `lock`
+    return op_->done;
+  });
+  if (!done) return Timeout("point-to-point operation still running at the deadline");
+  return op_->result.status;
+}
+
+bool PeerHandle::Poll() const {
+  if (!op_) return true;
+  MutexLock lock(op_->mu);
+  return op_->done;
+}
+
+uint32_t PeerHandle::source() const {
+  if (!op_) return 0;
+  MutexLock lock(op_->mu);
+  return op_->result.source;
+}
+
+void PeerLink::Complete(const OpPtr& op, const PeerResult& r) {
+  {
+    MutexLock lock(op->mu);
+    if (op->done) return;
+    op->done = true;
+    op->result = r;
+  }
+  op->cv.NotifyAll();
+  if (op->callback) op->callback(r);
+}
+
+// ---- Sending and receiving --------------------------------------------------------------------
+
+wire::Header PeerLink::Frame(MsgType type, uint64_t channel, uint32_t tag) const {
+  wire::Header h;
+  h.type = type;
+  h.job = config_.job_hash;
+  h.sender = rank_;
+  h.key = channel;
+  h.partition = tag;
+  return h;
+}
+
+namespace {
+
+std::string Bytes(uint64_t n, uint16_t element) {
+  return std::to_string(n) + " bytes (element type " + std::to_string(element) + ")";
+}
+
+}  // namespace
+
+PeerHandle PeerLink::Send(uint32_t to, const PeerMessage& m, std::span<const std::byte> data,
+                          Clock::time_point deadline, PeerCallback done) {
+  auto op = std::make_shared<internal::PeerOp>();
+  op->callback = std::move(done);
+  PeerHandle handle(op);
+  const std::string what = "send of " + std::to_string(data.size()) + " bytes to worker " +
+                           std::to_string(to) + " (tag " + std::to_string(m.tag) + ")";
+  Status refused;
+  Actions a;
+  {
+    MutexLock lock(mu_);
+    if (to >= size_) {
+      refused = InvalidArgument(what + ": no worker " + std::to_string(to) + " in a job of " +
+                                std::to_string(size_));
+    } else if (to == rank_) {
+      refused = InvalidArgument(what + ": that is this worker");
+    } else if (data.size() > wire::kMaxDataPayload) {
+      refused = InvalidArgument(what + ": larger than the " +
+                                std::to_string(wire::kMaxDataPayload) +
+                                " bytes a message may hold");
+    }
+    if (refused.ok() && !failed_.ok()) refused = failed_;
+    if (auto it = down_.find(to); refused.ok() && it != down_.end()) refused = it->second;
+    if (refused.ok()) {
+      const uint64_t id = next_id_++;
+      SendState& s = sends_[id];
+      s.to = to;
+      s.message = m;
+      s.seq = out_seq_[{to, m.channel, m.tag}]++;
+      s.data = data;
+      s.deadline = deadline;
+      s.op = op;
+      s.eager = data.size() <= kEagerBytes;
+      counts_.sends++;
+      Outgoing o;
+      o.to = to;
+      o.header = Frame(s.eager ? MsgType::kPeerData : MsgType::kPeerReady, m.channel, m.tag);
+      o.header.round = s.seq;
+      o.header.count = data.size();
+      o.header.element = m.element;
+      o.header.cookie = id;
+      o.send_id = id;
+      if (s.eager) {
+        o.header.payload_bytes = data.size();
+        o.payload = data;
+        s.data_in_lane = true;
+      }
+      SendLocked(std::move(o), &a);
+    }
+  }
+  if (!refused.ok()) a.completions.emplace_back(op, PeerResult{refused, 0});
+  Run(a);
+  return handle;
+}
+
+PeerHandle PeerLink::Recv(std::optional<uint32_t> from, const PeerMessage& m,
+                          std::span<std::byte> data, Clock::time_point deadline,
+                          PeerCallback done) {
+  auto op = std::make_shared<internal::PeerOp>();
+  op->callback = std::move(done);
+  PeerHandle handle(op);
+  Status refused;
+  Actions a;
+  {
+    MutexLock lock(mu_);
+    if (from && *from >= size_) {
+      refused = InvalidArgument("recv from worker " + std::to_string(*from) +
+                                ": no such worker in a job of " + std::to_string(size_));
+    } else if (from && *from == rank_) {
+      refused = InvalidArgument("recv from worker " + std::to_string(*from) +
+                                ": that is this worker");
+    }
+    if (refused.ok() && !failed_.ok()) refused = failed_;
+    if (from) {
+      if (auto it = down_.find(*from); refused.ok() && it != down_.end()) refused = it->second;
+    }
+    if (refused.ok()) {
+      const uint64_t id = next_id_++;
+      RecvState& r = recvs_[id];
+      r.from = from;
+      r.message = m;
+      r.data = data;
+      r.deadline = deadline;
+      r.op = op;
+      counts_.recvs++;
+      auto it = std::find_if(unmatched_.begin(), unmatched_.end(),
+                             [&](const Envelope& e) { return Matches(r, e); });
+      if (it != unmatched_.end()) {
+        Envelope e = std::move(*it);
+        unmatched_.erase(it);
+        if (e.eager && e.complete) counts_.unexpected_bytes -= e.bytes;
+        MeetLocked(id, std::move(e), &a);
+      } else {
+        posted_.push_back(id);
+      }
+    }
+  }
+  if (!refused.ok()) a.completions.emplace_back(op, PeerResult{refused, 0});
+  Run(a);
+  return handle;
+}
+
+bool PeerLink::Matches(const RecvState& r, const Envelope& e) {
+  return (!r.from || *r.from == e.from) && r.message.channel == e.channel &&
+         r.message.tag == e.tag;
+}
+
+std::string PeerLink::Describe(const RecvState& r) {
+  return "recv of " + Bytes(r.data.size(), r.message.element) + " from " +
+         (r.from ? "worker " + std::to_string(*r.from) : std::string("any worker")) + " (tag " +
+         std::to_string(r.message.tag) + ")";
+}
+
+void PeerLink::MeetLocked(uint64_t id, Envelope e, Actions* a) {
+  RecvState& r = recvs_.at(id);
+  r.source = e.from;
+  if (e.bytes != r.data.size() || e.element != r.message.element) {
+    const Status why = InvalidArgument(
+        Describe(r) + " met " + config_.name(e.from) + "'s message of " +
+        Bytes(e.bytes, e.element) + ": sizes and element types must agree (nothing received)");
+    AckLocked(e.from, e.send_id, r.message,
+              InvalidArgument("worker " + std::to_string(rank_) + "'s " + Describe(r) +
+                              " refused this message of " + Bytes(e.bytes, e.element) +
+                              ": sizes and element types must agree"),
+              a);
+    // An eager payload still arriving lands in its buffer and is dropped (incoming_, recv 0).
+    EndRecvLocked(id, why, a);
+    return;
+  }
+  r.matched = true;
+  if (!e.eager) {
+    expected_[{e.from, e.send_id}] = id;
+    Outgoing o;
+    o.to = e.from;
+    o.header = Frame(MsgType::kPeerClear, e.channel, e.tag);
+    o.header.round = e.seq;
+    o.header.cookie = e.send_id;
+    SendLocked(std::move(o), a);
+    return;
+  }
+  if (!e.complete) {  // its payload is still arriving into e.data: the recv waits for it
+    incoming_.at({e.from, e.send_id}).recv = id;
+    return;
+  }
+  if (!r.data.empty()) std::memcpy(r.data.data(), e.data->data(), r.data.size());
+  counts_.bytes_received += r.data.size();
+  AckLocked(e.from, e.send_id, r.message, Status::Ok(), a);
+  EndRecvLocked(id, Status::Ok(), a);
+}
+
+void PeerLink::DeliverLocked(Envelope e, Actions* a) {
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    if (!Matches(recvs_.at(*it), e)) continue;
+    const uint64_t id = *it;
+    posted_.erase(it);
+    MeetLocked(id, std::move(e), a);
+    return;
+  }
+  if (e.eager && e.complete) counts_.unexpected_bytes += e.bytes;
+  unmatched_.push_back(std::move(e));
+}
+
+void PeerLink::AckLocked(uint32_t to, uint64_t send_id, const PeerMessage& m, const Status& s,
+                         Actions* a) {
+  Outgoing o;
+  o.to = to;
+  o.header = Frame(MsgType::kPeerAck, m.channel, m.tag);
+  o.header.cookie = send_id;
+  o.header.code = static_cast<uint8_t>(s.code());
+  if (!s.ok()) {
+    o.owned = std::make_shared<std::vector<std::byte>>(wire::EncodeText(s.message()));
+    o.payload = *o.owned;
+    o.header.payload_bytes = o.owned->size();
+  }
+  SendLocked(std::move(o), a);
+}
+
+void PeerLink::SendLocked(Outgoing o, Actions* a) {
+  a->lane = lane_;
+  if (auto it = endpoints_.find(o.to); it != endpoints_.end()) {
+    a->frames.emplace_back(it->second, std::move(o));
+    return;
+  }
+  std::vector<Outgoing>& waiting = waiting_[o.to];
+  if (waiting.empty()) a->lookups.push_back(o.to);
+  waiting.push_back(std::move(o));
+}
+
+void PeerLink::Run(Actions& a) {
+  // Before Start() there is no scheduler to ask yet: Start() asks.
+  for (uint32_t rank : a.lookups) {
+    // Unanswered (the scheduler is being replaced): LookUpAgain asks once it is back.
+    if (a.lane != nullptr) config_.lookup(rank).IgnoreError();
+  }
+  for (auto& [peer, o] : a.frames) {
+    const uint64_t id = o.send_id;
+    const bool data = o.header.type == MsgType::kPeerData;
+    a.lane->Send(peer, o.header, o.payload,
+                       [this, id, data, owned = std::move(o.owned)](const Status& s) {
+                         if (id != 0) OnSent(id, data, s);
+                       });
+  }
+  for (auto& [op, result] : a.completions) Complete(op, result);
+}
+
+void PeerLink::OnSent(uint64_t id, bool data, const Status& s) {
+  Actions a;
+  {
+    MutexLock lock(mu_);
+    auto it = sends_.find(id);
+    if (it == sends_.end()) return;
+    SendState& st = it->second;
+    if (!data) {  // a kPeerReady: only its failure matters
+      if (!s.ok()) EndSendLocked(id, s, &a);
+    } else {
+      st.data_in_lane = false;
+      if (!st.failure.ok()) {
+        EndSendLocked(id, st.failure, &a);
+      } else if (!s.ok()) {
+        EndSendLocked(id, s, &a);
+      } else if (!st.eager || st.acked) {
+        counts_.bytes_sent += st.data.size();
+        EndSendLocked(id, Status::Ok(), &a);
+      }
+    }
+  }
+  Run(a);
+}
+
+void PeerLink::EndSendLocked(uint64_t id, Status s, Actions* a) {
+  auto it = sends_.find(id);
+  if (it == sends_.end()) return;
+  SendState& st = it->second;
+  if (st.data_in_lane) {  // the lane still reads its bytes: it ends when the lane lets go
+    if (st.failure.ok()) st.failure = s.ok() ? Internal("send ended twice") : std::move(s);
+    return;
+  }
+  a->completions.emplace_back(st.op, PeerResult{std::move(s), st.to});
+  sends_.erase(it);
+}
+
+void PeerLink::EndRecvLocked(uint64_t id, Status s, Actions* a) {
+  auto it = recvs_.find(id);
+  if (it == recvs_.end()) return;
+  RecvState& r = it->second;
+  if (r.landing) return;  // the lane still writes its buffer: OnPayload ends it
+  if (!r.matched) posted_.erase(std::remove(posted_.begin(), posted_.end(), id), posted_.end());
+  for (auto e = expected_.begin(); e != expected_.end();) {
+    e = e->second == id ? expected_.erase(e) : std::next(e);
+  }
+  for (auto& [key, in] : incoming_) {
+    if (in.recv == id) in.recv = 0;
+  }
+  a->completions.emplace_back(r.op, PeerResult{std::move(s), r.source});
+  recvs_.erase(it);
+}
+
+// ---- Frames from the reply lane ---------------------------------------------------------------
+
+Status PeerLink::CheckFrom(const wire::Header& h) const {
+  // Before Start() (a peer quicker than this worker's Init) the job's hash alone is checked.
+  if (h.job != config_.job_hash || (size_ != 0 && (h.sender >= size_ || h.sender == rank_))) {
+    return ProtocolError("peer frame from sender " + std::to_string(h.sender) + " of job " +
+                         std::to_string(h.job));
+  }
+  return Status::Ok();
+}
+
+Result<std::span<std::byte>> PeerLink::OnHeader(const wire::Header& h) {
+  Actions a;
+  Result<std::span<std::byte>> out = std::span<std::byte>();
+  {
+    MutexLock lock(mu_);
+    GL_RETURN_IF_ERROR(CheckFrom(h));
+    const std::pair<uint32_t, uint64_t> key{h.sender, h.cookie};
+    switch (h.type) {
+      case MsgType::kPeerAck:
+        reason_.resize(h.payload_bytes);
+        out = std::span<std::byte>(reason_);
+        break;
+      case MsgType::kPeerClear: {
+        auto it = sends_.find(h.cookie);
+        if (it == sends_.end() || it->second.eager || it->second.data_in_lane ||
+            it->second.to != h.sender) {
+          break;  // a send that timed out meanwhile: its receiver waits for its own deadline
+        }
+        SendState& st = it->second;
+        Outgoing o;
+        o.to = st.to;
+        o.header = Frame(MsgType::kPeerData, st.message.channel, st.message.tag);
+        o.header.flags = wire::kFlagCleared;
+        o.header.round = st.seq;
+        o.header.count = st.data.size();
+        o.header.payload_bytes = st.data.size();
+        o.header.element = st.message.element;
+        o.header.cookie = h.cookie;
+        o.payload = st.data;
+        o.send_id = h.cookie;
+        st.data_in_lane = true;
+        SendLocked(std::move(o), &a);
+        break;
+      }
+      case MsgType::kPeerData:
+        if ((h.flags & wire::kFlagCleared) != 0) {
+          auto it = expected_.find(key);
+          if (it == expected_.end()) {
+            out = Aborted("data of a message whose recv has ended");
+            break;
+          }
+          RecvState& r = recvs_.at(it->second);
+          if (h.count != r.data.size()) {
+            out = ProtocolError("cleared data of " + std::to_string(h.count) + " bytes for a " +
+                                Describe(r));
+            break;
+          }
+          r.landing = true;
+          out = r.data;
+          break;
+        }
+        [[fallthrough]];
+      case MsgType::kPeerReady: {
+        const bool eager = h.type == MsgType::kPeerData;
+        const StreamKey sk{h.sender, h.key, h.partition};
+        Stream& stream = streams_[sk];
+        if (h.round < stream.next || stream.early.count(h.round) != 0) {
+          out = ProtocolError("message " + std::to_string(h.round) + " of worker " +
+                              std::to_string(h.sender) + " (tag " + std::to_string(h.partition) +
+                              ") arrived twice");
+          break;
+        }
+        Envelope e;
+        e.from = h.sender;
+        e.channel = h.key;
+        e.tag = h.partition;
+        e.seq = h.round;
+        e.bytes = h.count;
+        e.element = h.element;
+        e.send_id = h.cookie;
+        e.eager = eager;
+        e.complete = !eager || h.count == 0;
+        // An eager payload that no recv takes yet lands in a buffer of its own.
+        const auto buffer = [&] {
+          if (!eager || e.bytes == 0) return;
+          e.data = std::make_shared<std::vector<std::byte>>(e.bytes);
+          incoming_[key] = Incoming{0, e.data};
+          out = std::span<std::byte>(*e.data);
+        };
+        if (h.round != stream.next) {  // ahead of its stream: waits for those before it
+          buffer();
+          stream.early.emplace(h.round, std::move(e));
+          break;
+        }
+        stream.next++;
+        auto it = posted_.end();
+        if (eager) {
+          it = std::find_if(posted_.begin(), posted_.end(),
+                            [&](uint64_t id) { return Matches(recvs_.at(id), e); });
+        }
+        if (it != posted_.end()) {
+          const uint64_t id = *it;
+          posted_.erase(it);
+          RecvState& r = recvs_.at(id);
+          if (e.bytes == r.data.size() && e.element == r.message.element) {
+            // Straight into the recv: no copy.
+            r.matched = r.landing = true;
+            r.source = e.from;
+            incoming_[key] = Incoming{id, nullptr};
+            out = r.data;
+          } else {
+            MeetLocked(id, std::move(e), &a);  // refuses both
+            out = Aborted("the message met a recv that refused it");
+          }
+        } else {
+          buffer();
+          DeliverLocked(std::move(e), &a);
+        }
+        // What arrived early and is next now follows, in order.
+        for (auto n = stream.early.find(stream.next); n != stream.early.end();
+             n = stream.early.find(stream.next)) {
+          Envelope next = std::move(n->second);
+          stream.early.erase(n);
+          stream.next++;
+          DeliverLocked(std::move(next), &a);
+        }
+        break;
+      }
+      default:
+        out = ProtocolError("not a peer frame");
+    }
+  }
+  Run(a);
+  return out;
+}
+
+void PeerLink::OnPayload(const wire::Header& h, bool ok, const Status& why) {
+  Actions a;
+  {
+    MutexLock lock(mu_);
+    const std::pair<uint32_t, uint64_t> key{h.sender, h.cookie};
+    if (h.type == MsgType::kPeerAck) {
+      auto it = sends_.find(h.cookie);
+      // An eager message's acknowledgement, or a refusal of any message.
+      if (it != sends_.end() && it->second.to == h.sender && (it->second.eager || h.code != 0)) {
+        SendState& st = it->second;
+        if (!ok) {
+          EndSendLocked(h.cookie, why, &a);
+        } else if (h.code != 0) {
+          Result<std::string> text = wire::DecodeText(reason_);
+          EndSendLocked(h.cookie,
+                        Status(static_cast<Code>(h.code), text.ok() ? *text : "(unreadable)"),
+                        &a);
+        } else {
+          st.acked = true;
+          if (!st.data_in_lane) {
+            counts_.bytes_sent += st.data.size();
+            EndSendLocked(h.cookie, Status::Ok(), &a);
+          }
+        }
+      }
+    } else if (h.type == MsgType::kPeerData && (h.flags & wire::kFlagCleared) != 0) {
+      if (auto it = expected_.find(key); it != expected_.end()) {
+        const uint64_t id = it->second;
+        expected_.erase(it);
+        RecvState& r = recvs_.at(id);
+        r.landing = false;
+        if (ok) counts_.bytes_received += r.data.size();
+        EndRecvLocked(id, ok ? Status::Ok() : why, &a);
+      }
+    } else if (h.type == MsgType::kPeerData) {
+      if (auto it = incoming_.find(key); it != incoming_.end()) {
+        Incoming in = std::move(it->second);
+        incoming_.erase(it);
+        if (in.buffer == nullptr) {  // landed in its recv
+          RecvState& r = recvs_.at(in.recv);
+          r.landing = false;
+          if (ok) {
+            counts_.bytes_received += r.data.size();
+            AckLocked(h.sender, h.cookie, r.message, Status::Ok(), &a);
+          }
+          EndRecvLocked(in.recv, ok ? Status::Ok() : why, &a);
+        } else if (in.recv != 0) {  // a recv met it while it arrived
+          RecvState& r = recvs_.at(in.recv);
+          if (ok) {
+            if (!r.data.empty()) std::memcpy(r.data.data(), in.buffer->data(), r.data.size());
+            counts_.bytes_received += r.data.size();
+            AckLocked(h.sender, h.cookie, r.message, Status::Ok(), &a);
+          }
+          EndRecvLocked(in.recv, ok ? Status::Ok() : why, &a);
+        } else {  // still waiting for its recv, queued or early
+          const auto mark = [&](Envelope& e) {
+            if (e.from != h.sender || e.send_id != h.cookie) return false;
+            e.complete = ok;
+            if (ok) counts_.unexpected_bytes += e.bytes;
+            return true;
+          };
+          bool found = false;
+          for (Envelope& e : unmatched_) found = found || mark(e);
+          if (!found) {
+            auto s = streams_.find({h.sender, h.key, h.partition});
+            if (s != streams_.end()) {
+              for (auto& [seq, e] : s->second.early) found = found || mark(e);
+            }
+          }
+          // A payload that failed to arrive leaves an incomplete message: a recv that meets it
+          // waits for its deadline, and the sender for its own (the lane reports the peer).
+        }
+      }
+    }
+  }
+  Run(a);
+}
+
+// ---- Control thread ---------------------------------------------------------------------------
+
+void PeerLink::Start(uint32_t rank, uint32_t size, transport::Lane* lane) {
+  {
+    MutexLock lock(mu_);
+    rank_ = rank;
+    size_ = size;
+    lane_ = lane;
+    for (auto& [to, frames] : waiting_) {
+      for (Outgoing& o : frames) o.header.sender = rank;  // made before the rank was known
+    }
+  }
+  LookUpAgain();
+}
+
+void PeerLink::OnAddress(const wire::Header& h, std::span<const std::byte> payload) {
+  transport::Lane* lane;
+  {
+    MutexLock lock(mu_);
+    if (h.count >= size_ || h.count == rank_) return;
+    lane = lane_;
+  }
+  const uint32_t rank = static_cast<uint32_t>(h.count);
+  Status failed;
+  std::optional<transport::PeerId> peer;
+  if (h.code != 0) {
+    Result<std::string> text = wire::DecodeText(payload);
+    failed = Status(static_cast<Code>(h.code),
+                    "the scheduler has no address for worker " + std::to_string(rank) + ": " +
+                        (text.ok() ? *text : std::string("(unreadable)")));
+  } else {
+    {
+      MutexLock lock(mu_);
+      if (endpoints_.count(rank) != 0) return;  // a second answer (asked again after a rejoin)
+    }
+    Result<transport::PeerId> p = lane->Connect(payload, config_.name(rank));
+    if (p.ok()) {
+      peer = *p;
+    } else {
+      failed = PeerLost("connecting to " + config_.name(rank) + ": " + p.status().ToString());
+    }
+  }
+  Actions a;
+  {
+    MutexLock lock(mu_);
+    a.lane = lane_;
+    if (peer) {
+      endpoints_[rank] = *peer;
+      ranks_[*peer] = rank;
+      for (Outgoing& o : waiting_[rank]) a.frames.emplace_back(*peer, std::move(o));
+      waiting_.erase(rank);
+    } else {
+      OnPeerDown(rank, failed, &a);
+    }
+  }
+  Run(a);
+}
+
+void PeerLink::LookUpAgain() {
+  std::vector<uint32_t> ranks;
+  {
+    MutexLock lock(mu_);
+    for (const auto& [rank, frames] : waiting_) {
+      if (!frames.empty()) ranks.push_back(rank);
+    }
+  }
+  for (uint32_t rank : ranks) config_.lookup(rank).IgnoreError();
+}
+
+bool PeerLink::OnPeerFailed(transport::PeerId peer, const Status& s) {
+  Actions a;
+  {
+    MutexLock lock(mu_);
+    auto it = ranks_.find(peer);
+    if (it == ranks_.end()) return false;
+    OnPeerDown(it->second, PeerLost(config_.name(it->second) + ": " + s.ToString()), &a);
+  }
+  Run(a);
+  return true;
+}
+
+void PeerLink::OnPeerDown(uint32_t rank, const Status& s, Actions* a) {
+  down_.emplace(rank, s);
+  waiting_.erase(rank);
+  std::vector<uint64_t> ids;
+  for (const auto& [id, st] : sends_) {
+    if (st.to == rank) ids.push_back(id);
+  }
+  for (uint64_t id : ids) EndSendLocked(id, s, a);
+  ids.clear();
+  for (const auto& [id, r] : recvs_) {
+    if ((r.from && *r.from == rank) || (r.matched && r.source == rank)) ids.push_back(id);
+  }
+  for (uint64_t id : ids) EndRecvLocked(id, s, a);
+}
+
+void PeerLink::Tick(Clock::time_point now) {
+  Actions a;
+  {
+    MutexLock lock(mu_);
+    if (sends_.empty() && recvs_.empty()) return;
+    std::vector<uint64_t> ids;
+    for (const auto& [id, st] : sends_) {
+      if (!st.data_in_lane && st.deadline <= now) ids.push_back(id);
+    }
+    for (uint64_t id : ids) {
+      const SendState& st = sends_.at(id);
+      EndSendLocked(id,
+                    Timeout("send of " + Bytes(st.data.size(), st.message.element) + " to " +
+                            config_.name(st.to) + " (tag " + std::to_string(st.message.tag) +
+                            "): " + (st.eager ? "no recv acknowledged it" : "no recv cleared it") +
+                            " by the deadline"),
+                    &a);
+    }
+    ids.clear();
+    for (const auto& [id, r] : recvs_) {
+      if (!r.landing && r.deadline <= now) ids.push_back(id);
+    }
+    for (uint64_t id : ids) {
+      const RecvState& r = recvs_.at(id);
+      EndRecvLocked(id,
+                    Timeout(Describe(r) + ": " +
+                            (r.matched ? "its data had not come (from " +
+                                             config_.name(r.source) + ")"
+                                       : std::string("no message came")) +
+                            " by the deadline"),
+                    &a);
+    }
+  }
+  Run(a);
+}
+
+void PeerLink::FailAll(const Status& s, bool lanes_stopped) {
+  Actions a;
+  {
+    MutexLock lock(mu_);
+    if (failed_.ok()) failed_ = s;
+    waiting_.clear();
+    std::vector<uint64_t> ids;
+    for (auto& [id, st] : sends_) {
+      if (lanes_stopped) st.data_in_lane = false;
+      ids.push_back(id);
+    }
+    for (uint64_t id : ids) EndSendLocked(id, failed_, &a);
+    ids.clear();
+    for (auto& [id, r] : recvs_) {
+      if (lanes_stopped) r.landing = false;
+      ids.push_back(id);
+    }
+    for (uint64_t id : ids) EndRecvLocked(id, failed_, &a);
+    if (lanes_stopped) incoming_.clear();
+  }
+  Run(a);
+}
+
+PeerLink::Counts PeerLink::counts() const {
+  MutexLock lock(mu_);
+  return counts_;
+}
+
+}  // namespace gradlink

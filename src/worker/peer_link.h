@@ -1,0 +1,234 @@
+// PeerLink: a worker's point-to-point messages to and from other workers (Worker::Send / Recv,
+// torch.distributed's send / recv), straight between the two, never through a server.
+//
+// Path: the lanes the worker already has. A message leaves on this worker's push lane for the
+// peer's reply lane (its pull lane), whose receiver hands peer frames here. The endpoint is
+// made on first use: the peer's reply-lane address comes from the scheduler (kPeerLookup /
+// kPeerAddress; the workers' own address book leaves other workers out, which keeps it small in
+// large jobs), and the connection proves membership with the job's lane hello like every data
+// connection. UCX carries it over shared memory between workers of one host and over TCP (or
+// RDMA) between hosts, so no same-host segment of its own is needed.
+//
+// Protocol (wire/frame.h, kPeer*): a message of at most kEagerBytes goes at once (kPeerData),
+// lands in the recv it meets, or in a buffer here until one is posted, and is acknowledged
+// (kPeerAck) once matched: the sender's Send completes then, so that a recv that disagrees on
+// size or element type fails the send too. A larger message is announced (kPeerReady); the recv
+// it meets clears it (kPeerClear) and its data (kPeerData with kFlagCleared) lands in the recv's
+// buffer, with no copy here; the Send completes when its bytes have left. Messages are numbered
+// per (sender, channel, tag) and matched in that order whatever order the lanes deliver them.
+//
+// Failures: a peer's failed endpoint fails the sends to it and the recvs from it, naming it; the
+// job's failure (FailAll) fails everything; a deadline fails what has not begun to move (Tick,
+// from the control thread). Bytes in the lane's hands are never abandoned while the lane runs:
+// their op ends when the lane lets go.
+//
+// Threads: Send / Recv on callers' threads; OnHeader / OnPayload on the reply lane's progress
+// thread; send completions on the push lane's; OnAddress, OnPeerFailed, Tick on the control
+// thread (OnPeerFailed on a lane's). Lock: `mu_`, a leaf of the worker's (nothing of the
+// worker's is taken under it, and it is never taken under the worker's state lock); frames are
+// handed to the lane and callbacks run after it is released.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
+#include "gradlink/status.h"
+#include "gradlink/worker.h"
+#include "transport/transport.h"
+#include "wire/frame.h"
+
+namespace gradlink {
+
+namespace internal {
+
+// One Send or Recv, shared with its handles.
+struct PeerOp {
+  Mutex mu;
+  CondVar cv;
+  bool done GUARDED_BY(mu) = false;
+  PeerResult result GUARDED_BY(mu);
+  PeerCallback callback;  // set before the op is shared, run once by Complete
+};
+
+}  // namespace internal
+
+class PeerLink {
+ public:
+  // Messages up to this size go at once; larger ones wait for their recv (kPeerReady).
+  static constexpr uint64_t kEagerBytes = 64 * 1024;
+
+  struct Config {
+    uint32_t job_hash = 0;
+    // Asks the scheduler for worker `rank`'s reply-lane address (kPeerLookup); its answer
+    // comes to OnAddress. Runs outside mu_.
+    std::function<Status(uint32_t rank)> lookup;
+    // "worker 2 (host)": how errors name a peer.
+    std::function<std::string(uint32_t rank)> name;
+  };
+
+  // Made before the worker's lanes open: a peer may send as soon as it has joined, before this
+  // worker's Init() has finished.
+  explicit PeerLink(Config config) : config_(std::move(config)) {}
+  PeerLink(const PeerLink&) = delete;
+  PeerLink& operator=(const PeerLink&) = delete;
+
+  // The worker joined as `rank` of `size`; frames leave on `lane` (its push lane). What arrived
+  // before is answered now.
+  void Start(uint32_t rank, uint32_t size, transport::Lane* lane) EXCLUDES(mu_);
+
+  PeerHandle Send(uint32_t to, const PeerMessage& m, std::span<const std::byte> data,
+                  Clock::time_point deadline, PeerCallback done) EXCLUDES(mu_);
+  PeerHandle Recv(std::optional<uint32_t> from, const PeerMessage& m, std::span<std::byte> data,
+                  Clock::time_point deadline, PeerCallback done) EXCLUDES(mu_);
+
+  // A peer frame on the reply lane (wire::IsPeerType), as transport::Receiver's calls.
+  Result<std::span<std::byte>> OnHeader(const wire::Header& h) EXCLUDES(mu_);
+  void OnPayload(const wire::Header& h, bool ok, const Status& why) EXCLUDES(mu_);
+
+  // kPeerAddress from the scheduler (control thread).
+  void OnAddress(const wire::Header& h, std::span<const std::byte> payload) EXCLUDES(mu_);
+  // The scheduler was replaced (a rejoin): asks again for the addresses still awaited.
+  void LookUpAgain() EXCLUDES(mu_);
+  // A push-lane endpoint failed: true when it was one of ours (a worker's), whose sends and
+  // recvs then fail.
+  bool OnPeerFailed(transport::PeerId peer, const Status& s) EXCLUDES(mu_);
+  // Fails what is past its deadline and not in the lane's hands (control thread, every tick).
+  void Tick(Clock::time_point now) EXCLUDES(mu_);
+  // The job failed (or the worker shuts down): everything fails with `s`. With `lanes_stopped`
+  // no lane callback will come, so what the lanes held ends now too; otherwise it ends when
+  // they let go.
+  void FailAll(const Status& s, bool lanes_stopped) EXCLUDES(mu_);
+
+  struct Counts {
+    uint64_t sends = 0, recvs = 0, bytes_sent = 0, bytes_received = 0, unexpected_bytes = 0;
+  };
+  Counts counts() const EXCLUDES(mu_);
+
+ private:
+  using OpPtr = std::shared_ptr<internal::PeerOp>;
+
+  struct SendState {
+    uint32_t to = 0;
+    PeerMessage message;
+    uint64_t seq = 0;
+    std::span<const std::byte> data;
+    Clock::time_point deadline;
+    OpPtr op;
+    bool eager = false;
+    bool data_in_lane = false;  // its payload is with the lane: ends when the lane lets go
+    bool acked = false;         // eager: the receiver matched it
+    Status failure;             // set when it failed while the lane held its payload
+  };
+  struct RecvState {
+    std::optional<uint32_t> from;
+    PeerMessage message;
+    std::span<std::byte> data;
+    Clock::time_point deadline;
+    OpPtr op;
+    bool matched = false;  // met a message: waits for its data, no deadline
+    bool landing = false;  // the lane is writing its data
+    uint32_t source = 0;
+  };
+  // A message that arrived before a recv for it.
+  struct Envelope {
+    uint32_t from = 0;
+    uint64_t channel = 0;
+    uint32_t tag = 0;
+    uint64_t seq = 0;
+    uint64_t bytes = 0;
+    uint16_t element = 0;
+    uint64_t send_id = 0;
+    bool eager = false;
+    bool complete = false;  // its payload is in `data` (a kPeerReady has none to wait for)
+    std::shared_ptr<std::vector<std::byte>> data;  // eager: where its payload lands
+  };
+  struct StreamKey {
+    uint32_t from;
+    uint64_t channel;
+    uint32_t tag;
+    bool operator<(const StreamKey& o) const {
+      return std::tie(from, channel, tag) < std::tie(o.from, o.channel, o.tag);
+    }
+  };
+  struct Stream {
+    uint64_t next = 0;                       // the next message number to deliver
+    std::map<uint64_t, Envelope> early;      // arrived ahead of `next`
+  };
+  struct Outgoing {
+    uint32_t to = 0;
+    wire::Header header;
+    std::span<const std::byte> payload;
+    std::shared_ptr<std::vector<std::byte>> owned;  // a reason's text
+    uint64_t send_id = 0;  // a send's own frame (kPeerData, kPeerReady): it hears how it went
+  };
+  // What a critical section leaves to do once mu_ is released.
+  struct Actions {
+    std::vector<std::pair<transport::PeerId, Outgoing>> frames;
+    std::vector<std::pair<OpPtr, PeerResult>> completions;
+    std::vector<uint32_t> lookups;
+    transport::Lane* lane = nullptr;  // lane_, for the frames
+  };
+  void Run(Actions& a) EXCLUDES(mu_);
+  static void Complete(const OpPtr& op, const PeerResult& r);
+
+  wire::Header Frame(wire::MsgType type, uint64_t channel, uint32_t tag) const REQUIRES(mu_);
+  // Hands `o` to the lane, or keeps it until `o.to`'s address is known.
+  void SendLocked(Outgoing o, Actions* a) REQUIRES(mu_);
+  void AckLocked(uint32_t to, uint64_t send_id, const PeerMessage& m, const Status& s,
+                 Actions* a) REQUIRES(mu_);
+  // A message of its stream's next number: to the first posted recv it matches, else queued.
+  void DeliverLocked(Envelope e, Actions* a) REQUIRES(mu_);
+  // Recv `id` meets `e` (which has left the queues): checks them against each other, then
+  // completes, clears or waits for the data.
+  void MeetLocked(uint64_t id, Envelope e, Actions* a) REQUIRES(mu_);
+  static bool Matches(const RecvState& r, const Envelope& e);
+  static std::string Describe(const RecvState& r);
+  void EndSendLocked(uint64_t id, Status s, Actions* a) REQUIRES(mu_);
+  void EndRecvLocked(uint64_t id, Status s, Actions* a) REQUIRES(mu_);
+  // A send's frame left (`data`: its kPeerData), or failed to.
+  void OnSent(uint64_t id, bool data, const Status& s) EXCLUDES(mu_);
+  // A frame of the reply lane's, in order (Header then Payload), for kPeerAck's reason.
+  std::vector<std::byte> reason_;  // the reply lane's progress thread only
+  void OnPeerDown(uint32_t rank, const Status& s, Actions* a) REQUIRES(mu_);
+  Status CheckFrom(const wire::Header& h) const REQUIRES(mu_);
+
+  const Config config_;
+  mutable Mutex mu_;
+  uint32_t rank_ GUARDED_BY(mu_) = 0;
+  uint32_t size_ GUARDED_BY(mu_) = 0;  // 0 until Start()
+  transport::Lane* lane_ GUARDED_BY(mu_) = nullptr;
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
+  std::unordered_map<uint64_t, SendState> sends_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, RecvState> recvs_ GUARDED_BY(mu_);
+  std::deque<uint64_t> posted_ GUARDED_BY(mu_);     // unmatched recvs, in post order
+  std::deque<Envelope> unmatched_ GUARDED_BY(mu_);  // unmatched messages, in arrival order
+  std::map<StreamKey, Stream> streams_ GUARDED_BY(mu_);
+  // Next number of each outgoing stream: (to, channel, tag).
+  std::map<StreamKey, uint64_t> out_seq_ GUARDED_BY(mu_);
+  // A matched recv whose data comes later, by (sender, its send id): a cleared kPeerReady's.
+  std::map<std::pair<uint32_t, uint64_t>, uint64_t> expected_ GUARDED_BY(mu_);
+  // An eager message whose payload the lane is writing, by (sender, send id).
+  struct Incoming {
+    uint64_t recv = 0;  // the recv it is for (0: none yet, or none any more)
+    std::shared_ptr<std::vector<std::byte>> buffer;  // null: it lands in the recv directly
+  };
+  std::map<std::pair<uint32_t, uint64_t>, Incoming> incoming_ GUARDED_BY(mu_);
+  std::unordered_map<uint32_t, transport::PeerId> endpoints_ GUARDED_BY(mu_);
+  std::unordered_map<transport::PeerId, uint32_t> ranks_ GUARDED_BY(mu_);
+  std::unordered_map<uint32_t, std::vector<Outgoing>> waiting_ GUARDED_BY(mu_);  // for address
+  std::unordered_map<uint32_t, Status> down_ GUARDED_BY(mu_);  // peers whose endpoint failed
+  Status failed_ GUARDED_BY(mu_);  // FailAll's
+  Counts counts_ GUARDED_BY(mu_);
+};
+
+}  // namespace gradlink
