@@ -75,6 +75,28 @@ def test_every_operation_against_gloo(backend, tmp_path, slots):
         assert rc == 0 and "C10D OPS OK rank %d" % r in out, explain(results)
 
 
+def test_point_to_point_against_gloo(backend, tmp_path):
+    """send / recv / isend / irecv / batch_isend_irecv, tags, any source, every dtype, new_group,
+    disagreeing sizes (jobs/c10d_p2p.py)."""
+    results = spawn("c10d_p2p.py", 3, tmp_path, timeout=120)
+    for r, (rc, out) in enumerate(results):
+        assert rc == 0 and "C10D P2P OK rank %d" % r in out, explain(results)
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_a_dead_or_hung_peer_fails_pending_point_to_point(backend, tmp_path, how):
+    """Rank 2 SIGKILLed or SIGSTOPped while rank 0 waits in a recv from it and rank 1 in a send
+    to it: both fail within seconds, naming worker 2."""
+    results = spawn("c10d_p2p_killed.py", 3, tmp_path, args=(how,), timeout=90)
+    for r in (0, 1):
+        rc, out = results[r]
+        line = [l for l in out.splitlines() if l.startswith("C10D P2P LOST rank %d" % r)]
+        assert rc == 0 and line, explain(results)
+        assert "worker 2" in line[0], line[0]
+        secs = float(line[0].split("after ")[1].split(" s")[0])
+        assert secs < 15.0, line[0]
+
+
 def test_ddp_zero_and_a_megatron_style_sync(backend, tmp_path):
     results = spawn("c10d_train.py", 2, tmp_path)
     for r, (rc, out) in enumerate(results):
