@@ -220,6 +220,10 @@ struct PeerMessage {
 struct PeerResult {
   Status status;
   uint32_t source = 0;
+  // A failed Recv whose bytes the transport was still writing when the worker stopped its
+  // lanes (a peer that hung mid-message): the transport may write them yet, so the caller must
+  // keep that buffer allocated until the process exits.
+  bool buffer_held = false;
 };
 // Called once per Send / Recv when it ends, on whichever gradlink thread ended it (a lane's
 // progress thread, the control thread) or on the caller's, before Send / Recv returns, when it

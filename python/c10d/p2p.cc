@@ -73,6 +73,9 @@ void ProcessGroupGradlink::StartPeerThread() {
   peer_queue_ = std::make_shared<PeerQueue>();
   peer_completion_ = std::thread([this, q = peer_queue_] {
     while (std::shared_ptr<PeerDone> d = q->Pop()) {
+      // The transport may write this recv's buffer yet (PeerResult::buffer_held): kept for the
+      // life of the process.
+      if (d->result.buffer_held) new at::Tensor(d->keepalive);
       std::exception_ptr error;
       if (!d->result.status.ok()) {
         error = std::make_exception_ptr(

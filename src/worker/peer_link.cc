@@ -684,14 +684,33 @@ void PeerLink::FailAll(const Status& s, bool lanes_stopped) {
     }
     for (uint64_t id : ids) EndSendLocked(id, failed_, &a);
     ids.clear();
+    std::vector<uint64_t> held;
     for (auto& [id, r] : recvs_) {
-      if (lanes_stopped) r.landing = false;
+      if (lanes_stopped && r.landing) {
+        r.landing = false;
+        held.push_back(id);  // the fabric may write it yet: its caller keeps it
+      }
       ids.push_back(id);
     }
+    const size_t first = a.completions.size();
     for (uint64_t id : ids) EndRecvLocked(id, failed_, &a);
-    if (lanes_stopped) incoming_.clear();
+    for (size_t i = first; i < a.completions.size(); ++i) {
+      const uint64_t id = ids[i - first];
+      a.completions[i].second.buffer_held =
+          std::find(held.begin(), held.end(), id) != held.end();
+    }
   }
   Run(a);
+}
+
+void PeerLink::KeepBuffersForever() {
+  MutexLock lock(mu_);
+  auto* kept = new std::vector<std::shared_ptr<std::vector<std::byte>>>();  // never freed
+  for (auto& [key, in] : incoming_) {
+    if (in.buffer) kept->push_back(std::move(in.buffer));
+  }
+  kept->push_back(std::make_shared<std::vector<std::byte>>(std::move(reason_)));
+  incoming_.clear();
 }
 
 PeerLink::Counts PeerLink::counts() const {

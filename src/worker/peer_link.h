@@ -109,6 +109,10 @@ class PeerLink {
   // they let go.
   void FailAll(const Status& s, bool lanes_stopped) EXCLUDES(mu_);
 
+  // After the lanes stopped: if they gave up receives they could not cancel, whatever buffer of
+  // this link's a message was arriving into is never freed (the fabric may write it yet).
+  void KeepBuffersForever() EXCLUDES(mu_);
+
   struct Counts {
     uint64_t sends = 0, recvs = 0, bytes_sent = 0, bytes_received = 0, unexpected_bytes = 0;
   };

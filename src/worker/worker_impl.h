@@ -428,9 +428,10 @@ class WorkerImpl final : public Worker, private MembershipHandler {
     }
     // A reply into the worker's copy of a result (never freed while a receive may write it:
     // Shutdown leaks them if the lane gave one up) lands there directly, with no bounce copy.
-    // A peer's message lands in its caller's buffer, which is not kept so.
+    // So does a peer's message: its recv reports a buffer the lane gave up on
+    // (PeerResult::buffer_held), and the PeerLink's own buffers are leaked then too.
     bool KeepsBuffer(const wire::Header& h) override {
-      return !wire::IsPeerType(h.type) && w_->reply_kept_;
+      return wire::IsPeerType(h.type) || w_->reply_kept_;
     }
 
    private:

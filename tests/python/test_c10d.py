@@ -202,3 +202,13 @@ def test_fsdp_on_cpu_equals_single_process_training_and_gloo(backend, tmp_path):
     for r, (rc, out) in enumerate(results):
         assert rc == 0 and "C10D FSDP OK rank %d" % r in out, explain(results)
     print(results[0][1])
+
+
+def test_a_pipeline_parallel_job_equals_one_process(backend, tmp_path):
+    """examples/pipeline_parallel.py: 2 pipeline stages (isend / irecv / batch_isend_irecv
+    between them, GPipe microbatches) x 2 data-parallel replicas (all_reduce on each stage's
+    new_group); its parameters equal one-process training on the global batch (1e-5 relative)."""
+    results = spawn("c10d_pipeline.py", 4, tmp_path, args=("--check",), timeout=120)
+    for r, (rc, out) in enumerate(results):
+        assert rc == 0 and "PIPELINE OK rank %d" % r in out, explain(results)
+    print(results[0][1])
