@@ -120,6 +120,10 @@ Result<Header> CheckPeerFrame(const Header& h) {
       }
       break;
     case MsgType::kPeerReady:
+      if (h.payload_bytes != 0 && h.payload_bytes != kPeerLocalBytes) {
+        return bad("a payload of " + std::to_string(h.payload_bytes) + " bytes");
+      }
+      break;
     case MsgType::kPeerClear:
       if (h.payload_bytes != 0) return bad("a payload");
       break;

@@ -23,6 +23,8 @@ inline constexpr size_t kHeaderSize = 64;
 inline constexpr uint64_t kMaxControlPayload = 1u << 20;        // 1 MiB
 inline constexpr uint64_t kMaxDataPayload = uint64_t{1} << 30;  // 1 GiB per partition
 inline constexpr uint64_t kMaxLaneHelloPayload = 64;
+// A kPeerReady's payload when the receiver may read the message from the sender's memory.
+inline constexpr uint64_t kPeerLocalBytes = 32;
 
 // Sender id used by the scheduler.
 inline constexpr uint32_t kSchedulerId = 0xFFFFFFFFu;
@@ -91,7 +93,8 @@ enum class MsgType : uint8_t {
   // stream, `cookie` the sender's send, `count` the message's bytes, bytes 30-31 the caller's
   // element type (`element`).
   kPeerData = 37,   // the message (kFlagCleared: answering a kPeerClear; else sent eagerly)
-  kPeerReady = 38,  // a message too big to send eagerly is ready: its size, no payload
+  kPeerReady = 38,  // a message too big to send eagerly is ready: its size; from a worker on
+                    // the receiver's host, where to read it (kPeerLocalBytes, peer_link.h)
   kPeerClear = 39,  // receiver -> sender: a recv matched your kPeerReady, send the data
   kPeerAck = 40,    // receiver -> sender: a recv matched your eager kPeerData (`code` 0), or
                     // refused your message (`code`, and the reason as the payload)

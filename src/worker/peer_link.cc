@@ -1,8 +1,12 @@
 // worker/peer_link.h: point-to-point messages between workers.
 #include "worker/peer_link.h"
 
+#include <sys/uio.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include "wire/messages.h"
@@ -10,6 +14,32 @@
 namespace gradlink {
 
 using wire::MsgType;
+
+namespace {
+
+uint64_t RandomSalt() {
+  std::random_device entropy;
+  return uint64_t{entropy()} << 32 | entropy();
+}
+
+// splitmix64: the nonce of send `id` (distinct per send, unpredictable across processes).
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+void PutU64(std::byte* p, uint64_t v) { std::memcpy(p, &v, 8); }
+uint64_t GetU64(const std::byte* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+}  // namespace
+
+PeerLink::PeerLink(Config config) : config_(std::move(config)), nonce_salt_(RandomSalt()) {}
 
 // ---- Handles ----------------------------------------------------------------------------------
 
@@ -113,6 +143,21 @@ PeerHandle PeerLink::Send(uint32_t to, const PeerMessage& m, std::span<const std
         o.header.payload_bytes = data.size();
         o.payload = data;
         s.data_in_lane = true;
+      } else if (config_.same_host && config_.same_host(to)) {
+        // Announced with where it lies: the receiver reads it from here (the top of the file).
+        if (free_cells_.empty()) free_cells_.push_back(&cells_.emplace_back(0));
+        s.cell = free_cells_.back();
+        free_cells_.pop_back();
+        const uint64_t nonce = Mix(nonce_salt_ ^ id) | 1;  // never 0, a free cell's value
+        s.cell->store(nonce, std::memory_order_release);
+        o.owned = std::make_shared<std::vector<std::byte>>(wire::kPeerLocalBytes);
+        std::byte* p = o.owned->data();
+        PutU64(p, static_cast<uint64_t>(getpid()));
+        PutU64(p + 8, reinterpret_cast<uintptr_t>(s.cell));
+        PutU64(p + 16, nonce);
+        PutU64(p + 24, reinterpret_cast<uintptr_t>(data.data()));
+        o.payload = *o.owned;
+        o.header.payload_bytes = o.owned->size();
       }
       SendLocked(std::move(o), &a);
     }
@@ -197,6 +242,11 @@ void PeerLink::MeetLocked(uint64_t id, Envelope e, Actions* a) {
     return;
   }
   r.matched = true;
+  if (!e.eager && e.local && !r.data.empty()) {  // read from the sender's memory (Run)
+    r.landing = true;
+    a->reads.push_back({id, e.from, e.send_id, *e.local, r.data, r.message});
+    return;
+  }
   if (!e.eager) {
     expected_[{e.from, e.send_id}] = id;
     Outgoing o;
@@ -269,7 +319,61 @@ void PeerLink::Run(Actions& a) {
                          if (id != 0) OnSent(id, data, s);
                        });
   }
+  if (!a.reads.empty()) {
+    std::vector<Actions::Read> reads = std::move(a.reads);
+    Actions after;
+    std::vector<bool> copied;
+    for (const Actions::Read& r : reads) copied.push_back(ReadFromPeer(r));
+    {
+      MutexLock lock(mu_);
+      for (size_t i = 0; i < reads.size(); ++i) EndReadLocked(reads[i], copied[i], &after);
+    }
+    Run(after);
+  }
   for (auto& [op, result] : a.completions) Complete(op, result);
+}
+
+bool PeerLink::ReadFromPeer(const Actions::Read& r) {
+  const pid_t pid = static_cast<pid_t>(r.source.pid);
+  const auto cell_holds_nonce = [&] {
+    uint64_t value = 0;
+    iovec local{&value, sizeof(value)};
+    iovec remote{reinterpret_cast<void*>(r.source.cell), sizeof(value)};
+    return process_vm_readv(pid, &local, 1, &remote, 1, 0) == sizeof(value) &&
+           value == r.source.nonce;
+  };
+  // Before: the right process and a live send. After: it was still live all through the copy
+  // (the sender clears the cell before its caller may touch the buffer again).
+  if (!cell_holds_nonce()) return false;
+  size_t done = 0;
+  while (done < r.into.size()) {
+    iovec local{r.into.data() + done, r.into.size() - done};
+    iovec remote{reinterpret_cast<void*>(r.source.address + done), r.into.size() - done};
+    const ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return cell_holds_nonce();
+}
+
+void PeerLink::EndReadLocked(const Actions::Read& r, bool copied, Actions* a) {
+  auto it = recvs_.find(r.recv);
+  if (it == recvs_.end()) return;  // failed meanwhile (the lanes stopped: buffer_held)
+  it->second.landing = false;
+  if (copied) {
+    counts_.bytes_received += r.into.size();
+    AckLocked(r.from, r.send_id, r.message, Status::Ok(), a);
+    EndRecvLocked(r.recv, Status::Ok(), a);
+    return;
+  }
+  // Not readable here (another pid namespace, no permission) or no longer that send's: over
+  // the lane after all.
+  expected_[{r.from, r.send_id}] = r.recv;
+  Outgoing o;
+  o.to = r.from;
+  o.header = Frame(MsgType::kPeerClear, r.message.channel, r.message.tag);
+  o.header.cookie = r.send_id;
+  SendLocked(std::move(o), a);
 }
 
 void PeerLink::OnSent(uint64_t id, bool data, const Status& s) {
@@ -303,6 +407,10 @@ void PeerLink::EndSendLocked(uint64_t id, Status s, Actions* a) {
   if (st.data_in_lane) {  // the lane still reads its bytes: it ends when the lane lets go
     if (st.failure.ok()) st.failure = s.ok() ? Internal("send ended twice") : std::move(s);
     return;
+  }
+  if (st.cell != nullptr) {  // from now on no read of it passes its check
+    st.cell->store(0, std::memory_order_release);
+    free_cells_.push_back(st.cell);
   }
   a->completions.emplace_back(st.op, PeerResult{std::move(s), st.to});
   sends_.erase(it);
@@ -386,73 +494,12 @@ Result<std::span<std::byte>> PeerLink::OnHeader(const wire::Header& h) {
           out = r.data;
           break;
         }
-        [[fallthrough]];
-      case MsgType::kPeerReady: {
-        const bool eager = h.type == MsgType::kPeerData;
-        const StreamKey sk{h.sender, h.key, h.partition};
-        Stream& stream = streams_[sk];
-        if (h.round < stream.next || stream.early.count(h.round) != 0) {
-          out = ProtocolError("message " + std::to_string(h.round) + " of worker " +
-                              std::to_string(h.sender) + " (tag " + std::to_string(h.partition) +
-                              ") arrived twice");
-          break;
-        }
-        Envelope e;
-        e.from = h.sender;
-        e.channel = h.key;
-        e.tag = h.partition;
-        e.seq = h.round;
-        e.bytes = h.count;
-        e.element = h.element;
-        e.send_id = h.cookie;
-        e.eager = eager;
-        e.complete = !eager || h.count == 0;
-        // An eager payload that no recv takes yet lands in a buffer of its own.
-        const auto buffer = [&] {
-          if (!eager || e.bytes == 0) return;
-          e.data = std::make_shared<std::vector<std::byte>>(e.bytes);
-          incoming_[key] = Incoming{0, e.data};
-          out = std::span<std::byte>(*e.data);
-        };
-        if (h.round != stream.next) {  // ahead of its stream: waits for those before it
-          buffer();
-          stream.early.emplace(h.round, std::move(e));
-          break;
-        }
-        stream.next++;
-        auto it = posted_.end();
-        if (eager) {
-          it = std::find_if(posted_.begin(), posted_.end(),
-                            [&](uint64_t id) { return Matches(recvs_.at(id), e); });
-        }
-        if (it != posted_.end()) {
-          const uint64_t id = *it;
-          posted_.erase(it);
-          RecvState& r = recvs_.at(id);
-          if (e.bytes == r.data.size() && e.element == r.message.element) {
-            // Straight into the recv: no copy.
-            r.matched = r.landing = true;
-            r.source = e.from;
-            incoming_[key] = Incoming{id, nullptr};
-            out = r.data;
-          } else {
-            MeetLocked(id, std::move(e), &a);  // refuses both
-            out = Aborted("the message met a recv that refused it");
-          }
-        } else {
-          buffer();
-          DeliverLocked(std::move(e), &a);
-        }
-        // What arrived early and is next now follows, in order.
-        for (auto n = stream.early.find(stream.next); n != stream.early.end();
-             n = stream.early.find(stream.next)) {
-          Envelope next = std::move(n->second);
-          stream.early.erase(n);
-          stream.next++;
-          DeliverLocked(std::move(next), &a);
-        }
+        out = ArriveLocked(EnvelopeOf(h), &a);
         break;
-      }
+      case MsgType::kPeerReady:  // its announcement, if any, comes with OnPayload
+        ready_.resize(h.payload_bytes);
+        out = std::span<std::byte>(ready_);
+        break;
       default:
         out = ProtocolError("not a peer frame");
     }
@@ -461,15 +508,96 @@ Result<std::span<std::byte>> PeerLink::OnHeader(const wire::Header& h) {
   return out;
 }
 
+PeerLink::Envelope PeerLink::EnvelopeOf(const wire::Header& h) {
+  Envelope e;
+  e.from = h.sender;
+  e.channel = h.key;
+  e.tag = h.partition;
+  e.seq = h.round;
+  e.bytes = h.count;
+  e.element = h.element;
+  e.send_id = h.cookie;
+  e.eager = h.type == MsgType::kPeerData;
+  e.complete = !e.eager || h.count == 0;
+  return e;
+}
+
+Result<std::span<std::byte>> PeerLink::ArriveLocked(Envelope e, Actions* a) {
+  Stream& stream = streams_[{e.from, e.channel, e.tag}];
+  if (e.seq < stream.next || stream.early.count(e.seq) != 0) {
+    return ProtocolError("message " + std::to_string(e.seq) + " of worker " +
+                         std::to_string(e.from) + " (tag " + std::to_string(e.tag) +
+                         ") arrived twice");
+  }
+  const std::pair<uint32_t, uint64_t> key{e.from, e.send_id};
+  std::span<std::byte> out;
+  // An eager payload that no recv takes yet lands in a buffer of its own.
+  const auto buffer = [&] {
+    if (!e.eager || e.bytes == 0) return;
+    e.data = std::make_shared<std::vector<std::byte>>(e.bytes);
+    incoming_[key] = Incoming{0, e.data};
+    out = std::span<std::byte>(*e.data);
+  };
+  if (e.seq != stream.next) {  // ahead of its stream: waits for those before it
+    buffer();
+    stream.early.emplace(e.seq, std::move(e));
+    return out;
+  }
+  stream.next++;
+  auto it = posted_.end();
+  if (e.eager) {
+    it = std::find_if(posted_.begin(), posted_.end(),
+                      [&](uint64_t id) { return Matches(recvs_.at(id), e); });
+  }
+  Status dropped;
+  if (it != posted_.end()) {
+    const uint64_t id = *it;
+    posted_.erase(it);
+    RecvState& r = recvs_.at(id);
+    if (e.bytes == r.data.size() && e.element == r.message.element) {
+      // Straight into the recv: no copy.
+      r.matched = r.landing = true;
+      r.source = e.from;
+      incoming_[key] = Incoming{id, nullptr};
+      out = r.data;
+    } else {
+      MeetLocked(id, std::move(e), a);  // refuses both
+      dropped = Aborted("the message met a recv that refused it");
+    }
+  } else {
+    buffer();
+    DeliverLocked(std::move(e), a);
+  }
+  // What arrived early and is next now follows, in order.
+  for (auto n = stream.early.find(stream.next); n != stream.early.end();
+       n = stream.early.find(stream.next)) {
+    Envelope next = std::move(n->second);
+    stream.early.erase(n);
+    stream.next++;
+    DeliverLocked(std::move(next), a);
+  }
+  if (!dropped.ok()) return dropped;
+  return out;
+}
+
 void PeerLink::OnPayload(const wire::Header& h, bool ok, const Status& why) {
   Actions a;
   {
     MutexLock lock(mu_);
     const std::pair<uint32_t, uint64_t> key{h.sender, h.cookie};
-    if (h.type == MsgType::kPeerAck) {
+    if (h.type == MsgType::kPeerReady) {
+      Envelope e = EnvelopeOf(h);
+      if (ok && ready_.size() == wire::kPeerLocalBytes) {
+        const std::byte* p = ready_.data();
+        e.local = LocalSource{GetU64(p), GetU64(p + 8), GetU64(p + 16), GetU64(p + 24)};
+      }
+      // (A failed announcement is a message lost with its connection: its peer is failing.)
+      if (ok) ArriveLocked(std::move(e), &a).status().IgnoreError();
+    } else if (h.type == MsgType::kPeerAck) {
       auto it = sends_.find(h.cookie);
-      // An eager message's acknowledgement, or a refusal of any message.
-      if (it != sends_.end() && it->second.to == h.sender && (it->second.eager || h.code != 0)) {
+      // An eager or directly read message's acknowledgement, or a refusal of any message.
+      if (it != sends_.end() && it->second.to == h.sender &&
+          (it->second.eager || it->second.cell != nullptr || h.code != 0)) {
         SendState& st = it->second;
         if (!ok) {
           EndSendLocked(h.cookie, why, &a);

@@ -17,6 +17,16 @@
 // buffer, with no copy here; the Send completes when its bytes have left. Messages are numbered
 // per (sender, channel, tag) and matched in that order whatever order the lanes deliver them.
 //
+// Same host: a sender on the receiver's host says in its kPeerReady where the message lies
+// (pid, address) and the receiver copies it once, straight from the sender's memory into its
+// recv's buffer (process_vm_readv, as MPI's CMA path does), then acknowledges it; the bytes
+// never cross a socket (over TCP on loopback they would be copied four times). The
+// announcement names a cell in the sender's memory holding a random number while the send
+// lives: read before and after the copy, it proves the copy came from that send's buffer while
+// it was still the caller's (a pid reused in another pid namespace, or a send that timed out
+// meanwhile, fails the check). Where the read is refused or fails the check, the receiver
+// clears the message instead and it comes over the lane.
+//
 // Failures: a peer's failed endpoint fails the sends to it and the recvs from it, naming it; the
 // job's failure (FailAll) fails everything; a deadline fails what has not begun to move (Tick,
 // from the control thread). Bytes in the lane's hands are never abandoned while the lane runs:
@@ -29,6 +39,7 @@
 // handed to the lane and callbacks run after it is released.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -74,11 +85,14 @@ class PeerLink {
     std::function<Status(uint32_t rank)> lookup;
     // "worker 2 (host)": how errors name a peer.
     std::function<std::string(uint32_t rank)> name;
+    // Whether worker `rank` is on this worker's host (the same host identity: machine and
+    // network namespace), where a large message may be read from its memory directly.
+    std::function<bool(uint32_t rank)> same_host;
   };
 
   // Made before the worker's lanes open: a peer may send as soon as it has joined, before this
   // worker's Init() has finished.
-  explicit PeerLink(Config config) : config_(std::move(config)) {}
+  explicit PeerLink(Config config);
   PeerLink(const PeerLink&) = delete;
   PeerLink& operator=(const PeerLink&) = delete;
 
@@ -132,6 +146,7 @@ class PeerLink {
     bool data_in_lane = false;  // its payload is with the lane: ends when the lane lets go
     bool acked = false;         // eager: the receiver matched it
     Status failure;             // set when it failed while the lane held its payload
+    std::atomic<uint64_t>* cell = nullptr;  // announced for a direct read: its proof (cells_)
   };
   struct RecvState {
     std::optional<uint32_t> from;
@@ -142,6 +157,13 @@ class PeerLink {
     bool matched = false;  // met a message: waits for its data, no deadline
     bool landing = false;  // the lane is writing its data
     uint32_t source = 0;
+  };
+  // Where a message on this host lies: the sender's announcement (kPeerLocalBytes).
+  struct LocalSource {
+    uint64_t pid = 0;
+    uint64_t cell = 0;   // the address of the send's cell
+    uint64_t nonce = 0;  // the cell's value while the send lives
+    uint64_t address = 0;
   };
   // A message that arrived before a recv for it.
   struct Envelope {
@@ -155,6 +177,7 @@ class PeerLink {
     bool eager = false;
     bool complete = false;  // its payload is in `data` (a kPeerReady has none to wait for)
     std::shared_ptr<std::vector<std::byte>> data;  // eager: where its payload lands
+    std::optional<LocalSource> local;               // readable from the sender's memory
   };
   struct StreamKey {
     uint32_t from;
@@ -181,7 +204,21 @@ class PeerLink {
     std::vector<std::pair<OpPtr, PeerResult>> completions;
     std::vector<uint32_t> lookups;
     transport::Lane* lane = nullptr;  // lane_, for the frames
+    // Recvs to fill from a sender's memory (a matched announcement with a LocalSource).
+    struct Read {
+      uint64_t recv = 0;
+      uint32_t from = 0;
+      uint64_t send_id = 0;
+      LocalSource source;
+      std::span<std::byte> into;
+      PeerMessage message;
+    };
+    std::vector<Read> reads;
   };
+  // Copies a Read's message out of the sender's memory; true when it proved to be that send's.
+  static bool ReadFromPeer(const Actions::Read& r);
+  // A Read is over: the recv completes, or (`copied` false) clears the message after all.
+  void EndReadLocked(const Actions::Read& r, bool copied, Actions* a) REQUIRES(mu_);
   void Run(Actions& a) EXCLUDES(mu_);
   static void Complete(const OpPtr& op, const PeerResult& r);
 
@@ -190,6 +227,11 @@ class PeerLink {
   void SendLocked(Outgoing o, Actions* a) REQUIRES(mu_);
   void AckLocked(uint32_t to, uint64_t send_id, const PeerMessage& m, const Status& s,
                  Actions* a) REQUIRES(mu_);
+  // A message's first frame (`payload_bytes`: its eager payload): its stream's next lands in the
+  // first posted recv it matches, or is queued for one; a later one waits for those before it.
+  // Where an eager payload lands (the recv's buffer, or one of the link's), else empty.
+  Result<std::span<std::byte>> ArriveLocked(Envelope e, Actions* a) REQUIRES(mu_);
+  static Envelope EnvelopeOf(const wire::Header& h);
   // A message of its stream's next number: to the first posted recv it matches, else queued.
   void DeliverLocked(Envelope e, Actions* a) REQUIRES(mu_);
   // Recv `id` meets `e` (which has left the queues): checks them against each other, then
@@ -203,6 +245,7 @@ class PeerLink {
   void OnSent(uint64_t id, bool data, const Status& s) EXCLUDES(mu_);
   // A frame of the reply lane's, in order (Header then Payload), for kPeerAck's reason.
   std::vector<std::byte> reason_;  // the reply lane's progress thread only
+  std::vector<std::byte> ready_;   // a kPeerReady's announcement: the same
   void OnPeerDown(uint32_t rank, const Status& s, Actions* a) REQUIRES(mu_);
   Status CheckFrom(const wire::Header& h) const REQUIRES(mu_);
 
@@ -232,6 +275,11 @@ class PeerLink {
   std::unordered_map<uint32_t, std::vector<Outgoing>> waiting_ GUARDED_BY(mu_);  // for address
   std::unordered_map<uint32_t, Status> down_ GUARDED_BY(mu_);  // peers whose endpoint failed
   Status failed_ GUARDED_BY(mu_);  // FailAll's
+  // Cells of sends announced for a direct read (their addresses are stable: a deque), and those
+  // free for the next one; a cell holds its send's nonce while the send lives, else 0.
+  std::deque<std::atomic<uint64_t>> cells_ GUARDED_BY(mu_);
+  std::vector<std::atomic<uint64_t>*> free_cells_ GUARDED_BY(mu_);
+  const uint64_t nonce_salt_;  // random, per link
   Counts counts_ GUARDED_BY(mu_);
 };
 

@@ -339,6 +339,12 @@ std::string WorkerImpl::PeerName(uint32_t rank) const {
   return name;
 }
 
+bool WorkerImpl::SameHostAs(uint32_t rank) const {
+  return worker_hosts_known_.load(std::memory_order_acquire) && rank < worker_hosts_.size() &&
+         rank_ < worker_hosts_.size() &&
+         MachineOf(worker_hosts_[rank]) == MachineOf(worker_hosts_[rank_]);
+}
+
 void WorkerImpl::SendRetire(uint64_t key) {
   uint64_t gen;
   {

@@ -386,6 +386,8 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   Status LookUpPeer(uint32_t rank);
   // "worker 2 (host)".
   std::string PeerName(uint32_t rank) const;
+  // Whether worker `rank` has this worker's host identity (machine and network namespace).
+  bool SameHostAs(uint32_t rank) const;
   std::vector<std::string> worker_hosts_;  // by rank, from the welcome; then read-only
   std::atomic<bool> worker_hosts_known_{false};  // set once worker_hosts_ is filled
 
@@ -540,7 +542,8 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   // Point-to-point (peer_link.h): before the lanes, which call into it until they stop.
   PeerLink peer_{PeerLink::Config{
       job_hash_, [this](uint32_t rank) { return LookUpPeer(rank); },
-      [this](uint32_t rank) { return PeerName(rank); }}};
+      [this](uint32_t rank) { return PeerName(rank); },
+      [this](uint32_t rank) { return SameHostAs(rank); }}};
   MemberLanes lanes_;
   std::shared_ptr<LocalReduce> local_;  // the same-host path or the host's segment; null when off
   std::vector<ParkedOp> parked_ops_ GUARDED_BY(mu_);  // ops, with the op table
