@@ -7,6 +7,7 @@
 // are translated to the job's (members_), and a recv's source back to the group's.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -28,7 +29,7 @@ using ::c10d::OpType;
 // One Send / Recv that ended, for the p2p thread to complete.
 struct ProcessGroupGradlink::PeerDone {
   c10::intrusive_ptr<Work> work;
-  PeerResult result;
+  std::exception_ptr error;  // how it ended
   at::Tensor staged;  // a recv into a staging copy: copied into `target` once it succeeds
   at::Tensor target;
   at::Tensor keepalive;  // the bytes the worker reads or writes
@@ -71,26 +72,37 @@ class ProcessGroupGradlink::PeerQueue {
 
 void ProcessGroupGradlink::StartPeerThread() {
   peer_queue_ = std::make_shared<PeerQueue>();
-  peer_completion_ = std::thread([this, q = peer_queue_] {
-    while (std::shared_ptr<PeerDone> d = q->Pop()) {
-      // The transport may write this recv's buffer yet (PeerResult::buffer_held): kept for the
-      // life of the process.
-      if (d->result.buffer_held) new at::Tensor(d->keepalive);
-      std::exception_ptr error;
-      if (!d->result.status.ok()) {
-        error = std::make_exception_ptr(
-            std::runtime_error("gradlink: " + d->what + ": " + d->result.status.ToString()));
-      } else {
-        try {
-          if (d->staged.defined()) d->target.copy_(d->staged);
-        } catch (...) {
-          error = std::current_exception();
-        }
-        if (d->recv) d->work->SetSource(Local(d->result.source));
-      }
-      d->work->Complete(error);
-    }
+  peer_completion_ = std::thread([q = peer_queue_] {
+    while (std::shared_ptr<PeerDone> d = q->Pop()) d->work->CompleteFuture(d->error);
   });
+}
+
+void ProcessGroupGradlink::PeerEnded(PeerDone& d, const PeerResult& r,
+                                     const std::vector<uint32_t>& members) {
+  // The transport may write this recv's buffer yet (PeerResult::buffer_held): kept for the life
+  // of the process.
+  if (r.buffer_held) new at::Tensor(d.keepalive);
+  if (!r.status.ok()) {
+    d.error = std::make_exception_ptr(
+        std::runtime_error("gradlink: " + d.what + ": " + r.status.ToString()));
+  } else {
+    try {
+      if (d.staged.defined()) d.target.copy_(d.staged);
+    } catch (...) {
+      d.error = std::current_exception();
+    }
+    if (d.recv) {
+      int source = static_cast<int>(r.source);
+      if (!members.empty()) {
+        auto it = std::find(members.begin(), members.end(), r.source);
+        source = it == members.end() ? -1 : static_cast<int>(it - members.begin());
+      }
+      d.work->SetSource(source);
+    }
+  }
+  // wait() returns now, on the thread that ended the operation (a lane's); the Future's
+  // callbacks (a Python hook's, say) run on the group's p2p thread.
+  d.work->Finish(d.error);
 }
 
 void ProcessGroupGradlink::StopPeerQueue() { peer_queue_->Stop(); }
@@ -101,14 +113,6 @@ uint32_t ProcessGroupGradlink::Global(int r) const {
          std::to_string(getSize()));
   }
   return members_.empty() ? static_cast<uint32_t>(r) : members_[static_cast<size_t>(r)];
-}
-
-int ProcessGroupGradlink::Local(uint32_t global) const {
-  if (members_.empty()) return static_cast<int>(global);
-  for (size_t i = 0; i < members_.size(); ++i) {
-    if (members_[i] == global) return static_cast<int>(i);
-  }
-  return -1;
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::PointToPoint(OpType type, at::Tensor& t,
@@ -146,8 +150,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::PointToPoint(OpType type,
   const at::Tensor& bytes = d->keepalive;
   std::span<std::byte> span(static_cast<std::byte*>(bytes.data_ptr()), bytes.nbytes());
   c10::intrusive_ptr<Work> work = d->work;
-  PeerCallback done = [q = peer_queue_, d](const PeerResult& r) {
-    d->result = r;
+  PeerCallback done = [q = peer_queue_, d, members = members_](const PeerResult& r) {
+    PeerEnded(*d, r, members);
     q->Push(d);
   };
   const Clock::time_point deadline = Deadline(std::chrono::milliseconds(-1));

@@ -160,16 +160,18 @@ class ProcessGroupGradlink final : public ProcessGroupBase {
                                              std::chrono::milliseconds op_timeout);
 #endif
 
-  // Point-to-point: a Send / Recv ended; its Work completes on the group's p2p thread.
+  // Point-to-point: a Send / Recv ended; its Work completes there, its Future on the group's
+  // p2p thread.
   struct PeerDone;
   class PeerQueue;
   c10::intrusive_ptr<::c10d::Work> PointToPoint(::c10d::OpType type, at::Tensor& tensor,
                                                 std::optional<int> peer, int tag);
   void StartPeerThread();
+  // A Send / Recv ended with `r`: the Work completes (the Future follows on the p2p thread).
+  static void PeerEnded(PeerDone& d, const PeerResult& r, const std::vector<uint32_t>& members);
   void StopPeerQueue();
-  // The worker's rank of the group's rank `r`, and back.
+  // The worker's rank of the group's rank `r`.
   uint32_t Global(int r) const;
-  int Local(uint32_t global) const;
 
   std::shared_ptr<Worker> worker_;
   const std::vector<uint32_t> members_;

@@ -29,7 +29,13 @@ class ProcessGroupGradlink::Work final : public ::c10d::Work {
 
   // The Work first (wait() returns), then the Future (its callbacks run here).
   void Complete(std::exception_ptr error) {
-    finish(error);
+    Finish(error);
+    CompleteFuture(error);
+  }
+  // The two halves, for a caller that may not run the Future's callbacks where it ends the
+  // Work (point-to-point ends on a lane's thread: p2p.cc).
+  void Finish(std::exception_ptr error) { finish(error); }
+  void CompleteFuture(std::exception_ptr error) {
     if (error) {
       future_->setError(error);
     } else {
