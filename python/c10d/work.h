@@ -19,6 +19,13 @@ class ProcessGroupGradlink::Work final : public ::c10d::Work {
         outputs_(std::move(outputs)),
         future_(c10::make_intrusive<at::ivalue::Future>(
             c10::ListType::create(c10::TensorType::get()))) {}
+  // One whose future's value is `value` rather than the outputs (allgather_coalesced's list of
+  // output lists, as Gloo's).
+  Work(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs, c10::IValue value)
+      : ::c10d::Work(rank, type),
+        outputs_(std::move(outputs)),
+        value_(std::move(value)),
+        future_(c10::make_intrusive<at::ivalue::Future>(value_.type())) {}
 
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<at::ivalue::Future> getFuture() override { return future_; }
@@ -29,12 +36,13 @@ class ProcessGroupGradlink::Work final : public ::c10d::Work {
     if (error) {
       future_->setError(error);
     } else {
-      future_->markCompleted(c10::IValue(outputs_));
+      future_->markCompleted(value_.isNone() ? c10::IValue(outputs_) : value_);
     }
   }
 
  private:
   std::vector<at::Tensor> outputs_;
+  c10::IValue value_;  // None: the outputs
   c10::intrusive_ptr<at::ivalue::Future> future_;
 };
 

@@ -75,6 +75,16 @@ def test_every_operation_against_gloo(backend, tmp_path, slots):
         assert rc == 0 and "C10D OPS OK rank %d" % r in out, explain(results)
 
 
+def test_all_gather_coalesced_sparse_all_reduce_and_ddp_with_a_sparse_embedding(backend,
+                                                                                tmp_path):
+    """Against Gloo in the same processes (jobs/c10d_sparse.py): all_gather_coalesced; a sparse
+    all_reduce with a different nnz on each rank, an empty rank and dense dimensions; DDP over
+    an nn.Embedding(sparse=True)."""
+    results = spawn("c10d_sparse.py", 3, tmp_path, timeout=120)
+    for r, (rc, out) in enumerate(results):
+        assert rc == 0 and "C10D SPARSE OK rank %d" % r in out, explain(results)
+
+
 def test_ddp_zero_and_a_megatron_style_sync(backend, tmp_path):
     results = spawn("c10d_train.py", 2, tmp_path)
     for r, (rc, out) in enumerate(results):
