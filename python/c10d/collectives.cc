@@ -3,8 +3,11 @@
 #include "process_group.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -22,6 +25,9 @@ using ::c10d::OpType;
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::allreduce(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse) {
+    return SparseAllreduce(tensors, opts);
+  }
   const at::Tensor& t = One(tensors, "allreduce");
   const OpOf op = Reduction(opts.reduceOp, "allreduce");
   Buffer b = ReduceBuffer(t, "allreduce");
@@ -222,6 +228,64 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::allgather(
   return Enqueue(OpType::ALLGATHER, std::move(p), outs);
 }
 
+// Each input as _allgather_base would gather it, into a staging tensor of every rank's, on a
+// key of its position; the parts are copied into the output lists once all have arrived.
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::AllgatherOptions& opts) {
+  const std::string what = "allgather_coalesced";
+  const size_t n = static_cast<size_t>(getSize());
+  if (outputs.size() != n) {
+    Fail(what + ": one output list per rank, " + std::to_string(n) + " (got " +
+         std::to_string(outputs.size()) + ")");
+  }
+  for (size_t r = 0; r < n; ++r) {
+    if (outputs[r].size() != inputs.size()) {
+      Fail(what + ": rank " + std::to_string(r) + "'s output list has " +
+           std::to_string(outputs[r].size()) + " tensors for " + std::to_string(inputs.size()) +
+           " inputs");
+    }
+  }
+  std::vector<at::Tensor> staging, flat_outputs;
+  std::vector<Flat> flats;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    CheckTensor(inputs[i], what);
+    for (size_t r = 0; r < n; ++r) {
+      const at::Tensor& o = outputs[r][i];
+      CheckTensor(o, what);
+      if (o.scalar_type() != inputs[i].scalar_type() || o.sizes() != inputs[i].sizes()) {
+        Fail(what + ": output " + std::to_string(i) + " of rank " + std::to_string(r) +
+             "'s list differs from input " + std::to_string(i) + " in dtype or shape");
+      }
+    }
+    at::Tensor all = at::empty({inputs[i].numel() * static_cast<int64_t>(n)}, inputs[i].options());
+    flats.push_back(Flat::Allgather(*this, all, inputs[i], what));
+    staging.push_back(all);
+  }
+  for (const std::vector<at::Tensor>& list : outputs) {
+    flat_outputs.insert(flat_outputs.end(), list.begin(), list.end());
+  }
+  auto copy_out = [staging, outputs] {
+    for (size_t i = 0; i < staging.size(); ++i) {
+      for (size_t r = 0; r < outputs.size(); ++r) {
+        const at::Tensor& o = outputs[r][i];
+        const int64_t c = o.numel();
+        o.copy_(staging[i].narrow(0, static_cast<int64_t>(r) * c, c).view(o.sizes()));
+      }
+    }
+  };
+  c10::intrusive_ptr<::c10d::Work> inner =
+      Coalesced(OpType::ALLGATHER_COALESCED, flat_outputs, flats, what, "allgather_coalesced.",
+                opts.timeout, copy_out);
+  // The future's value is Gloo's, a list per rank: a Work of its own, completed with that one.
+  auto w = c10::make_intrusive<Work>(getRank(), OpType::ALLGATHER_COALESCED, flat_outputs,
+                                     n > 1 ? c10::IValue(outputs) : c10::IValue(outputs[0]));
+  inner->getFuture()->addCallback([w](at::ivalue::Future& f) {
+    w->Complete(f.hasError() ? f.exception_ptr() : nullptr);
+  });
+  return w;
+}
+
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) {
   const Flat f = Flat::ReduceScatter(*this, output, input, opts.reduceOp, "_reduce_scatter_base");
@@ -234,10 +298,10 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::_reduce_scatter_base(
   return Enqueue(OpType::_REDUCE_SCATTER_BASE, std::move(p), {output});
 }
 
-#if TORCH_VERSION_MAJOR >= 2
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::Coalesced(
-    std::vector<at::Tensor>& outputs, const std::vector<Flat>& flats, const std::string& what,
-    std::chrono::milliseconds op_timeout) {
+    OpType type, std::vector<at::Tensor> outputs, const std::vector<Flat>& flats,
+    const std::string& what, const std::string& prefix, std::chrono::milliseconds op_timeout,
+    std::function<void()> then) {
   Pending p;
   p.deadline = Deadline(op_timeout);
   p.what = what + " of " + std::to_string(flats.size()) + " tensors";
@@ -245,7 +309,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::Coalesced(
   std::vector<TensorHandle> keys(flats.size());
   for (size_t i = 0; i < flats.size(); ++i) {
     if (flats[i].empty()) continue;
-    keys[i] = flats[i].Declare(*this, "coalesced." + std::to_string(i) + ".", what);
+    keys[i] = flats[i].Declare(*this, prefix + std::to_string(i) + ".", what);
   }
   std::vector<Buffer> backs;
   try {
@@ -263,11 +327,20 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::Coalesced(
     }
     throw;
   }
-  if (p.handles.empty()) return Done(OpType::COALESCED, outputs);
-  if (!backs.empty()) p.finish = [backs] { for (const Buffer& b : backs) b.WriteBack(); };
-  return Enqueue(OpType::COALESCED, std::move(p), outputs);
+  if (p.handles.empty()) {
+    if (then) then();
+    return Done(type, std::move(outputs));
+  }
+  if (!backs.empty() || then) {
+    p.finish = [backs, then] {
+      for (const Buffer& b : backs) b.WriteBack();
+      if (then) then();
+    };
+  }
+  return Enqueue(type, std::move(p), std::move(outputs));
 }
 
+#if TORCH_VERSION_MAJOR >= 2
 // `make`(outputs[i], inputs[i]) for each pair, once their counts agree: every pair checked
 // before any starts.
 template <typename Make>
@@ -286,20 +359,22 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::allgather_into_tensor_coa
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const ::c10d::AllgatherOptions& opts) {
   const std::string what = "allgather_into_tensor_coalesced";
-  return Coalesced(outputs, EachPair(outputs, inputs, what, [&](at::Tensor& out, at::Tensor& in) {
+  return Coalesced(OpType::COALESCED, outputs,
+                   EachPair(outputs, inputs, what, [&](at::Tensor& out, at::Tensor& in) {
                      return Flat::Allgather(*this, out, in, what);
                    }),
-                   what, opts.timeout);
+                   what, "coalesced.", opts.timeout);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const ::c10d::ReduceScatterOptions& opts) {
   const std::string what = "reduce_scatter_tensor_coalesced";
-  return Coalesced(outputs, EachPair(outputs, inputs, what, [&](at::Tensor& out, at::Tensor& in) {
+  return Coalesced(OpType::COALESCED, outputs,
+                   EachPair(outputs, inputs, what, [&](at::Tensor& out, at::Tensor& in) {
                      return Flat::ReduceScatter(*this, out, in, opts.reduceOp, what);
                    }),
-                   what, opts.timeout);
+                   what, "coalesced.", opts.timeout);
 }
 #endif
 
@@ -369,14 +444,16 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::reduce(
   return Enqueue(OpType::REDUCE, std::move(p), tensors);
 }
 
-std::vector<uint64_t> ProcessGroupGradlink::SplitMatrix(const std::vector<uint64_t>& mine,
-                                                        Clock::time_point deadline) {
+std::vector<uint64_t> ProcessGroupGradlink::GatherCounts(const std::vector<uint64_t>& mine,
+                                                          const std::string& name,
+                                                          const std::string& what,
+                                                          Clock::time_point deadline) {
   const uint64_t n = static_cast<uint64_t>(getSize());
   const uint64_t each = mine.size();
   std::vector<uint64_t> counts(n, each);
   const CollectiveSpec spec = Spec(Collective::kAllgather, ReduceOp::kSum, 0, counts);
-  Result<TensorHandle> key = Key("alltoall splits", "splits." + std::to_string(each),
-                                 DataType::kInt64, n * each, &spec);
+  Result<TensorHandle> key = Key(what, name + "." + std::to_string(each), DataType::kInt64,
+                                 n * each, &spec);
   if (!key.ok()) Fail(key.status().ToString());
   auto buffers = std::make_shared<SplitBuffers>(SplitBuffers{mine, std::vector<uint64_t>(n * each)});
   PushPullHandle h = worker_->Run(*key, std::as_bytes(std::span(buffers->mine)),
@@ -386,9 +463,14 @@ std::vector<uint64_t> ProcessGroupGradlink::SplitMatrix(const std::vector<uint64
       std::lock_guard lock(mu_);  // the worker may still read and write them
       abandoned_splits_.push_back(buffers);
     }
-    Fail("alltoall: exchanging the split sizes: " + s.ToString());
+    Fail(what + ": " + s.ToString());
   }
   return std::move(buffers->all);
+}
+
+std::vector<uint64_t> ProcessGroupGradlink::SplitMatrix(const std::vector<uint64_t>& mine,
+                                                        Clock::time_point deadline) {
+  return GatherCounts(mine, "splits", "alltoall: exchanging the split sizes", deadline);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::alltoall_base(
@@ -637,6 +719,157 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::barrier(const ::c10d::Bar
     Start(p, *key, one, one, false);
   }
   return Enqueue(OpType::BARRIER, std::move(p), {});
+}
+
+// --- all_reduce of a sparse COO tensor -----------------------------------------------------
+//
+// As Gloo's (ProcessGroupGloo's AsyncSparseAllreduceWork): every rank's coalesced indices and
+// values are gathered, and every rank builds the coalesced sum and writes it into the tensor,
+// which the Work's result() and future hold (DDP takes a sparse gradient's sum from the future).
+//
+// Three rounds. The shapes and nnz first, on the caller's thread (as alltoall's split sizes):
+// every rank checks every other's dtype and shape, so a disagreement fails on every rank. Then
+// the indices (int64) and the values (bitwise, any dtype) are gathered at once, each rank's
+// part padded to one capacity, the next power of two of the largest nnz: nnz changes from step
+// to step (an embedding's gradient has a row per distinct id in the batch), and a key per
+// count would leave the servers a key per step; a capacity leaves them at most one per power
+// of two, for at most twice the bytes of the largest part per rank.
+namespace {
+
+// What each rank tells the others first: its nnz, then what must agree (dtype, sparse dims,
+// dims, the sizes). One length for every shape, so that one key serves them all.
+constexpr size_t kMaxDims = 8;
+constexpr size_t kNnz = 0, kDtype = 1, kSparseDims = 2, kDims = 3, kSizes = 4;
+constexpr size_t kRecord = kSizes + kMaxDims;
+
+std::string Describe(const uint64_t* record) {
+  std::string s = c10::toString(static_cast<at::ScalarType>(record[kDtype]));
+  s += " [";
+  for (uint64_t d = 0; d < record[kDims] && d < kMaxDims; ++d) {
+    s += (d ? ", " : "") + std::to_string(record[kSizes + d]);
+  }
+  return s + "] of " + std::to_string(record[kSparseDims]) + " sparse dims";
+}
+
+const char* OpName(const ::c10d::ReduceOp& op) {
+  switch (static_cast<::c10d::ReduceOp::RedOpType>(op)) {
+    case ::c10d::ReduceOp::SUM: return "SUM";
+    case ::c10d::ReduceOp::AVG: return "AVG";
+    case ::c10d::ReduceOp::PRODUCT: return "PRODUCT";
+    case ::c10d::ReduceOp::MIN: return "MIN";
+    case ::c10d::ReduceOp::MAX: return "MAX";
+    case ::c10d::ReduceOp::BAND: return "BAND";
+    case ::c10d::ReduceOp::BOR: return "BOR";
+    case ::c10d::ReduceOp::BXOR: return "BXOR";
+    case ::c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return "an unknown op";
+  }
+}
+
+}  // namespace
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupGradlink::SparseAllreduce(
+    std::vector<at::Tensor>& tensors, const ::c10d::AllreduceOptions& opts) {
+  at::Tensor& t = tensors[0];
+  if (!t.device().is_cpu()) {
+    Fail("allreduce: a sparse tensor on " + t.device().str() +
+         "; this build of the gradlink backend takes CPU tensors");
+  }
+  if (opts.reduceOp != ::c10d::ReduceOp::SUM) {
+    Fail(std::string("allreduce: a sparse tensor is reduced with ReduceOp.SUM only (as by "
+                     "Gloo), not ReduceOp.") + OpName(opts.reduceOp));
+  }
+  if (t.dim() > static_cast<int64_t>(kMaxDims)) {
+    Fail("allreduce: a sparse tensor of at most " + std::to_string(kMaxDims) + " dimensions (" +
+         std::to_string(t.dim()) + ")");
+  }
+  const at::Tensor mine = t.coalesce();  // (itself where it already is)
+  const int64_t sparse_dims = mine.sparse_dim();
+  std::vector<uint64_t> record(kRecord, 0);
+  record[kNnz] = static_cast<uint64_t>(mine._nnz());
+  record[kDtype] = static_cast<uint64_t>(mine.scalar_type());
+  record[kSparseDims] = static_cast<uint64_t>(sparse_dims);
+  record[kDims] = static_cast<uint64_t>(mine.dim());
+  for (int64_t d = 0; d < mine.dim(); ++d) {
+    record[kSizes + d] = static_cast<uint64_t>(mine.size(d));
+  }
+
+  const Clock::time_point deadline = Deadline(opts.timeout);
+  const std::vector<uint64_t> all =
+      GatherCounts(record, "sparse.shape", "allreduce: exchanging the sparse tensors' shapes",
+                   deadline);
+  const size_t n = static_cast<size_t>(getSize());
+  uint64_t entries = 1;  // of the sparse dims (at most; saturated): a bound on every nnz
+  for (int64_t d = 0; d < sparse_dims; ++d) {
+    if (__builtin_mul_overflow(entries, record[kSizes + d], &entries)) entries = UINT64_MAX;
+  }
+  std::vector<int64_t> nnz(n);
+  uint64_t most = 0;
+  for (size_t r = 0; r < n; ++r) {
+    const uint64_t* theirs = all.data() + r * kRecord;
+    if (!std::equal(theirs + kDtype, theirs + kRecord, record.data() + kDtype)) {
+      Fail("allreduce: rank " + std::to_string(r) + "'s sparse tensor is " + Describe(theirs) +
+           ", rank " + std::to_string(getRank()) + "'s " + Describe(record.data()));
+    }
+    // Checked before anything is allocated for it.
+    if (theirs[kNnz] > entries || theirs[kNnz] > (uint64_t{1} << 62)) {
+      Fail("allreduce: rank " + std::to_string(r) + " sends " + std::to_string(theirs[kNnz]) +
+           " entries of a sparse tensor " + Describe(theirs));
+    }
+    nnz[r] = static_cast<int64_t>(theirs[kNnz]);
+    most = std::max(most, theirs[kNnz]);
+  }
+
+  // Every rank's part padded to `capacity` entries: indices [sparse dims, capacity], values
+  // [capacity, dense sizes...].
+  const int64_t capacity = most == 0 ? 0 : static_cast<int64_t>(std::bit_ceil(most));
+  std::vector<int64_t> value_shape = {capacity};
+  for (int64_t d = sparse_dims; d < mine.dim(); ++d) value_shape.push_back(mine.size(d));
+  at::Tensor indices = at::zeros({sparse_dims, capacity}, at::kLong);
+  at::Tensor values = at::zeros(value_shape, mine._values().options());
+  indices.narrow(1, 0, mine._nnz()).copy_(mine._indices());
+  values.narrow(0, 0, mine._nnz()).copy_(mine._values());
+  at::Tensor all_indices = at::empty({indices.numel() * static_cast<int64_t>(n)}, at::kLong);
+  at::Tensor all_values = at::empty({values.numel() * static_cast<int64_t>(n)}, values.options());
+  std::vector<Flat> flats;
+  flats.push_back(Flat::Allgather(*this, all_indices, indices, "allreduce (sparse)"));
+  flats.push_back(Flat::Allgather(*this, all_values, values, "allreduce (sparse)"));
+
+  // Gloo's sum, computed as Gloo computes it (bit for bit the same): each rank's tensor added
+  // in rank order (each is coalesced, so the adds merge them), then coalesced. Dtypes without
+  // a sparse add in this torch (1.13: float16, bfloat16, bool) fail here, on every rank.
+  const std::vector<int64_t> sizes = mine.sizes().vec();
+  auto sum = [t, sizes, nnz, sparse_dims, capacity, value_shape, all_indices, all_values] {
+    const int64_t row = c10::multiply_integers(value_shape.begin() + 1, value_shape.end());
+    at::Tensor total;
+    try {
+      for (size_t r = 0; r < nnz.size(); ++r) {
+        const int64_t first = static_cast<int64_t>(r) * capacity;  // its first entry
+        at::Tensor i = all_indices.narrow(0, first * sparse_dims, capacity * sparse_dims)
+                           .view({sparse_dims, capacity})
+                           .narrow(1, 0, nnz[r])
+                           .contiguous();
+        at::Tensor v = all_values.narrow(0, first * row, capacity * row)
+                           .view(value_shape)
+                           .narrow(0, 0, nnz[r]);
+        // Another rank's indices: in bounds before anything indexes with them.
+        at::_validate_sparse_coo_tensor_args(i, v, sizes);
+        at::Tensor part = at::sparse_coo_tensor(i, v, sizes, t.options());
+        if (r == 0) {
+          total = part;
+        } else {
+          total += part;
+        }
+      }
+      total = total.coalesce();
+    } catch (const c10::Error& e) {
+      Fail(std::string("allreduce: summing every rank's sparse tensor: ") +
+           e.what_without_backtrace());
+    }
+    t.copy_(total);
+  };
+  return Coalesced(OpType::ALLREDUCE, tensors, flats, "allreduce (sparse)", "sparse.",
+                   opts.timeout, sum);
 }
 
 }  // namespace gradlink::c10d

@@ -152,13 +152,16 @@ class ProcessGroupGradlink final : public ProcessGroupBase {
   // its own, waited for here (alltoall's split sizes).
   std::vector<uint64_t> SplitMatrix(const std::vector<uint64_t>& mine, Clock::time_point deadline);
   void CompletionLoop();
-#if TORCH_VERSION_MAJOR >= 2
-  // The coalesced forms' one Work: every non-empty pair started on one Pending.
-  c10::intrusive_ptr<::c10d::Work> Coalesced(std::vector<at::Tensor>& outputs,
+  // Several flat gathers or reduce-scatters as one Work of `type` on `outputs`: every non-empty
+  // one on a key named `prefix` + its position, all declared before any starts, then started
+  // at once on one Pending; `then` runs once they have ended and their staging copies are
+  // written back (at once, here, where every one is empty). The torch 2.x coalesced forms,
+  // allgather_coalesced and a sparse allreduce's gathers.
+  c10::intrusive_ptr<::c10d::Work> Coalesced(::c10d::OpType type, std::vector<at::Tensor> outputs,
                                              const std::vector<Flat>& flats,
-                                             const std::string& what,
-                                             std::chrono::milliseconds op_timeout);
-#endif
+                                             const std::string& what, const std::string& prefix,
+                                             std::chrono::milliseconds op_timeout,
+                                             std::function<void()> then = nullptr);
 
   // Point-to-point: a Send / Recv ended; its Work completes there, its Future on the group's
   // p2p thread.
@@ -196,6 +199,26 @@ class ProcessGroupGradlink final : public ProcessGroupBase {
   // Shared with the Send / Recv callbacks, which may come after the group is gone.
   std::shared_ptr<PeerQueue> peer_queue_;
   std::thread peer_completion_;
+
+  // --- all_gather_coalesced and sparse all_reduce (collectives.cc) ----------------------------
+ public:
+  // dist.all_gather_coalesced: outputs[r][i] gets rank r's inputs[i] (the same dtype and shape
+  // on every rank), each input gathered on a key of its position, one Work. Its future's value
+  // is the list of output lists (one list where the group has one rank), as Gloo's.
+  c10::intrusive_ptr<::c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const ::c10d::AllgatherOptions& opts) override;
+
+ private:
+  // allreduce() of one sparse COO tensor, as Gloo's: SUM only; every rank's coalesced indices
+  // and values gathered, summed here, the coalesced sum written into the tensor.
+  c10::intrusive_ptr<::c10d::Work> SparseAllreduce(std::vector<at::Tensor>& tensors,
+                                                   const ::c10d::AllreduceOptions& opts);
+  // Every member's `mine` (the same length on each), in rank order: an allgather on a key of
+  // `name` and that length, waited for here (alltoall's split sizes, a sparse tensor's shape).
+  // `what` says what failed.
+  std::vector<uint64_t> GatherCounts(const std::vector<uint64_t>& mine, const std::string& name,
+                                     const std::string& what, Clock::time_point deadline);
 };
 
 }  // namespace gradlink::c10d

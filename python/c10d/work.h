@@ -20,6 +20,13 @@ class ProcessGroupGradlink::Work final : public ::c10d::Work {
         outputs_(std::move(outputs)),
         future_(c10::make_intrusive<at::ivalue::Future>(
             c10::ListType::create(c10::TensorType::get()))) {}
+  // One whose future's value is `value` rather than the outputs (allgather_coalesced's list of
+  // output lists, as Gloo's).
+  Work(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs, c10::IValue value)
+      : ::c10d::Work(rank, type),
+        outputs_(std::move(outputs)),
+        value_(std::move(value)),
+        future_(c10::make_intrusive<at::ivalue::Future>(value_.type())) {}
 
   std::vector<at::Tensor> result() override { return outputs_; }
   // A recv's sender (the group's rank); -1 before it completes, and for other operations.
@@ -39,12 +46,13 @@ class ProcessGroupGradlink::Work final : public ::c10d::Work {
     if (error) {
       future_->setError(error);
     } else {
-      future_->markCompleted(c10::IValue(outputs_));
+      future_->markCompleted(value_.isNone() ? c10::IValue(outputs_) : value_);
     }
   }
 
  private:
   std::vector<at::Tensor> outputs_;
+  c10::IValue value_;  // None: the outputs
   c10::intrusive_ptr<at::ivalue::Future> future_;
   std::atomic<int> source_{-1};
 };

@@ -97,6 +97,16 @@ def test_a_dead_or_hung_peer_fails_pending_point_to_point(backend, tmp_path, how
         assert secs < 15.0, line[0]
 
 
+def test_all_gather_coalesced_sparse_all_reduce_and_ddp_with_a_sparse_embedding(backend,
+                                                                                tmp_path):
+    """Against Gloo in the same processes (jobs/c10d_sparse.py): all_gather_coalesced; a sparse
+    all_reduce with a different nnz on each rank, an empty rank and dense dimensions; DDP over
+    an nn.Embedding(sparse=True)."""
+    results = spawn("c10d_sparse.py", 3, tmp_path, timeout=120)
+    for r, (rc, out) in enumerate(results):
+        assert rc == 0 and "C10D SPARSE OK rank %d" % r in out, explain(results)
+
+
 def test_ddp_zero_and_a_megatron_style_sync(backend, tmp_path):
     results = spawn("c10d_train.py", 2, tmp_path)
     for r, (rc, out) in enumerate(results):
