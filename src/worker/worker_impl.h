@@ -23,6 +23,8 @@
 //   rendezvous_  Rendezvous (rendezvous.h): barriers, join(), the rejoin of a restarted
 //                scheduler; its own lock and condition variable, on which Barrier(), Join()
 //                and Shutdown() wait (never on mu_).
+//   peer_        PeerLink (peer_link.h): point-to-point between workers (Send / Recv), its own
+//                lock, taken under none of the worker's.
 //   plans_       group layouts (fusion.cc) under plans_mu_.
 //   mu_          the data path's state, one owner: the keys (tensors_, resume_rounds_), the op
 //                table (ops_, free_op_nodes_, next_op_id_, parked_ops_, orphans_), the push
