@@ -343,7 +343,8 @@ Status SchedulerImpl::OnPeerLookup(Connection& c, const Frame& f) {
   h.count = f.header.count;
   auto it = f.header.count < opts_.num_workers ? workers_.find(static_cast<uint32_t>(f.header.count))
                                                : workers_.end();
-  if (it == workers_.end() || it->second == nullptr) {
+  if (it == workers_.end() || it->second == nullptr || it->second->left ||
+      !it->second->registered) {
     // Out of range, or a worker that has left: the asker fails its sends to it.
     h.code = static_cast<uint8_t>(Code::kInvalidArgument);
     const std::string why = f.header.count < opts_.num_workers

@@ -118,10 +118,18 @@ Result<Header> CheckPeerFrame(const Header& h) {
         return bad("payload of " + std::to_string(h.payload_bytes) + " bytes for a message of " +
                    std::to_string(h.count));
       }
+      if ((h.flags & kFlagCleared) == 0 && h.count > kPeerEagerBytes) {
+        return bad("an eager message of " + std::to_string(h.count) + " bytes (at most " +
+                   std::to_string(kPeerEagerBytes) + ")");
+      }
       break;
     case MsgType::kPeerReady:
       if (h.payload_bytes != 0 && h.payload_bytes != kPeerLocalBytes) {
         return bad("a payload of " + std::to_string(h.payload_bytes) + " bytes");
+      }
+      if (h.count <= kPeerEagerBytes) {
+        return bad("an announced message of " + std::to_string(h.count) + " bytes (more than " +
+                   std::to_string(kPeerEagerBytes) + " only)");
       }
       break;
     case MsgType::kPeerClear:
@@ -130,7 +138,10 @@ Result<Header> CheckPeerFrame(const Header& h) {
     default:  // kPeerAck: a reason
       if (h.payload_bytes > kMaxControlPayload) return bad("reason too long");
   }
-  if ((h.flags & ~kFlagCleared) != 0 || (h.flags != 0 && h.type != MsgType::kPeerData)) {
+  // kFlagCleared: on a kPeerData, the data of a cleared message; on a kPeerAck, about a
+  // message its receiver cleared (the send had ended).
+  if ((h.flags & ~kFlagCleared) != 0 ||
+      (h.flags != 0 && h.type != MsgType::kPeerData && h.type != MsgType::kPeerAck)) {
     return bad("flags " + std::to_string(h.flags));
   }
   return h;

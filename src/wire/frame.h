@@ -23,6 +23,9 @@ inline constexpr size_t kHeaderSize = 64;
 inline constexpr uint64_t kMaxControlPayload = 1u << 20;        // 1 MiB
 inline constexpr uint64_t kMaxDataPayload = uint64_t{1} << 30;  // 1 GiB per partition
 inline constexpr uint64_t kMaxLaneHelloPayload = 64;
+// Point-to-point: the largest message sent at once (kPeerData without kFlagCleared); larger
+// ones are announced (kPeerReady), and an announced one is larger.
+inline constexpr uint64_t kPeerEagerBytes = 64 * 1024;
 // A kPeerReady's payload when the receiver may read the message from the sender's memory.
 inline constexpr uint64_t kPeerLocalBytes = 32;
 

@@ -41,6 +41,15 @@ uint64_t GetU64(const std::byte* p) {
 
 PeerLink::PeerLink(Config config) : config_(std::move(config)), nonce_salt_(RandomSalt()) {}
 
+PeerLink::~PeerLink() {
+  {
+    MutexLock lock(reader_mu_);
+    reader_stopping_ = true;
+  }
+  reader_cv_.NotifyAll();
+  if (reader_.joinable()) reader_.join();
+}
+
 // ---- Handles ----------------------------------------------------------------------------------
 
 Status PeerHandle::Wait(Clock::time_point deadline) const {
@@ -142,7 +151,6 @@ PeerHandle PeerLink::Send(uint32_t to, const PeerMessage& m, std::span<const std
       if (s.eager) {
         o.header.payload_bytes = data.size();
         o.payload = data;
-        s.data_in_lane = true;
       } else if (config_.same_host && config_.same_host(to)) {
         // Announced with where it lies: the receiver reads it from here (the top of the file).
         if (free_cells_.empty()) free_cells_.push_back(&cells_.emplace_back(0));
@@ -257,8 +265,19 @@ void PeerLink::MeetLocked(uint64_t id, Envelope e, Actions* a) {
     SendLocked(std::move(o), a);
     return;
   }
+  if (!e.lost.ok()) {  // its payload failed to arrive
+    EndRecvLocked(id, PeerLost(Describe(r) + ": the message from " + config_.name(e.from) +
+                               " was lost arriving: " + e.lost.ToString()),
+                  a);
+    return;
+  }
   if (!e.complete) {  // its payload is still arriving into e.data: the recv waits for it
-    incoming_.at({e.from, e.send_id}).recv = id;
+    auto in = incoming_.find({e.from, e.send_id});
+    if (in != incoming_.end()) {
+      in->second.recv = id;
+      return;
+    }
+    EndRecvLocked(id, Internal(Describe(r) + ": a message still arriving that is not"), a);
     return;
   }
   if (!r.data.empty()) std::memcpy(r.data.data(), e.data->data(), r.data.size());
@@ -297,11 +316,18 @@ void PeerLink::AckLocked(uint32_t to, uint64_t send_id, const PeerMessage& m, co
 void PeerLink::SendLocked(Outgoing o, Actions* a) {
   a->lane = lane_;
   if (auto it = endpoints_.find(o.to); it != endpoints_.end()) {
+    // A send's data in the lane's hands: it ends when the lane lets go of it, not before.
+    if (o.send_id != 0 && o.header.type == MsgType::kPeerData) {
+      if (auto s = sends_.find(o.send_id); s != sends_.end()) s->second.data_in_lane = true;
+    }
     a->frames.emplace_back(it->second, std::move(o));
     return;
   }
   std::vector<Outgoing>& waiting = waiting_[o.to];
-  if (waiting.empty()) a->lookups.push_back(o.to);
+  if (waiting.empty()) {
+    a->lookups.push_back(o.to);
+    asked_[o.to] = Clock::now();
+  }
   waiting.push_back(std::move(o));
 }
 
@@ -319,6 +345,15 @@ void PeerLink::Run(Actions& a) {
                          if (id != 0) OnSent(id, data, s);
                        });
   }
+  if (!a.reads.empty() && a.on_lane) {  // not on a lane's thread: the reader's
+    {
+      MutexLock lock(reader_mu_);
+      for (Actions::Read& r : a.reads) to_read_.push_back(std::move(r));
+      if (!reader_.joinable()) reader_ = std::thread([this] { ReaderLoop(); });
+    }
+    reader_cv_.NotifyAll();
+    a.reads.clear();
+  }
   if (!a.reads.empty()) {
     std::vector<Actions::Read> reads = std::move(a.reads);
     Actions after;
@@ -333,6 +368,25 @@ void PeerLink::Run(Actions& a) {
   for (auto& [op, result] : a.completions) Complete(op, result);
 }
 
+void PeerLink::ReaderLoop() {
+  for (;;) {
+    Actions::Read r;
+    {
+      MutexLock lock(reader_mu_);
+      reader_cv_.Wait(reader_mu_, [&] {
+        reader_mu_.AssertHeld();  // the wait runs it under `lock`
+        return reader_stopping_ || !to_read_.empty();
+      });
+      if (to_read_.empty()) return;  // stopping
+      r = std::move(to_read_.front());
+      to_read_.pop_front();
+    }
+    Actions a;
+    a.reads.push_back(std::move(r));
+    Run(a);  // here, on this thread
+  }
+}
+
 bool PeerLink::ReadFromPeer(const Actions::Read& r) {
   const pid_t pid = static_cast<pid_t>(r.source.pid);
   const auto cell_holds_nonce = [&] {
@@ -345,6 +399,7 @@ bool PeerLink::ReadFromPeer(const Actions::Read& r) {
   // Before: the right process and a live send. After: it was still live all through the copy
   // (the sender clears the cell before its caller may touch the buffer again).
   if (!cell_holds_nonce()) return false;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   size_t done = 0;
   while (done < r.into.size()) {
     iovec local{r.into.data() + done, r.into.size() - done};
@@ -353,6 +408,7 @@ bool PeerLink::ReadFromPeer(const Actions::Read& r) {
     if (n <= 0) return false;
     done += static_cast<size_t>(n);
   }
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // the copy before the second check
   return cell_holds_nonce();
 }
 
@@ -409,7 +465,8 @@ void PeerLink::EndSendLocked(uint64_t id, Status s, Actions* a) {
     return;
   }
   if (st.cell != nullptr) {  // from now on no read of it passes its check
-    st.cell->store(0, std::memory_order_release);
+    st.cell->store(0, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     free_cells_.push_back(st.cell);
   }
   a->completions.emplace_back(st.op, PeerResult{std::move(s), st.to});
@@ -445,6 +502,7 @@ Status PeerLink::CheckFrom(const wire::Header& h) const {
 
 Result<std::span<std::byte>> PeerLink::OnHeader(const wire::Header& h) {
   Actions a;
+  a.on_lane = true;
   Result<std::span<std::byte>> out = std::span<std::byte>();
   {
     MutexLock lock(mu_);
@@ -452,15 +510,30 @@ Result<std::span<std::byte>> PeerLink::OnHeader(const wire::Header& h) {
     const std::pair<uint32_t, uint64_t> key{h.sender, h.cookie};
     switch (h.type) {
       case MsgType::kPeerAck:
-        reason_.resize(h.payload_bytes);
-        out = std::span<std::byte>(reason_);
+      case MsgType::kPeerReady: {  // a reason, or an announcement: OnPayload reads it
+        auto& b = small_[{h.sender, static_cast<uint8_t>(h.type), h.cookie}];
+        b = std::make_shared<std::vector<std::byte>>(h.payload_bytes);
+        out = std::span<std::byte>(*b);
         break;
+      }
       case MsgType::kPeerClear: {
         auto it = sends_.find(h.cookie);
-        if (it == sends_.end() || it->second.eager || it->second.data_in_lane ||
-            it->second.to != h.sender) {
-          break;  // a send that timed out meanwhile: its receiver waits for its own deadline
+        if (it == sends_.end() || it->second.to != h.sender) {
+          // A send that ended meanwhile (its deadline passed): its recv fails too.
+          Outgoing o;
+          o.to = h.sender;
+          o.header = Frame(MsgType::kPeerAck, h.key, h.partition);
+          o.header.flags = wire::kFlagCleared;
+          o.header.cookie = h.cookie;
+          o.header.code = static_cast<uint8_t>(Code::kTimeout);
+          o.owned = std::make_shared<std::vector<std::byte>>(wire::EncodeText(
+              "the send of this message ended before its recv cleared it (its deadline passed)"));
+          o.payload = *o.owned;
+          o.header.payload_bytes = o.owned->size();
+          SendLocked(std::move(o), &a);
+          break;
         }
+        if (it->second.eager || it->second.data_in_lane) break;  // cleared twice
         SendState& st = it->second;
         Outgoing o;
         o.to = st.to;
@@ -473,7 +546,6 @@ Result<std::span<std::byte>> PeerLink::OnHeader(const wire::Header& h) {
         o.header.cookie = h.cookie;
         o.payload = st.data;
         o.send_id = h.cookie;
-        st.data_in_lane = true;
         SendLocked(std::move(o), &a);
         break;
       }
@@ -495,10 +567,6 @@ Result<std::span<std::byte>> PeerLink::OnHeader(const wire::Header& h) {
           break;
         }
         out = ArriveLocked(EnvelopeOf(h), &a);
-        break;
-      case MsgType::kPeerReady:  // its announcement, if any, comes with OnPayload
-        ready_.resize(h.payload_bytes);
-        out = std::span<std::byte>(ready_);
         break;
       default:
         out = ProtocolError("not a peer frame");
@@ -533,6 +601,7 @@ Result<std::span<std::byte>> PeerLink::ArriveLocked(Envelope e, Actions* a) {
   std::span<std::byte> out;
   // An eager payload that no recv takes yet lands in a buffer of its own.
   const auto buffer = [&] {
+    mu_.AssertHeld();  // (run here, under mu_)
     if (!e.eager || e.bytes == 0) return;
     e.data = std::make_shared<std::vector<std::byte>>(e.bytes);
     incoming_[key] = Incoming{0, e.data};
@@ -546,8 +615,10 @@ Result<std::span<std::byte>> PeerLink::ArriveLocked(Envelope e, Actions* a) {
   stream.next++;
   auto it = posted_.end();
   if (e.eager) {
-    it = std::find_if(posted_.begin(), posted_.end(),
-                      [&](uint64_t id) { return Matches(recvs_.at(id), e); });
+    it = std::find_if(posted_.begin(), posted_.end(), [&](uint64_t id) {
+      mu_.AssertHeld();  // (run here, under mu_)
+      return Matches(recvs_.at(id), e);
+    });
   }
   Status dropped;
   if (it != posted_.end()) {
@@ -582,17 +653,37 @@ Result<std::span<std::byte>> PeerLink::ArriveLocked(Envelope e, Actions* a) {
 
 void PeerLink::OnPayload(const wire::Header& h, bool ok, const Status& why) {
   Actions a;
+  a.on_lane = true;
   {
     MutexLock lock(mu_);
     const std::pair<uint32_t, uint64_t> key{h.sender, h.cookie};
+    const std::vector<std::byte> small =
+        h.type == MsgType::kPeerAck || h.type == MsgType::kPeerReady ? TakeSmallLocked(h)
+                                                                     : std::vector<std::byte>();
     if (h.type == MsgType::kPeerReady) {
       Envelope e = EnvelopeOf(h);
-      if (ok && ready_.size() == wire::kPeerLocalBytes) {
-        const std::byte* p = ready_.data();
-        e.local = LocalSource{GetU64(p), GetU64(p + 8), GetU64(p + 16), GetU64(p + 24)};
+      // Read from the sender's memory only where it is on this machine as the address book
+      // says, and another process: an announcement from elsewhere is ignored (cleared).
+      const std::vector<std::byte>& ready = small;
+      if (ok && ready.size() == wire::kPeerLocalBytes && config_.same_host &&
+          config_.same_host(h.sender)) {
+        const std::byte* p = ready.data();
+        LocalSource src{GetU64(p), GetU64(p + 8), GetU64(p + 16), GetU64(p + 24)};
+        if (src.pid != 0 && src.pid != static_cast<uint64_t>(getpid())) e.local = src;
       }
       // (A failed announcement is a message lost with its connection: its peer is failing.)
       if (ok) ArriveLocked(std::move(e), &a).status().IgnoreError();
+    } else if (h.type == MsgType::kPeerAck && (h.flags & wire::kFlagCleared) != 0) {
+      // About a message this worker cleared: its send is gone, so is its recv.
+      if (auto it = expected_.find(key); it != expected_.end()) {
+        const uint64_t id = it->second;
+        Result<std::string> text = wire::DecodeText(small);
+        EndRecvLocked(id,
+                      Status(ok ? static_cast<Code>(h.code) : why.code(),
+                             Describe(recvs_.at(id)) + ": " + config_.name(h.sender) + ": " +
+                                 (ok && text.ok() ? *text : why.ToString())),
+                      &a);
+      }
     } else if (h.type == MsgType::kPeerAck) {
       auto it = sends_.find(h.cookie);
       // An eager or directly read message's acknowledgement, or a refusal of any message.
@@ -602,7 +693,7 @@ void PeerLink::OnPayload(const wire::Header& h, bool ok, const Status& why) {
         if (!ok) {
           EndSendLocked(h.cookie, why, &a);
         } else if (h.code != 0) {
-          Result<std::string> text = wire::DecodeText(reason_);
+          Result<std::string> text = wire::DecodeText(small);
           EndSendLocked(h.cookie,
                         Status(static_cast<Code>(h.code), text.ok() ? *text : "(unreadable)"),
                         &a);
@@ -644,18 +735,22 @@ void PeerLink::OnPayload(const wire::Header& h, bool ok, const Status& why) {
           }
           EndRecvLocked(in.recv, ok ? Status::Ok() : why, &a);
         } else {  // still waiting for its recv, queued or early
-          const auto mark = [&](Envelope& e) {
+          // Queued (counted as unexpected bytes once whole) or early (counted when it is
+          // queued, DeliverLocked).
+          const auto mark = [&](Envelope& e, bool queued) {
+            mu_.AssertHeld();  // (run here, under mu_)
             if (e.from != h.sender || e.send_id != h.cookie) return false;
             e.complete = ok;
-            if (ok) counts_.unexpected_bytes += e.bytes;
+            if (!ok) e.lost = why;
+            if (ok && queued) counts_.unexpected_bytes += e.bytes;
             return true;
           };
           bool found = false;
-          for (Envelope& e : unmatched_) found = found || mark(e);
+          for (Envelope& e : unmatched_) found = found || mark(e, true);
           if (!found) {
             auto s = streams_.find({h.sender, h.key, h.partition});
             if (s != streams_.end()) {
-              for (auto& [seq, e] : s->second.early) found = found || mark(e);
+              for (auto& [seq, e] : s->second.early) found = found || mark(e, false);
             }
           }
           // A payload that failed to arrive leaves an incomplete message: a recv that meets it
@@ -701,8 +796,13 @@ void PeerLink::OnAddress(const wire::Header& h, std::span<const std::byte> paylo
     {
       MutexLock lock(mu_);
       if (endpoints_.count(rank) != 0) return;  // a second answer (asked again after a rejoin)
+      connecting_++;
     }
     Result<transport::PeerId> p = lane->Connect(payload, config_.name(rank));
+    {
+      MutexLock lock(mu_);
+      connecting_--;
+    }
     if (p.ok()) {
       peer = *p;
     } else {
@@ -716,8 +816,16 @@ void PeerLink::OnAddress(const wire::Header& h, std::span<const std::byte> paylo
     if (peer) {
       endpoints_[rank] = *peer;
       ranks_[*peer] = rank;
-      for (Outgoing& o : waiting_[rank]) a.frames.emplace_back(*peer, std::move(o));
+      std::vector<Outgoing> frames = std::move(waiting_[rank]);
       waiting_.erase(rank);
+      asked_.erase(rank);
+      for (Outgoing& o : frames) SendLocked(std::move(o), &a);
+      // The endpoint failed before its id was known here (held by OnPeerFailed).
+      if (auto f = early_failures_.find(*peer); f != early_failures_.end()) {
+        OnPeerDown(rank, PeerLost(config_.name(rank) + ": " + f->second.ToString()), &a);
+        early_failures_.erase(f);
+      }
+      if (connecting_ == 0) early_failures_.clear();
     } else {
       OnPeerDown(rank, failed, &a);
     }
@@ -736,12 +844,16 @@ void PeerLink::LookUpAgain() {
   for (uint32_t rank : ranks) config_.lookup(rank).IgnoreError();
 }
 
-bool PeerLink::OnPeerFailed(transport::PeerId peer, const Status& s) {
+bool PeerLink::OnPeerFailed(transport::PeerId peer, const Status& s, bool unknown_elsewhere) {
   Actions a;
   {
     MutexLock lock(mu_);
     auto it = ranks_.find(peer);
-    if (it == ranks_.end()) return false;
+    if (it == ranks_.end()) {
+      if (!unknown_elsewhere || connecting_ == 0) return false;
+      early_failures_.emplace(peer, s);  // a connection of ours, still being made
+      return true;
+    }
     OnPeerDown(it->second, PeerLost(config_.name(it->second) + ": " + s.ToString()), &a);
   }
   Run(a);
@@ -750,7 +862,8 @@ bool PeerLink::OnPeerFailed(transport::PeerId peer, const Status& s) {
 
 void PeerLink::OnPeerDown(uint32_t rank, const Status& s, Actions* a) {
   down_.emplace(rank, s);
-  waiting_.erase(rank);
+  waiting_.erase(rank);  // their sends end below (none of them is in the lane's hands)
+  asked_.erase(rank);
   std::vector<uint64_t> ids;
   for (const auto& [id, st] : sends_) {
     if (st.to == rank) ids.push_back(id);
@@ -767,7 +880,15 @@ void PeerLink::Tick(Clock::time_point now) {
   Actions a;
   {
     MutexLock lock(mu_);
-    if (sends_.empty() && recvs_.empty()) return;
+    // A lookup whose answer never came (its frame lost with a scheduler that went away): again.
+    for (auto& [rank, when] : asked_) {
+      if (now - when > std::chrono::seconds(1) && lane_ != nullptr) {
+        when = now;
+        a.lookups.push_back(rank);
+        a.lane = lane_;
+      }
+    }
+
     std::vector<uint64_t> ids;
     for (const auto& [id, st] : sends_) {
       if (!st.data_in_lane && st.deadline <= now) ids.push_back(id);
@@ -782,8 +903,15 @@ void PeerLink::Tick(Clock::time_point now) {
                     &a);
     }
     ids.clear();
+    std::vector<uint64_t> cleared;
+    for (const auto& [key, id] : expected_) cleared.push_back(id);
     for (const auto& [id, r] : recvs_) {
-      if (!r.landing && r.deadline <= now) ids.push_back(id);
+      // A recv whose message it cleared waits for the data: its sender no longer times out,
+      // and a sender that had ended says so (kPeerAck with kFlagCleared); a peer lost ends it.
+      if (!r.landing && r.deadline <= now &&
+          std::find(cleared.begin(), cleared.end(), id) == cleared.end()) {
+        ids.push_back(id);
+      }
     }
     for (uint64_t id : ids) {
       const RecvState& r = recvs_.at(id);
@@ -831,13 +959,22 @@ void PeerLink::FailAll(const Status& s, bool lanes_stopped) {
   Run(a);
 }
 
+std::vector<std::byte> PeerLink::TakeSmallLocked(const wire::Header& h) {
+  auto it = small_.find({h.sender, static_cast<uint8_t>(h.type), h.cookie});
+  if (it == small_.end()) return {};
+  std::vector<std::byte> out = std::move(*it->second);
+  small_.erase(it);
+  return out;
+}
+
 void PeerLink::KeepBuffersForever() {
   MutexLock lock(mu_);
   auto* kept = new std::vector<std::shared_ptr<std::vector<std::byte>>>();  // never freed
   for (auto& [key, in] : incoming_) {
     if (in.buffer) kept->push_back(std::move(in.buffer));
   }
-  kept->push_back(std::make_shared<std::vector<std::byte>>(std::move(reason_)));
+  for (auto& [key, b] : small_) kept->push_back(std::move(b));
+  small_.clear();
   incoming_.clear();
 }
 

@@ -48,6 +48,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -76,7 +77,7 @@ struct PeerOp {
 class PeerLink {
  public:
   // Messages up to this size go at once; larger ones wait for their recv (kPeerReady).
-  static constexpr uint64_t kEagerBytes = 64 * 1024;
+  static constexpr uint64_t kEagerBytes = wire::kPeerEagerBytes;
 
   struct Config {
     uint32_t job_hash = 0;
@@ -93,6 +94,7 @@ class PeerLink {
   // Made before the worker's lanes open: a peer may send as soon as it has joined, before this
   // worker's Init() has finished.
   explicit PeerLink(Config config);
+  ~PeerLink();
   PeerLink(const PeerLink&) = delete;
   PeerLink& operator=(const PeerLink&) = delete;
 
@@ -114,8 +116,11 @@ class PeerLink {
   // The scheduler was replaced (a rejoin): asks again for the addresses still awaited.
   void LookUpAgain() EXCLUDES(mu_);
   // A push-lane endpoint failed: true when it was one of ours (a worker's), whose sends and
-  // recvs then fail.
-  bool OnPeerFailed(transport::PeerId peer, const Status& s) EXCLUDES(mu_);
+  // recvs then fail. `unknown_elsewhere`: the worker has no server on it either; while a
+  // connection of ours is being made, such a failure is held for it (its id is not known
+  // until Connect() returns).
+  bool OnPeerFailed(transport::PeerId peer, const Status& s, bool unknown_elsewhere)
+      EXCLUDES(mu_);
   // Fails what is past its deadline and not in the lane's hands (control thread, every tick).
   void Tick(Clock::time_point now) EXCLUDES(mu_);
   // The job failed (or the worker shuts down): everything fails with `s`. With `lanes_stopped`
@@ -176,6 +181,7 @@ class PeerLink {
     uint64_t send_id = 0;
     bool eager = false;
     bool complete = false;  // its payload is in `data` (a kPeerReady has none to wait for)
+    Status lost;            // its payload failed to arrive
     std::shared_ptr<std::vector<std::byte>> data;  // eager: where its payload lands
     std::optional<LocalSource> local;               // readable from the sender's memory
   };
@@ -214,6 +220,9 @@ class PeerLink {
       PeerMessage message;
     };
     std::vector<Read> reads;
+    // On a lane's progress thread: reads go to the reader thread, never run here (a copy of up
+    // to 1 GiB would hold up every frame of the lane).
+    bool on_lane = false;
   };
   // Copies a Read's message out of the sender's memory; true when it proved to be that send's.
   static bool ReadFromPeer(const Actions::Read& r);
@@ -244,8 +253,19 @@ class PeerLink {
   // A send's frame left (`data`: its kPeerData), or failed to.
   void OnSent(uint64_t id, bool data, const Status& s) EXCLUDES(mu_);
   // A frame of the reply lane's, in order (Header then Payload), for kPeerAck's reason.
-  std::vector<std::byte> reason_;  // the reply lane's progress thread only
-  std::vector<std::byte> ready_;   // a kPeerReady's announcement: the same
+  // The reader thread: copies out of senders' memory that a lane's thread matched.
+  void ReaderLoop();
+  Mutex reader_mu_;
+  CondVar reader_cv_;
+  std::deque<Actions::Read> to_read_ GUARDED_BY(reader_mu_);
+  bool reader_stopping_ GUARDED_BY(reader_mu_) = false;
+  std::thread reader_;  // started on first use, under reader_mu_
+  // A kPeerAck's reason or a kPeerReady's announcement, from OnHeader to OnPayload, by
+  // (sender, type, cookie): a buffer per frame, as frames may overlap.
+  std::map<std::tuple<uint32_t, uint8_t, uint64_t>, std::shared_ptr<std::vector<std::byte>>>
+      small_ GUARDED_BY(mu_);
+  // Takes `h`'s buffer out of small_ (empty when there was none).
+  std::vector<std::byte> TakeSmallLocked(const wire::Header& h) REQUIRES(mu_);
   void OnPeerDown(uint32_t rank, const Status& s, Actions* a) REQUIRES(mu_);
   Status CheckFrom(const wire::Header& h) const REQUIRES(mu_);
 
@@ -273,6 +293,9 @@ class PeerLink {
   std::unordered_map<uint32_t, transport::PeerId> endpoints_ GUARDED_BY(mu_);
   std::unordered_map<transport::PeerId, uint32_t> ranks_ GUARDED_BY(mu_);
   std::unordered_map<uint32_t, std::vector<Outgoing>> waiting_ GUARDED_BY(mu_);  // for address
+  std::unordered_map<uint32_t, Clock::time_point> asked_ GUARDED_BY(mu_);  // lookups, when
+  uint32_t connecting_ GUARDED_BY(mu_) = 0;  // Connect() calls under way (OnAddress)
+  std::unordered_map<transport::PeerId, Status> early_failures_ GUARDED_BY(mu_);
   std::unordered_map<uint32_t, Status> down_ GUARDED_BY(mu_);  // peers whose endpoint failed
   Status failed_ GUARDED_BY(mu_);  // FailAll's
   // Cells of sends announced for a direct read (their addresses are stable: a deque), and those

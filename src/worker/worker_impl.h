@@ -427,7 +427,8 @@ class WorkerImpl final : public Worker, private MembershipHandler {
       return w_->OnFrame(h, payload);
     }
     void OnPeerFailed(transport::PeerId peer, const Status& s) override {
-      if (w_->peer_.OnPeerFailed(peer, s)) return;  // another worker's endpoint
+      // Another worker's endpoint (or one being connected, not a server's).
+      if (w_->peer_.OnPeerFailed(peer, s, w_->directory_.IdOfPeer(peer) < 0)) return;
       w_->OnDataPeerFailed(peer, s);
     }
     // A reply into the worker's copy of a result (never freed while a receive may write it:
@@ -435,7 +436,10 @@ class WorkerImpl final : public Worker, private MembershipHandler {
     // So does a peer's message: its recv reports a buffer the lane gave up on
     // (PeerResult::buffer_held), and the PeerLink's own buffers are leaked then too.
     bool KeepsBuffer(const wire::Header& h) override {
-      return wire::IsPeerType(h.type) || w_->reply_kept_;
+      // (A kPeerAck's reason and a kPeerReady's announcement land in one buffer of the link's,
+      // reused frame after frame: through the bounce buffer.)
+      if (wire::IsPeerType(h.type)) return h.type == wire::MsgType::kPeerData;
+      return w_->reply_kept_;
     }
 
    private:

@@ -36,8 +36,10 @@ def strip_comments(text):
 
 TOKEN = re.compile(r"::|operator\s*(?:==|!=|<=>|\(\)|\[\]|[-+*/<>=!]+)|[A-Za-z_~][A-Za-z_0-9]*|\S")
 NAME = re.compile(r"^(~?[A-Za-z_]\w*|operator.*)$")
+# (Keywords and types before a "(" that declare no function: `std::function<void(int)>`.)
 NOT_FUNCTIONS = {"if", "while", "for", "switch", "return", "sizeof", "decltype", "alignas",
-                 "noexcept", "static_assert", "__attribute__", "GRADLINK_EXPORT"}
+                 "noexcept", "static_assert", "__attribute__", "GRADLINK_EXPORT", "void", "bool",
+                 "int"}
 
 
 def declarations(text):

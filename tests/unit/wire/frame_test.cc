@@ -604,7 +604,7 @@ Header SamplePeer(MsgType t) {
   h.round = 9;
   h.cookie = 42;
   if (t == MsgType::kPeerData || t == MsgType::kPeerReady) {
-    h.count = 1000;
+    h.count = t == MsgType::kPeerReady ? kPeerEagerBytes + 1 : 1000;
     h.element = 7;
   }
   if (t == MsgType::kPeerData) h.payload_bytes = 1000;
@@ -643,10 +643,19 @@ TEST(FrameTest, RejectsMalformedPeerFrames) {
   ExpectProtocolError(DecodeHeader(EncodeHeader(h)), "dtype byte 1");
   h = SamplePeer(MsgType::kPeerReady);
   h.payload_bytes = 8;
-  ExpectProtocolError(DecodeHeader(EncodeHeader(h)), "a payload");
+  ExpectProtocolError(DecodeHeader(EncodeHeader(h)), "a payload of 8 bytes");
   h = SamplePeer(MsgType::kPeerReady);
   h.count = kMaxDataPayload + 1;
   ExpectProtocolError(DecodeHeader(EncodeHeader(h)), "a message of");
+  // Eager up to kPeerEagerBytes, announced above it: a peer can make a receiver buffer no more.
+  h = SamplePeer(MsgType::kPeerData);
+  h.count = h.payload_bytes = kPeerEagerBytes + 1;
+  ExpectProtocolError(DecodeHeader(EncodeHeader(h)), "an eager message");
+  h.flags = kFlagCleared;
+  EXPECT_TRUE(DecodeHeader(EncodeHeader(h)).ok());
+  h = SamplePeer(MsgType::kPeerReady);
+  h.count = kPeerEagerBytes;
+  ExpectProtocolError(DecodeHeader(EncodeHeader(h)), "an announced message");
   h = SamplePeer(MsgType::kPeerClear);
   h.flags = kFlagCleared;
   ExpectProtocolError(DecodeHeader(EncodeHeader(h)), "flags");
