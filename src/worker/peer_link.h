@@ -29,7 +29,8 @@
 //
 // Failures: a peer's failed endpoint fails the sends to it and the recvs from it, naming it; the
 // job's failure (FailAll) fails everything; a deadline fails what has not begun to move (Tick,
-// from the control thread). Bytes in the lane's hands are never abandoned while the lane runs:
+// from the control thread), but not a recv that cleared its message (its sender no longer
+// times out; one that had ended answers the clearance with kPeerAck + kFlagCleared). Bytes in the lane's hands are never abandoned while the lane runs:
 // their op ends when the lane lets go.
 //
 // Threads: Send / Recv on callers' threads; OnHeader / OnPayload on the reply lane's progress
