@@ -35,7 +35,8 @@
 //
 // Threads: Send / Recv on callers' threads; OnHeader / OnPayload on the reply lane's progress
 // thread; send completions on the push lane's; OnAddress, OnPeerFailed, Tick on the control
-// thread (OnPeerFailed on a lane's). Lock: `mu_`, a leaf of the worker's (nothing of the
+// thread (OnPeerFailed on a lane's); the reader thread (started on first use) copies what a
+// lane's thread matched for a same-machine read. Lock: `mu_`, a leaf of the worker's (nothing of the
 // worker's is taken under it, and it is never taken under the worker's state lock); frames are
 // handed to the lane and callbacks run after it is released.
 #pragma once
