@@ -314,20 +314,25 @@ std::optional<uint64_t> WorkerImpl::RetireLocked(std::shared_ptr<TensorState> t)
   return t->key;
 }
 
-Status WorkerImpl::LookUpPeer(uint32_t rank) {
+Status WorkerImpl::SendUnlessRejoining(const wire::Header& h) {
   uint64_t gen;
   {
     MutexLock lock(rendezvous_.mu);
-    // Rejoining: asked again once the restarted scheduler has taken this worker back.
     if (rendezvous_.reconnecting) return Unavailable("the scheduler is being replaced");
     gen = membership_->generation();
   }
+  // A scheduler that is gone: the control thread sees it too (and rejoins or fails the job).
+  return membership_->SendOn(gen, h, {}, Clock::now() + std::chrono::seconds(10));
+}
+
+Status WorkerImpl::LookUpPeer(uint32_t rank) {
   wire::Header h;
   h.type = MsgType::kPeerLookup;
   h.job = job_hash_;
   h.sender = rank_;
   h.count = rank;
-  return membership_->SendOn(gen, h, {}, Clock::now() + std::chrono::seconds(10));
+  // Rejoining: asked again once the restarted scheduler has taken this worker back.
+  return SendUnlessRejoining(h);
 }
 
 std::string WorkerImpl::PeerName(uint32_t rank) const {
@@ -346,21 +351,14 @@ bool WorkerImpl::SameHostAs(uint32_t rank) const {
 }
 
 void WorkerImpl::SendRetire(uint64_t key) {
-  uint64_t gen;
-  {
-    MutexLock lock(rendezvous_.mu);
-    // Rejoining: the restarted scheduler never hears of the retired key (nor do its servers
-    // free it: docs/operations.md, "Names").
-    if (rendezvous_.reconnecting) return;
-    gen = membership_->generation();
-  }
   wire::Header h;
   h.type = MsgType::kRetire;
   h.job = job_hash_;
   h.sender = rank_;
   h.key = key;
-  // A scheduler that is gone: the control thread sees it too (and rejoins or fails the job).
-  membership_->SendOn(gen, h, {}, Clock::now() + std::chrono::seconds(10)).IgnoreError();
+  // Rejoining: the restarted scheduler never hears of the retired key (nor do its servers
+  // free it: docs/operations.md, "Names").
+  SendUnlessRejoining(h).IgnoreError();
 }
 
 std::pair<wire::Header, wire::DeclareMsg> WorkerImpl::DeclarationOf(const TensorState& t) const {

@@ -384,6 +384,9 @@ class WorkerImpl final : public Worker, private MembershipHandler {
 
   // ---- Point-to-point (peer_link.h) ----------------------------------------------------------
 
+  // Sends `h` to the scheduler on the current channel; kUnavailable while rejoining one
+  // restarted (a frame of the old channel would be dropped: the caller tells it again).
+  Status SendUnlessRejoining(const wire::Header& h) EXCLUDES(mu_);
   // kPeerLookup of worker `rank`'s reply lane to the scheduler.
   Status LookUpPeer(uint32_t rank);
   // "worker 2 (host)".
