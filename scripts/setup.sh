@@ -25,6 +25,8 @@ packages=(
   libopenblas0-openmp
   # bench/compare's baselines (Open MPI's MPI_Allreduce, Gloo via torch) and its plot.
   openmpi-bin libopenmpi-dev python3-mpi4py python3-matplotlib
+  # Prometheus' promtool lints the metrics text (tests/unit/metrics); its server scrapes a job.
+  prometheus
 )
 
 missing=()

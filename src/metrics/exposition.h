@@ -1,0 +1,62 @@
+// Metrics in Prometheus' text exposition format (version 0.0.4): what a process serves on
+// /metrics (metrics/http_server.h).
+//
+//   std::vector<metrics::Family> f;
+//   metrics::Family& pushed = metrics::Add(f, "gradlink_pushed_bytes_total",
+//                                          "Bytes this worker pushed to servers.", "counter");
+//   pushed.samples.push_back({{{"job", "lm"}, {"role", "worker"}}, 1.5e9});
+//   std::string text = metrics::Render(f);
+//
+// A family is a name, a HELP text, a TYPE (counter, gauge, histogram, untyped) and its samples;
+// a histogram's samples come from AddHistogram (cumulative `le` buckets, _sum, _count). Render
+// writes HELP and TYPE once per family, escapes label values and HELP texts as the format
+// requires, and writes values as Prometheus reads them (+Inf, -Inf, NaN; integers exactly).
+// Names and label names are checked (CheckName): a bad one is a programming error, reported by
+// Render as a comment line and the family left out, never a broken scrape.
+//
+// Threads: plain values; callers build them per scrape.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace gradlink::metrics {
+
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+struct Sample {
+  Labels labels;
+  double value = 0;
+  std::string suffix;  // appended to the family's name: "_bucket", "_sum", "_count" (histograms)
+};
+
+struct Family {
+  std::string name;
+  std::string help;
+  std::string type;  // "counter", "gauge", "histogram" or "untyped"
+  std::vector<Sample> samples;
+};
+
+// Appends a family and returns it (for its samples).
+Family& Add(std::vector<Family>& families, std::string name, std::string help, std::string type);
+
+// A histogram's samples for `labels`: `bounds` ascending (upper bounds; +Inf is added), `counts`
+// one per bound plus one for +Inf (not cumulative: how many observations fell in each), and the
+// sum of the observations.
+void AddHistogram(Family& family, const Labels& labels, const std::vector<double>& bounds,
+                  const std::vector<uint64_t>& counts, double sum);
+
+// Whether `name` is a valid metric name ([a-zA-Z_:][a-zA-Z0-9_:]*), or, with `label`, a valid
+// label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with "__").
+bool CheckName(std::string_view name, bool label = false);
+
+// The exposition text of `families`, in their order.
+std::string Render(const std::vector<Family>& families);
+
+// The content type Render's text is served with.
+inline constexpr std::string_view kContentType = "text/plain; version=0.0.4; charset=utf-8";
+
+}  // namespace gradlink::metrics
