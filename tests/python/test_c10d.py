@@ -107,6 +107,17 @@ def test_all_gather_coalesced_sparse_all_reduce_and_ddp_with_a_sparse_embedding(
         assert rc == 0 and "C10D SPARSE OK rank %d" % r in out, explain(results)
 
 
+def test_an_uncaught_exception_is_printed_and_leaves_at_once(backend, tmp_path):
+    """torch 2.x's init_process_group wraps sys.excepthook and prints what it buffered only once
+    gradlink's hook returns, which it never does (it leaves the job): the traceback must still
+    be printed."""
+    results = spawn("c10d_uncaught.py", 1, tmp_path, timeout=60)
+    rc, out = results[0]
+    assert rc == 1, explain(results)
+    assert "ValueError: deliberately uncaught on rank 0" in out, explain(results)
+    assert "gradlink: uncaught ValueError on rank 0" in out, explain(results)
+
+
 def test_ddp_zero_and_a_megatron_style_sync(backend, tmp_path):
     results = spawn("c10d_train.py", 2, tmp_path)
     for r, (rc, out) in enumerate(results):

@@ -172,7 +172,16 @@ def _install_fail_fast():
                                  "the other workers fail fast\n" % (etype.__name__, ctx.rank))
         finally:
             if ctx is not None:
-                for stream in (sys.stdout, sys.stderr):
+                # A hook around this one may have swapped sys.stderr for a buffer it prints once
+                # this one returns (torch 2.x's init_process_group does, to prefix "[rankN]:"):
+                # this one never returns, so what went there is printed here.
+                captured = sys.stderr
+                if captured is not sys.__stderr__ and hasattr(captured, "getvalue"):
+                    try:
+                        sys.__stderr__.write(captured.getvalue())
+                    except Exception:  # noqa: BLE001
+                        pass
+                for stream in (sys.stdout, sys.stderr, sys.__stderr__):
                     try:
                         stream.flush()
                     except Exception:  # noqa: BLE001
