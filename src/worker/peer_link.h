@@ -130,6 +130,10 @@ class PeerLink {
   // they let go.
   void FailAll(const Status& s, bool lanes_stopped) EXCLUDES(mu_);
 
+  // Ends the reader thread (reads it still had are not started; their recvs have failed with
+  // the job or the shutdown). After FailAll, before the lanes go. Idempotent.
+  void StopReader() EXCLUDES(reader_mu_);
+
   // After the lanes stopped: if they gave up receives they could not cancel, whatever buffer of
   // this link's a message was arriving into is never freed (the fabric may write it yet).
   void KeepBuffersForever() EXCLUDES(mu_);
@@ -226,6 +230,8 @@ class PeerLink {
     // to 1 GiB would hold up every frame of the lane).
     bool on_lane = false;
   };
+  // Same-machine reads (peer_read.cc): a's reads, here or (on a lane's thread) on the reader.
+  void RunReads(Actions& a) EXCLUDES(mu_);
   // Copies a Read's message out of the sender's memory; true when it proved to be that send's.
   static bool ReadFromPeer(const Actions::Read& r);
   // A Read is over: the recv completes, or (`copied` false) clears the message after all.

@@ -593,6 +593,7 @@ Status WorkerImpl::Shutdown(Clock::time_point deadline) {
                   << " result copies they may still write";
   }
   FailAll(Aborted("worker " + std::to_string(rank_) + " shut down"), /*force=*/true);
+  peer_.StopReader();  // before the lanes go (member order): nothing reads or sends after it
   if (lanes_.open() && lanes_.reply().stats().receives_abandoned != 0) peer_.KeepBuffersForever();
   if (sit_out_.joinable()) sit_out_.join();  // sees the failure within its 100 ms slice
   // Ends the same-host ops (the driving thread is the only one touching their buffers).
