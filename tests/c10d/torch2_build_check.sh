@@ -12,7 +12,8 @@ if [ ! -f "$torch/torch/csrc/distributed/c10d/Backend.hpp" ]; then
 fi
 flags=(-std=c++20 -O0 -fPIC -Wall -Wextra -Werror -I "$repo/include" -I "$repo"
        -isystem "$torch" -isystem "$torch/torch/csrc/api/include" -isystem "$python")
-for src in python/c10d/process_group.cc python/c10d/p2p.cc python/c10d/collectives.cc python/c10d/tensors.cc \
+for src in python/c10d/process_group.cc python/c10d/p2p.cc python/c10d/collectives.cc \
+           python/c10d/sparse.cc python/c10d/tensors.cc \
            python/c10d/module.cc tests/c10d/torch2_check.cc; do
   echo "compiling $src against $torch"
   "$cxx" "${flags[@]}" -c "$repo/$src" -o /dev/null
