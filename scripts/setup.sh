@@ -27,6 +27,8 @@ packages=(
   openmpi-bin libopenmpi-dev python3-mpi4py python3-matplotlib
   # Prometheus' promtool lints the metrics text (tests/unit/metrics); its server scrapes a job.
   prometheus
+  # gradlink-top's interactive test drives it in a terminal (tests/integration, metrics).
+  tmux
 )
 
 missing=()

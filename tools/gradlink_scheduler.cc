@@ -22,11 +22,26 @@ int main(int argc, char** argv) {
   app.add_option("-s,--servers", o.num_servers, "number of servers")->required()->check(CLI::PositiveNumber);
   app.add_option("--job", o.job, "job name")->capture_default_str();
   app.add_option("--join-timeout-ms", join_timeout_ms, "time for every member to join")->capture_default_str();
+  app.add_option("--metrics-port", o.metrics_port,
+                 "serve /metrics and /targets on this port; 0: a free one (logged), -1: off "
+                 "(default: $GRADLINK_METRICS_PORT, else 0)")
+      ->check(CLI::Range(-1, 65535));
+  double stall_check = o.stall_check.count() / 1000.0, stall_shutdown = o.stall_shutdown.count() / 1000.0;
+  app.add_option("--stall-check-seconds", stall_check,
+                 "log tensors some ranks submitted and others not for this long; 0: off "
+                 "(default: $GRADLINK_STALL_CHECK_SECONDS, else 60)")
+      ->check(CLI::Range(0.0, 1e9));
+  app.add_option("--stall-shutdown-seconds", stall_shutdown,
+                 "end the job when such a stall lasts this long; 0: never "
+                 "(default: $GRADLINK_STALL_SHUTDOWN_SECONDS, else 0)")
+      ->check(CLI::Range(0.0, 1e9));
   bool no_failover = false;
   app.add_flag("--no-failover", no_failover,
                "a lost server fails the job (default: its partitions move to the others)");
   CLI11_PARSE(app, argc, argv);
   o.server_failover = !no_failover;
+  o.stall_check = std::chrono::milliseconds(static_cast<int64_t>(stall_check * 1000));
+  o.stall_shutdown = std::chrono::milliseconds(static_cast<int64_t>(stall_shutdown * 1000));
   // One socket per member (thousands of them) plus strangers' connections: the soft limit of
   // open files is often 1024; take what the hard limit allows.
   rlimit nofile{};

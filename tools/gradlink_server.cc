@@ -41,6 +41,10 @@ int main(int argc, char** argv) {
                "join as a standby: take no partitions until a server is lost, then take over "
                "its partitions (a server that joins a running job is one anyway); claim an id of "
                "the scheduler's server count or more, or none");
+  app.add_option("--metrics-port", o.metrics_port,
+                 "serve /metrics on this port; 0: a free one (logged), -1: off "
+                 "(default: $GRADLINK_METRICS_PORT, else 0)")
+      ->check(CLI::Range(-1, 65535));
   app.add_flag("--single-lane", o.single_lane, "answer pulls on the push lane (comparison mode)");
   CLI11_PARSE(app, argc, argv);
   if (!budget.empty()) {

@@ -25,6 +25,19 @@ struct SchedulerOptions {
   // A lost server's partitions move to the servers left, and training goes on (docs/
   // operations.md, "Server failover"); false: a lost server fails the job.
   bool server_failover = true;
+  // Metrics (docs/operations.md, "Watching a job"): the port /metrics and /targets (every
+  // member's metrics address, for Prometheus' HTTP service discovery) are served on, at `host`;
+  // 0 picks a free one, logged as "metrics: http://HOST:PORT/metrics"; -1: not served.
+  // A port that is taken fails Start(). GRADLINK_METRICS_PORT ("off" for -1).
+  int32_t metrics_port = 0;
+  // The stall inspector: a tensor declared, or a round of it pushed, by some workers and not by
+  // the others for this long is logged, naming the ranks that have not and the tensors, and
+  // told to the workers that have; again every period while it lasts. 0: off.
+  // GRADLINK_STALL_CHECK_SECONDS (HOROVOD_STALL_CHECK_TIME_SECONDS; HOROVOD_STALL_CHECK_DISABLE).
+  std::chrono::milliseconds stall_check{60000};
+  // A stall this old fails the job with that message. 0: never.
+  // GRADLINK_STALL_SHUTDOWN_SECONDS (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS).
+  std::chrono::milliseconds stall_shutdown{0};
 };
 
 struct ServerOptions {
@@ -70,6 +83,13 @@ struct ServerOptions {
   std::string host_name;
   // The job secret; must match the scheduler's (both set, equal; or both unset).
   std::optional<std::string> secret;
+  // Metrics: as SchedulerOptions::metrics_port, on every interface (the scheduler lists the
+  // address it knows this server by). On by default, on a free port. GRADLINK_METRICS_PORT.
+  int32_t metrics_port = 0;
+  // The stall inspector's period (SchedulerOptions::stall_check): a round some workers have
+  // pushed and others not for this long is reported to the scheduler, which names the tensors.
+  // GRADLINK_STALL_CHECK_SECONDS, as the scheduler's.
+  std::chrono::milliseconds stall_check{60000};
 };
 
 struct WorkerOptions {
@@ -127,6 +147,9 @@ struct WorkerOptions {
   std::string host_name;
   // The job secret; must match the scheduler's (both set, equal; or both unset).
   std::optional<std::string> secret;
+  // Metrics: as ServerOptions::metrics_port, but off by default (-1): a job of a thousand
+  // workers is watched through its servers and scheduler. GRADLINK_METRICS_PORT turns it on.
+  int32_t metrics_port = -1;
 };
 
 }  // namespace gradlink

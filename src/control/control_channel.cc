@@ -306,4 +306,17 @@ Status ParseHostPort(const std::string& text, std::string* host, uint16_t* port)
   return Status::Ok();
 }
 
+std::string SocketHost(int fd, bool peer) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof(a);
+  auto* sa = reinterpret_cast<sockaddr*>(&a);
+  if ((peer ? getpeername(fd, sa, &len) : getsockname(fd, sa, &len)) != 0) return {};
+  char host[NI_MAXHOST];
+  if (getnameinfo(sa, len, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0) return {};
+  std::string h = host;
+  // An IPv4 peer of a dual-stack socket: its plain dotted form.
+  if (h.rfind("::ffff:", 0) == 0 && h.find('.') != std::string::npos) h = h.substr(7);
+  return h;
+}
+
 }  // namespace gradlink::transport

@@ -94,6 +94,10 @@ class ControlChannel {
   std::atomic<bool> closed_{false};
 };
 
+// The numeric address of a connected socket's own end (`peer` false) or its peer's ("10.0.0.2",
+// "::1"); empty when the socket has none.
+std::string SocketHost(int fd, bool peer);
+
 // A listening TCP socket.
 class Listener {
  public:

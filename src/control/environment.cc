@@ -33,6 +33,31 @@ Status TakeSecret(std::optional<std::string>* field) {
   return Status::Ok();
 }
 
+// GRADLINK_METRICS_PORT: a port, 0 (a free one) or "off"/-1.
+Status TakeMetricsPort(int32_t* field) {
+  const std::optional<std::string> v = env::GetSet("GRADLINK_METRICS_PORT");
+  if (!v) return Status::Ok();
+  if (*v == "off" || *v == "-1") {
+    *field = -1;
+    return Status::Ok();
+  }
+  GL_ASSIGN_OR_RETURN(std::optional<int64_t> port, env::Int("GRADLINK_METRICS_PORT"));
+  if (*port < 0 || *port > 65535) {
+    return InvalidArgument("GRADLINK_METRICS_PORT=" + *v +
+                           " is not a port (0-65535; 0: a free one) or off");
+  }
+  *field = static_cast<int32_t>(*port);
+  return Status::Ok();
+}
+
+// The stall inspector's period: GRADLINK_STALL_CHECK_SECONDS, else Horovod's names.
+Status TakeStallCheck(std::chrono::milliseconds* field) {
+  GL_ASSIGN_OR_RETURN(std::optional<bool> disabled, env::Flag("HOROVOD_STALL_CHECK_DISABLE"));
+  if (disabled.value_or(false)) *field = std::chrono::milliseconds(0);
+  GL_RETURN_IF_ERROR(Take("HOROVOD_STALL_CHECK_TIME_SECONDS", env::Seconds, field));
+  return Take("GRADLINK_STALL_CHECK_SECONDS", env::Seconds, field);
+}
+
 }  // namespace
 
 Result<std::optional<std::string>> SecretFromEnvironment() {
@@ -66,6 +91,11 @@ Status ApplyEnvironment(SchedulerOptions* o) {
   SchedulerOptions n = *o;
   GL_RETURN_IF_ERROR(TakeString("GRADLINK_JOB", &n.job));
   GL_RETURN_IF_ERROR(TakeSecret(&n.secret));
+  GL_RETURN_IF_ERROR(TakeMetricsPort(&n.metrics_port));
+  GL_RETURN_IF_ERROR(TakeStallCheck(&n.stall_check));
+  GL_RETURN_IF_ERROR(
+      Take("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", env::Seconds, &n.stall_shutdown));
+  GL_RETURN_IF_ERROR(Take("GRADLINK_STALL_SHUTDOWN_SECONDS", env::Seconds, &n.stall_shutdown));
   *o = std::move(n);
   return Status::Ok();
 }
@@ -101,6 +131,8 @@ Status ApplyEnvironment(ServerOptions* o) {
   GL_RETURN_IF_ERROR(
       Take("GRADLINK_SCHEDULER_RECONNECT", env::Seconds, &n.scheduler_reconnect_timeout));
   GL_RETURN_IF_ERROR(TakeSecret(&n.secret));
+  GL_RETURN_IF_ERROR(TakeMetricsPort(&n.metrics_port));
+  GL_RETURN_IF_ERROR(TakeStallCheck(&n.stall_check));
   *o = std::move(n);
   return Status::Ok();
 }
@@ -134,6 +166,7 @@ Status ApplyEnvironment(WorkerOptions* o) {
       Take("GRADLINK_SCHEDULER_RECONNECT", env::Seconds, &n.scheduler_reconnect_timeout));
   GL_RETURN_IF_ERROR(Take("GRADLINK_TIMEOUT", env::Seconds, &n.operation_timeout));
   GL_RETURN_IF_ERROR(TakeSecret(&n.secret));
+  GL_RETURN_IF_ERROR(TakeMetricsPort(&n.metrics_port));
   *o = std::move(n);
   return Status::Ok();
 }

@@ -38,6 +38,12 @@ struct Family {
   std::string help;
   std::string type;  // "counter", "gauge", "histogram" or "untyped"
   std::vector<Sample> samples;
+
+  // Adds one sample (not a histogram's: AddHistogram).
+  Family& Put(Labels labels, double value) {
+    samples.push_back({std::move(labels), value, ""});
+    return *this;
+  }
 };
 
 // Appends a family and returns it (for its samples).

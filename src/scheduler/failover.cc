@@ -227,6 +227,7 @@ void SchedulerImpl::MemberLost(Connection& c, const std::string& what) {
     Finish(PeerLost(what + " (no failover: " + failover.message() + ")"));
     return;
   }
+  if (c.role == Role::kWorker) ++workers_lost_;
   Finish(PeerLost(what));
 }
 

@@ -94,6 +94,10 @@ Result<std::optional<transport::Frame>> MemberConnection::NextFrame(const FrameR
   } else {
     partial_since_.reset();
   }
+  if (counters_ != nullptr) {
+    counters_->frames_in.fetch_add(1, std::memory_order_relaxed);
+    counters_->bytes_in.fetch_add(frame_bytes, std::memory_order_relaxed);
+  }
   return std::optional<transport::Frame>(std::move(f));
 }
 
@@ -114,6 +118,10 @@ void MemberConnection::Send(wire::Header h, std::span<const std::byte> head,
   c.own.insert(c.own.end(), head.begin(), head.end());
   if (tail && !tail->empty()) c.shared = std::move(tail);
   c.queued = now;
+  if (counters_ != nullptr) {
+    counters_->frames_out.fetch_add(1, std::memory_order_relaxed);
+    counters_->bytes_out.fetch_add(c.size(), std::memory_order_relaxed);
+  }
   Enqueue(std::move(c));
 }
 

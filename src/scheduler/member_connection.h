@@ -20,6 +20,7 @@
 // closes it.
 #pragma once
 
+#include <atomic>
 #include <poll.h>
 
 #include <cstddef>
@@ -48,6 +49,11 @@ struct FrameRules {
   bool allow_data_error = true;
 };
 
+// Control traffic, counted by every connection that is given them (the scheduler's metrics).
+struct ControlCounters {
+  std::atomic<uint64_t> frames_in{0}, bytes_in{0}, frames_out{0}, bytes_out{0};
+};
+
 class MemberConnection {
  public:
   // At most this much is read per ReadSome(), so one busy member cannot starve the others and
@@ -61,6 +67,8 @@ class MemberConnection {
   MemberConnection& operator=(const MemberConnection&) = delete;
 
   const std::string& peer_name() const { return peer_name_; }
+  // Counts every frame received and queued into `counters` (which outlives this) from now on.
+  void CountInto(ControlCounters* counters) { counters_ = counters; }
   // -1 once closed.
   int fd() const { return channel_ ? channel_->fd() : -1; }
   bool closed() const { return channel_ == nullptr; }
@@ -107,6 +115,7 @@ class MemberConnection {
   void ExpireClose(Clock::time_point now);
 
  private:
+  ControlCounters* counters_ = nullptr;
   struct Chunk {
     std::vector<std::byte> own;  // header (and copied payload)
     std::shared_ptr<const std::vector<std::byte>> shared;  // may be null

@@ -82,6 +82,7 @@ Status SchedulerImpl::OnDeclare(Connection& c, const Frame& f) {
   // A key of a group is planned once the group's workers have declared it (the first
   // declaration names the group; one that names another is a mismatch in Plan).
   const CollectiveSpec first = decl.by_rank.empty() ? d.spec : decl.by_rank.begin()->second.second.spec;
+  if (decl.by_rank.empty()) decl.first_declared = Clock::now();
   decl.by_rank[c.id] = {h, std::move(d)};
   // A group that cannot be (ranks out of range) is refused at once: Plan names it.
   if (layout::GroupIsValid(first, opts_.num_workers) && !ReadyToPlan(decl, first) &&
@@ -124,6 +125,7 @@ std::string PartitionsText(uint64_t declared) {
 }  // namespace
 
 Status SchedulerImpl::Plan(uint64_t key, Declaration& decl) {
+  ++keys_planned_;
   const auto& [h0, d0] = decl.by_rank.begin()->second;
   decl.name = d0.name;
   decl.dtype = static_cast<DataType>(h0.dtype);

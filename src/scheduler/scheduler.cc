@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/naming.h"
 #include "control/layout.h"
+#include "metrics/endpoint.h"
 #include "scheduler/scheduler_impl.h"
 
 namespace gradlink {
@@ -84,6 +85,7 @@ Status SchedulerImpl::Handle(Connection& c, const Frame& f) {
     case MsgType::kBarrier: return OnBarrier(c, f);
     case MsgType::kJoin: return OnJoin(c, f);
     case MsgType::kPeerLookup: return OnPeerLookup(c, f);
+    case MsgType::kStallReport: return OnStallReport(c, f);
     case MsgType::kJoinRelease: return OnJoinReleaseAck(c);
     case MsgType::kGoodbye: return OnGoodbye(c);
     case MsgType::kHeartbeat: return started_ ? Status::Ok() : ProtocolError("early kHeartbeat");
@@ -100,6 +102,10 @@ Status SchedulerImpl::OnRegister(Connection& c, const Frame& f) {
     return ProtocolError("kRegister as " + RoleName(reg.role) + " rank " +
                          std::to_string(reg.requested_rank) + " after authenticating as " +
                          RoleName(c.auth_role) + " rank " + std::to_string(c.auth_rank));
+  }
+  if (reg.metrics_port != 0) {
+    c.metrics_address = metrics::HostPort(transport::SocketHost(c.link.fd(), true),
+                                          reg.metrics_port);
   }
   if (reg.resume.has_value()) return RegisterResume(c, std::move(reg));
   if (resuming_ && !started_ && reg.role == Role::kWorker) {
@@ -521,8 +527,18 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptions& opti
   GL_ASSIGN_OR_RETURN(auto listener, transport::Listener::Listen(options.host, options.port));
   const int wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd < 0) return Internal(std::string("scheduler: eventfd: ") + std::strerror(errno));
-  return std::unique_ptr<Scheduler>(
-      new scheduler::SchedulerImpl(options, std::move(listener), wake_fd));
+  auto s = std::make_unique<scheduler::SchedulerImpl>(options, std::move(listener), wake_fd);
+  scheduler::SchedulerImpl* impl = s.get();
+  std::map<std::string, metrics::Route> targets = {
+      {"/targets", {"application/json", [impl] { return impl->RenderTargets(); }}}};
+  GL_ASSIGN_OR_RETURN(s->metrics_,
+                      metrics::Serve(options.host, options.metrics_port,
+                                     [impl] { return impl->CollectMetrics(); }, std::move(targets)));
+  if (s->metrics_) {
+    s->metrics_port_.store(s->metrics_->port());
+    metrics::LogServing("scheduler", options.host, s->metrics_->port());
+  }
+  return std::unique_ptr<Scheduler>(std::move(s));
 }
 
 }  // namespace gradlink

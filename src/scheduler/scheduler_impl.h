@@ -14,10 +14,12 @@
 // scheduler.cc (the job: registration, welcome, barriers, joins, goodbyes, the end),
 // planning.cc (a key's plan: declarations, partitions, placement, budgets, acks),
 // failover.cc (standby servers joining; a lost server's partitions moved to a standby or the
-// servers left) and restart.cc (a restarted scheduler rebuilding the job from its members).
+// servers left), restart.cc (a restarted scheduler rebuilding the job from its members) and
+// metrics.cc (/metrics and /targets from a view the loop refreshes; the stall inspector).
 //
 // Threads: everything below runs on the loop thread, except Wait(), Stop(), the counters and
-// port(), which other threads call: they read only `mu_`'s fields, atomics and constants.
+// port(), which other threads call: they read only `mu_`'s fields, atomics and constants; and
+// the metrics server's thread, which reads `view_` under `view_mu_` and atomics.
 #pragma once
 
 #include <algorithm>
@@ -36,6 +38,8 @@
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "gradlink/scheduler.h"
+#include "metrics/exposition.h"
+#include "metrics/http_server.h"
 #include "scheduler/member_connection.h"
 #include "scheduler/placement.h"
 #include "security/handshake.h"
@@ -101,6 +105,7 @@ struct Connection {
   uint32_t resume_keys_left = 0;  // restart: its kResumeKey frames still to come (of all
                                   // workers: SchedulerImpl::resume_keys_pending_)
   bool asked_standby = false;     // a server that registered with ServerOptions::standby
+  std::string metrics_address;    // "host:port" of its /metrics; empty: it serves none
 };
 
 // One declared key: what each worker declared, and whether it has been answered.
@@ -127,6 +132,25 @@ struct Declaration {
   // Declarers that have retired the key (kRetire: its name was declared again); once all have,
   // the servers forget it and so does the scheduler (OnRetire).
   std::set<uint32_t> retired;
+  // The stall inspector: when the first worker declared it, and when a stall of its
+  // declaration was last reported ({}: never).
+  Clock::time_point first_declared{};
+  Clock::time_point stall_told{};
+};
+
+// What a scrape reads (metrics.cc): copied from the loop's state by RefreshView.
+struct MetricsView {
+  struct Member {
+    wire::Role role = wire::Role::kWorker;
+    uint32_t id = 0;
+    std::string metrics_address;
+  };
+  std::vector<Member> members;  // registered and not lost
+  bool started = false, finished = false;
+  uint32_t workers = 0, servers = 0, standbys = 0;
+  uint64_t keys = 0, keys_planned = 0, keys_refused = 0, barriers = 0;
+  uint64_t servers_lost = 0, servers_admitted = 0, workers_lost = 0, stalls = 0;
+  std::vector<std::pair<uint32_t, std::pair<uint64_t, uint64_t>>> server_memory;  // id: budget, held
 };
 
 class SchedulerImpl final : public Scheduler {
@@ -141,6 +165,9 @@ class SchedulerImpl final : public Scheduler {
   uint64_t auth_failures() const override { return auth_failures_.load(); }
   Status Wait(Clock::time_point deadline) override;
   void Stop() override;
+  // /metrics and /targets (metrics.cc; the metrics server's thread).
+  std::vector<metrics::Family> CollectMetrics() const EXCLUDES(view_mu_);
+  std::string RenderTargets() const EXCLUDES(view_mu_);
 
  private:
   // ---- scheduler_loop.cc: the loop and the connections' lifecycle ----
@@ -185,6 +212,22 @@ class SchedulerImpl final : public Scheduler {
   uint64_t resume_keys_pending_ = 0;  // kResumeKey frames announced and not yet received
   // Per key, the ranks that said they hold its plan (until the resumed job starts).
   std::map<uint64_t, std::set<uint32_t>> resume_planned_by_;
+
+  // ---- metrics.cc: what a scrape reads, and the stall inspector ----
+  // Copies the loop's state into view_ (at most every 200 ms unless `now_too`).
+  void RefreshView(Clock::time_point now, bool now_too = false) EXCLUDES(view_mu_);
+  Clock::time_point view_refreshed_{};
+  // Declarations some workers made and the others not, for opts_.stall_check: logged, told to
+  // the workers that declared, and (opts_.stall_shutdown) the job's end.
+  void CheckStalls(Clock::time_point now);
+  Clock::time_point stalls_checked_{};
+  // kStallReport from a server: its stalled rounds, named, logged and told likewise.
+  Status OnStallReport(Connection& c, const transport::Frame& f);
+  // Logs `lines` as one stall, tells `told` (worker ranks) and ends the job when `age` reached
+  // opts_.stall_shutdown.
+  void ReportStall(const std::vector<std::string>& lines, const std::set<uint32_t>& told,
+                   Clock::duration age);
+  uint64_t stalls_ = 0, keys_planned_ = 0, workers_lost_ = 0;
 
   // ---- scheduler.cc: the job (and planning.cc: a key's plan) ----
   Status Handle(Connection& c, const transport::Frame& f);
@@ -273,6 +316,9 @@ class SchedulerImpl final : public Scheduler {
   std::atomic<uint64_t> protocol_errors_{0};
   std::atomic<uint64_t> auth_failures_{0};
   std::atomic<bool> stop_requested_{false};
+  ControlCounters control_counters_;  // every connection's frames (MemberConnection::CountInto)
+  mutable Mutex view_mu_;
+  MetricsView view_ GUARDED_BY(view_mu_);
 
   // What Wait() and Stop() read; written by the loop thread (Finish: ended_, result_) and Stop().
   Mutex mu_;
@@ -349,6 +395,12 @@ class SchedulerImpl final : public Scheduler {
 
   // Started last, once every field above is set.
   std::thread loop_;
+
+ public:
+  // Serves CollectMetrics/RenderTargets (Scheduler::Start, once the loop runs); stopped first
+  // as the object goes. Its port, for /targets (set once it serves: 0 until then).
+  std::unique_ptr<metrics::HttpServer> metrics_;
+  std::atomic<uint16_t> metrics_port_{0};
 };
 
 }  // namespace gradlink::scheduler

@@ -95,8 +95,10 @@ void SchedulerImpl::Loop() {
       if (AllFlushed() || now >= *drain_until) break;
     } else {
       OnTimers(now);
+      if (!finished()) CheckStalls(now);
     }
     Reap();
+    RefreshView(now);
 
     fds.clear();
     polled.clear();
@@ -236,6 +238,7 @@ void SchedulerImpl::AcceptAll(Clock::time_point now) {
       return;
     }
     auto c = std::make_shared<Connection>(std::move(ch).value(), now);
+    c->link.CountInto(&control_counters_);
     std::vector<Connection*>& same = waiting[SourceAddress(c->link.peer_name())];
     if (same.size() >= kMaxUnregisteredPerAddress) {
       evict(same);

@@ -63,6 +63,7 @@ ControlVerdict ServerImpl::OnControl(const transport::Frame& f) {
 
 Status ServerImpl::OnTick() {
   FreeRetired();
+  CheckStalls();
   if (!release_) return Status::Ok();
   if (const size_t left = release_->partitions_left.load(); left != 0) {
     if (transport::Clock::now() <= release_->deadline) return Status::Ok();

@@ -130,7 +130,10 @@ void ServerImpl::OnPushPayload(const wire::Header& h, bool ok) {
 void ServerImpl::OnPushPayload(PartitionState* p, const wire::Header& h, bool ok) {
   const bool recover = h.type == MsgType::kRecover;
   const bool runnable = recover ? p->EndRecover(h.sender, ok) : p->EndPush(h.sender, ok);
-  if (ok && !recover) bytes_reduced_ += h.payload_bytes;
+  if (ok && !recover) {
+    bytes_reduced_ += h.payload_bytes;
+    summed_by_dtype_[static_cast<size_t>(p->dtype())] += h.payload_bytes;
+  }
   // Each engine wake-up is a context switch; on small partitions those are most of a round.
   if (!runnable) return;
   if (SummedInline(*p)) {
@@ -243,6 +246,7 @@ void ServerImpl::PushReceiver::OnReceiveFailed(const wire::Header& h, const Stat
 void ServerImpl::PushReceiver::OnPeerFailed(PeerId peer, const Status& st) {
   // A worker's pull endpoint failed. The scheduler decides whether the job is lost; later
   // sends to that worker fail on their own.
+  s_->peers_lost_++;
   GL_LOG(kInfo) << "server " << s_->id_ << ": peer " << peer << " failed: " << st.ToString();
 }
 
@@ -252,6 +256,7 @@ Result<std::span<std::byte>> ServerImpl::PullReceiver::OnHeader(const wire::Head
 }
 
 void ServerImpl::PullReceiver::OnPeerFailed(PeerId peer, const Status& st) {
+  s_->peers_lost_++;
   GL_LOG(kInfo) << "server " << s_->id_ << ": peer " << peer << " failed: " << st.ToString();
 }
 

@@ -63,6 +63,25 @@ uint64_t PartitionState::round() const {
   return round_;
 }
 
+std::optional<PartitionState::Waiting> PartitionState::Stalled(Clock::time_point now,
+                                                               Clock::duration after) const {
+  MutexLock lock(mu_);
+  if (first_push_ == Clock::time_point{} || now - first_push_ < after || adopting_) {
+    return std::nullopt;
+  }
+  Waiting w;
+  w.round = round_;
+  w.age = now - first_push_;
+  for (uint32_t i = 0; i < num_part_; ++i) {
+    if (stage_[i] == Stage::kAbsent || gone_[i]) continue;
+    (stage_[i] == Stage::kFree ? w.missing : w.pushed).push_back(participants_[i]);
+  }
+  if (w.missing.empty()) return std::nullopt;  // all in: summing or sending, not stalled
+  std::sort(w.missing.begin(), w.missing.end());
+  std::sort(w.pushed.begin(), w.pushed.end());
+  return w;
+}
+
 Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bool* run_engine) {
   *run_engine = false;
   MutexLock lock(mu_);
@@ -119,6 +138,7 @@ Result<std::span<std::byte>> PartitionState::BeginPush(const wire::Header& h, bo
     return Mismatch(failure_);
   }
   stage_[rank] = Stage::kReceiving;
+  if (first_push_ == Clock::time_point{}) first_push_ = Clock::now();
   if (requester) return std::span<std::byte>();
   // Rank 0 comes first in the sum, so where the accumulator has the wire dtype its push can land
   // in the accumulator itself (acc = s0; acc += s1 gives the same bits as acc = s0 + s1): one
@@ -373,6 +393,7 @@ std::optional<Completion> PartitionState::FinishAdoptionLocked() {
     }
   }
   round_ = base;
+  first_push_ = {};
   next_ = 0;
   const bool failed = !failure_.empty();
   // A failover that went wrong fails the round after it too, for every worker: none waits.
@@ -523,6 +544,7 @@ std::optional<Completion> PartitionState::Progress() {
   direct_ = false;
   acc_started_ = false;
   ++round_;
+  first_push_ = {};
   next_ = 0;
   failure_.clear();
   std::fill(stage_.begin(), stage_.end(), Stage::kFree);

@@ -149,6 +149,15 @@ class PartitionState {
 
   uint64_t round() const;
 
+  // The stall inspector (ServerImpl::CheckStalls): the round being summed, when its first push
+  // landed at least `after` before `now` and some participants have not pushed it.
+  struct Waiting {
+    uint64_t round = 0;
+    Clock::duration age{};
+    std::vector<uint32_t> missing, pushed;  // ranks, ascending
+  };
+  std::optional<Waiting> Stalled(Clock::time_point now, Clock::duration after) const;
+
   // Bytes of buffers this partition holds now (staging, accumulators, results); any thread. At
   // most reduce::ServerBytesHeld(dtype, count, workers), the figure the scheduler admits by;
   // one staging buffer less while rank 0's pushes land in the accumulator. With a pool, only
@@ -236,6 +245,7 @@ class PartitionState {
   // The accumulator holds this round's first contributions.
   bool acc_started_ GUARDED_BY(mu_) = false;
   Clock::time_point last_landed_ GUARDED_BY(mu_){};  // this round's latest push payload (EndPush)
+  Clock::time_point first_push_ GUARDED_BY(mu_){};   // this round's first push header; {}: none
   uint32_t next_ GUARDED_BY(mu_) = 0;  // ranks [0, next_) are in the accumulator
   uint32_t sends_pending_[2] GUARDED_BY(mu_) = {0, 0};
   bool direct_ GUARDED_BY(mu_) = false;  // rank 0's push of round_ landed in acc_[round_ % 2]

@@ -70,7 +70,10 @@ Status ServerImpl::OnAssign(const transport::Frame& f) {
       if (fresh) {
         for (uint32_t rank : joined_) slot->SetJoined(rank, true);
         // Taken over from a lost server: the workers say where its rounds stand.
-        if (f.header.flags & wire::kFlagReplan) slot->Adopt();
+        if (f.header.flags & wire::kFlagReplan) {
+          slot->Adopt();
+          partitions_adopted_++;
+        }
       }
     }
   }

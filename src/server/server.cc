@@ -9,6 +9,8 @@
 #include "common/log.h"
 #include "common/naming.h"
 #include "gradlink/env.h"
+#include "metrics/endpoint.h"
+#include "metrics/process.h"
 #include "server/start_on.h"
 
 namespace gradlink {
@@ -17,7 +19,7 @@ ServerImpl::ServerImpl(const ServerOptions& o, std::shared_ptr<transport::Fabric
     : opts_(o), job_hash_(wire::JobHash(o.job)), fabric_(std::move(fabric)) {}
 
 Status ServerImpl::Init() {
-  cpu_at_start_ = ProcessCpuSeconds();
+  cpu_at_start_ = metrics::ProcessCpuSeconds();
   // The CPU list is checked before anything starts: a server that cannot run where it was
   // asked to says so at once, not after joining the job.
   if (!opts_.cpus.empty()) {
@@ -35,6 +37,11 @@ Status ServerImpl::Init() {
                                   std::move(fabric_)},
                                  &push_receiver_, &pull_receiver_));
 
+  // Metrics are served from before the join (the scheduler lists the port); a scrape sees the
+  // process alone until the job is known (CollectMetrics).
+  GL_ASSIGN_OR_RETURN(metrics_, metrics::Serve("0.0.0.0", opts_.metrics_port,
+                                               [this] { return CollectMetrics(); }));
+
   wire::RegisterMsg reg;
   reg.role = wire::Role::kServer;
   reg.requested_rank = opts_.id < 0 ? -1 : opts_.id;
@@ -45,6 +52,7 @@ Status ServerImpl::Init() {
   reg.memory_budget = opts_.memory_budget_bytes;
   reg.available_memory = AvailableMemory();
   reg.standby = opts_.standby;
+  reg.metrics_port = metrics_ ? metrics_->port() : 0;
   membership_ = std::make_unique<Membership>(
       MembershipConfig{opts_.scheduler, job_hash_, opts_.secret,
                        opts_.scheduler_reconnect_timeout},
@@ -83,6 +91,12 @@ Status ServerImpl::Init() {
   });
   GL_LOG(kInfo) << "server " << id_ << " joined: " << num_workers_ << " workers; "
                 << threads_.why;
+  if (metrics_) {
+    const auto channel = membership_->channel();
+    metrics::LogServing("server " + std::to_string(id_),
+                        channel ? transport::SocketHost(channel->fd(), false) : reg.host,
+                        metrics_->port());
+  }
   return Status::Ok();
 }
 

@@ -7,6 +7,7 @@
 //   data_plane.cc  pushes in (the lanes' receivers), sums on each partition's owner thread,
 //                  results and refusals out
 //   stats.cc       ServerStats and the figures behind them
+//   metrics.cc     /metrics (Prometheus), and the stall inspector's scan of the rounds
 // What it shares with the worker (the lanes, the membership with its control thread, liveness
 // and rejoining) is in control/member_lanes.h and control/membership.h.
 //
@@ -25,6 +26,7 @@
 //   - counters: atomics.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <map>
@@ -43,6 +45,8 @@
 #include "control/membership.h"
 #include "control/topology.h"
 #include "gradlink/server.h"
+#include "metrics/exposition.h"
+#include "metrics/http_server.h"
 #include "server/buffer_pool.h"
 #include "server/partition_state.h"
 #include "server/thread_plan.h"
@@ -70,9 +74,6 @@ inline constexpr uint64_t kPoolFreeBytes = uint64_t{256} << 20;
 // fails (an owner thread that stopped never runs the call).
 inline constexpr auto kJoinReleaseLimit = std::chrono::seconds(10);
 
-// CPU seconds this process has used (CLOCK_PROCESS_CPUTIME_ID); 0 if unknown.
-double ProcessCpuSeconds();
-
 class ServerImpl final : public Server, private MembershipHandler {
  public:
   ServerImpl(const ServerOptions& o, std::shared_ptr<transport::Fabric> fabric);
@@ -93,6 +94,12 @@ class ServerImpl final : public Server, private MembershipHandler {
   bool finished() EXCLUDES(mu_);
   void Finish(Status s) EXCLUDES(mu_);
   void LogSummary() const;
+
+  // ---- metrics.cc: what a scrape reads (the HTTP server's thread), and stalls --------------
+  std::vector<metrics::Family> CollectMetrics() const;
+  // On the control thread's tick: the rounds some workers have pushed and others not for
+  // opts_.stall_check go to the scheduler (kStallReport), each once and then every period.
+  void CheckStalls();
 
   // ---- control.cc: the scheduler's frames (MembershipHandler, control thread) -----------------
   ControlVerdict OnControl(const transport::Frame& f) override;
@@ -227,6 +234,19 @@ class ServerImpl final : public Server, private MembershipHandler {
 
   std::atomic<uint64_t> rounds_completed_{0}, bytes_reduced_{0}, protocol_errors_{0},
       mismatches_{0};
+  // Summed bytes by dtype (indexed by DataType's value), workers' endpoints that failed,
+  // partitions taken over from lost servers, stalled rounds reported.
+  std::array<std::atomic<uint64_t>, 8> summed_by_dtype_{};
+  std::atomic<uint64_t> peers_lost_{0}, partitions_adopted_{0}, stalls_reported_{0};
+
+  // The control thread's (CheckStalls): when it last scanned, and per partition the stalled
+  // round it last reported and when.
+  transport::Clock::time_point last_stall_scan_{};
+  std::map<std::pair<uint64_t, uint32_t>, std::pair<uint64_t, transport::Clock::time_point>>
+      stalls_told_;
+
+  // Last: stopped first, as the object goes (a scrape reads the fields above).
+  std::unique_ptr<metrics::HttpServer> metrics_;
 };
 
 }  // namespace gradlink

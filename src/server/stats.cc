@@ -1,17 +1,10 @@
 // ServerStats: what this server has summed, held and spent, read from any thread (the
 // counters are atomics; the partitions' held bytes are read under parts_mu_, shared).
-#include <ctime>
-
 #include "common/log.h"
+#include "metrics/process.h"
 #include "server/server_impl.h"
 
 namespace gradlink {
-
-double ProcessCpuSeconds() {
-  timespec t{};
-  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) != 0) return 0;
-  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-}
 
 ServerStats ServerImpl::stats() const {
   ServerStats s;
@@ -29,7 +22,7 @@ ServerStats ServerImpl::stats() const {
   s.keys_retired = keys_retired_.load();
   s.peak_bytes_held = pool_.peak_bytes();
   s.buffer_allocations = pool_.allocations();
-  s.process_cpu_seconds = ProcessCpuSeconds() - cpu_at_start_;
+  s.process_cpu_seconds = metrics::ProcessCpuSeconds() - cpu_at_start_;
   if (s.bytes_reduced != 0) {
     s.cpu_seconds_per_gb = s.process_cpu_seconds / (static_cast<double>(s.bytes_reduced) / 1e9);
   }

@@ -16,6 +16,7 @@ namespace gradlink::wire {
 class Writer {
  public:
   void U8(uint8_t v) { Raw(&v, 1); }
+  void U16(uint16_t v) { Le(v); }
   void U32(uint32_t v) { Le(v); }
   void U64(uint64_t v) { Le(v); }
   void I32(int32_t v) { Le(static_cast<uint32_t>(v)); }
@@ -48,6 +49,7 @@ class Reader {
   explicit Reader(std::span<const std::byte> data) : data_(data) {}
 
   bool U8(uint8_t* v) { return Le(v); }
+  bool U16(uint16_t* v) { return Le(v); }
   bool U32(uint32_t* v) { return Le(v); }
   bool U64(uint64_t* v) { return Le(v); }
   bool I32(int32_t* v) {

@@ -38,7 +38,7 @@ enum Offset : size_t {
 };
 
 bool IsKnownType(uint8_t t) {
-  return (t >= 1 && t <= 25) || (t >= 32 && t <= 40);
+  return (t >= 1 && t <= 27) || (t >= 32 && t <= 40);
 }
 
 }  // namespace

@@ -80,6 +80,11 @@ enum class MsgType : uint8_t {
   // there is no such worker).
   kPeerLookup = 24,
   kPeerAddress = 25,
+  // The stall inspector (docs/operations.md, "Watching a job"): server -> scheduler, rounds
+  // some workers pushed and others not (wire::StalledRound); scheduler -> the workers that
+  // have pushed or declared, the inspector's message (text) to log.
+  kStallReport = 26,
+  kStallNotice = 27,
   // Data plane (transport lanes).
   kPush = 32,          // worker -> server: one partition of one round (+ pull request)
   kPullResponse = 33,  // server -> worker: the round's result for that partition

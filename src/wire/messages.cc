@@ -81,6 +81,7 @@ std::vector<std::byte> Encode(const RegisterMsg& m) {
   w.U64(m.memory_budget);
   w.U64(m.available_memory);
   w.U8(m.standby ? 1 : 0);
+  w.U16(m.metrics_port);
   if (m.resume.has_value()) {
     const ResumeState& st = *m.resume;
     w.U8(1);
@@ -102,7 +103,7 @@ Result<RegisterMsg> DecodeRegister(std::span<const std::byte> b) {
   if (!GetRole(r, &m.role) || !r.I32(&m.requested_rank) || !r.Str(&m.host, kMaxNameLength) ||
       !r.Bytes(&m.push_address, kMaxAddressLength) ||
       !r.Bytes(&m.pull_address, kMaxAddressLength) || !r.U64(&weight_bits) || !r.U64(&m.memory_budget) ||
-      !r.U64(&m.available_memory) || !r.U8(&standby)) {
+      !r.U64(&m.available_memory) || !r.U8(&standby) || !r.U16(&m.metrics_port)) {
     return Bad("register message");
   }
   if (!r.Done()) {
@@ -342,6 +343,53 @@ Result<JoinMsg> DecodeJoin(std::span<const std::byte> b) {
   }
   if (!r.Done()) return Bad("join message");
   return m;
+}
+
+std::vector<std::byte> Encode(const std::vector<StalledRound>& m) {
+  Writer w;
+  w.U32(static_cast<uint32_t>(m.size()));
+  for (const StalledRound& s : m) {
+    w.U64(s.key);
+    w.U32(s.partition);
+    w.U64(s.round);
+    w.U64(s.age_ms);
+    for (const std::vector<uint32_t>* ranks : {&s.missing, &s.pushed}) {
+      w.U32(static_cast<uint32_t>(ranks->size()));
+      for (uint32_t r : *ranks) w.U32(r);
+    }
+  }
+  return w.Take();
+}
+
+Result<std::vector<StalledRound>> DecodeStallReport(std::span<const std::byte> b,
+                                                   uint32_t num_workers) {
+  Reader r(b);
+  uint32_t n;
+  if (!r.U32(&n) || n > kMaxStalledRounds) return Bad("stall report");
+  std::vector<StalledRound> out(n);
+  for (StalledRound& s : out) {
+    if (!r.U64(&s.key) || !r.U32(&s.partition) || !r.U64(&s.round) || !r.U64(&s.age_ms)) {
+      return Bad("stall report");
+    }
+    std::vector<bool> seen(num_workers, false);
+    for (std::vector<uint32_t>* ranks : {&s.missing, &s.pushed}) {
+      uint32_t count;
+      if (!r.U32(&count) || count > num_workers || r.remaining() / 4 < count) {
+        return Bad("stall report (rank count)");
+      }
+      ranks->resize(count);
+      for (uint32_t i = 0; i < count; ++i) {
+        uint32_t& rank = (*ranks)[i];
+        if (!r.U32(&rank) || rank >= num_workers || seen[rank] ||
+            (i > 0 && rank <= (*ranks)[i - 1])) {
+          return Bad("stall report (ranks)");
+        }
+        seen[rank] = true;
+      }
+    }
+  }
+  if (!r.Done()) return Bad("stall report (trailing bytes)");
+  return out;
 }
 
 Result<std::string> DecodeText(std::span<const std::byte> b) {

@@ -76,6 +76,9 @@ struct RegisterMsg {
   // Servers: a standby (ServerOptions::standby), which takes no partitions until it takes over
   // a lost server's. Workers send false; decoding refuses a worker that says true.
   bool standby = false;
+  // The port this member serves its metrics on (ServerOptions::metrics_port), at the address
+  // its control connection comes from; 0: none. The scheduler lists them on /targets.
+  uint16_t metrics_port = 0;
   // Set when the member was in the job already and re-registers with a restarted scheduler
   // (scheduler_impl.h, "Restart"): requested_rank is then its id in the job.
   std::optional<ResumeState> resume;
@@ -149,6 +152,18 @@ struct ResumeKeyMsg {
   std::string refusal_text;  // ...and why
 };
 
+// kStallReport (server -> scheduler): rounds some workers have pushed and others not, for at
+// least the stall inspector's period (ServerOptions::stall_check).
+struct StalledRound {
+  uint64_t key = 0;
+  uint32_t partition = 0;
+  uint64_t round = 0;
+  uint64_t age_ms = 0;            // since the round's first push landed
+  std::vector<uint32_t> missing;  // ranks that have not pushed it, ascending
+  std::vector<uint32_t> pushed;   // ranks that have, ascending
+};
+inline constexpr uint32_t kMaxStalledRounds = 1024;  // per report
+
 // Keys one kJoin can carry (16 bytes each in one control frame).
 inline constexpr uint32_t kMaxJoinKeys = 60000;
 
@@ -159,6 +174,10 @@ std::vector<std::byte> Encode(const DeclareMsg& m);
 std::vector<std::byte> Encode(const AssignMsg& m);
 std::vector<std::byte> EncodeText(std::string_view text);
 std::vector<std::byte> Encode(const ResumeKeyMsg& m);
+std::vector<std::byte> Encode(const std::vector<StalledRound>& m);
+// Ranks below `num_workers`, ascending, none both missing and pushed.
+Result<std::vector<StalledRound>> DecodeStallReport(std::span<const std::byte> b,
+                                                   uint32_t num_workers);
 // Its plan is checked as DecodeAssign checks one.
 Result<ResumeKeyMsg> DecodeResumeKey(std::span<const std::byte> b, uint64_t total_count,
                                      uint32_t num_servers);

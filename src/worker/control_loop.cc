@@ -280,6 +280,16 @@ ControlVerdict WorkerImpl::OnControl(const transport::Frame& f) {
     case MsgType::kPeerAddress:
       peer_.OnAddress(f.header, f.payload);
       break;
+    case MsgType::kStallNotice: {
+      // The stall inspector's message: this worker has pushed (or declared) what others have not.
+      Result<std::string> text = wire::DecodeText(f.payload);
+      if (text.ok()) {
+        GL_LOG(kWarn) << "worker " << rank_ << ": " << *text;
+      } else {
+        protocol_errors_++;
+      }
+      break;
+    }
     case MsgType::kServerJoined:
       if (Status s = OnServerJoined(f); !s.ok()) {
         FailAll(s);

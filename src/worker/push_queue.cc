@@ -253,6 +253,7 @@ bool WorkerImpl::TakeIssueLocked(IssueBatch* batch) {
 }
 
 void WorkerImpl::TrackOpLocked(const std::shared_ptr<Op>& op) {
+  if (ops_.empty()) busy_since_ = Clock::now();
   if (free_op_nodes_.empty()) {
     ops_.emplace(op->id, op);
     return;
@@ -267,6 +268,11 @@ void WorkerImpl::TrackOpLocked(const std::shared_ptr<Op>& op) {
 void WorkerImpl::UntrackOpLocked(uint64_t id) {
   OpsNode node = ops_.extract(id);
   if (node.empty()) return;
+  if (ops_.empty()) {
+    counters_->busy_ns.fetch_add(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - busy_since_).count(),
+        std::memory_order_relaxed);
+  }
   node.mapped().reset();
   if (free_op_nodes_.size() < kMaxFreeOpNodes) free_op_nodes_.push_back(std::move(node));
 }
@@ -426,6 +432,13 @@ void WorkerImpl::FinishLocked(Op& op, const Status& s) {
   if (s.ok() && !op.owned && !op.sits_out) {  // fused ops count when their members are unpacked
     counters_->push_pulls.fetch_add(1, std::memory_order_relaxed);
     counters_->bytes_reduced.fetch_add(op.data.size(), std::memory_order_relaxed);
+  }
+  if (s.ok() && !op.sits_out && op.tensor) {
+    counters_->reduced_by_dtype[static_cast<size_t>(op.tensor->dtype) & 7].fetch_add(
+        op.data.size(), std::memory_order_relaxed);
+    const Clock::time_point began =
+        op.t_first_issue != Clock::time_point{} ? op.t_first_issue : op.t_call;
+    counters_->round_seconds.Observe(std::chrono::duration<double>(op.t_done - began).count());
   }
   UntrackOpLocked(op.id);  // callers hold a reference to `op`
   Complete(op, s);

@@ -9,6 +9,7 @@
 // mu_, and a Group::Part's under its group's mu, cannot name their lock from here and are not.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstddef>
@@ -22,6 +23,7 @@
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "control/layout.h"
+#include "metrics/histogram.h"
 #include "control/topology.h"
 #include "gradlink/worker.h"
 #include "wire/messages.h"
@@ -34,6 +36,12 @@ struct Counters {
   std::atomic<uint64_t> push_pulls{0}, bytes_reduced{0}, groups{0}, fused_ops{0},
       bytes_packed{0}, bytes_unpacked{0}, partitions_held{0}, peak_bytes_ahead{0},
       bytes_copied_results{0}, servers_lost{0}, partitions_recovered{0};
+  // For /metrics: bytes of ops that ended OK by dtype (indexed by DataType's value; a fused
+  // op counts its fusion buffer), each such op's time from its first push to its end, and the
+  // time with at least one op in flight (nanoseconds).
+  std::array<std::atomic<uint64_t>, 8> reduced_by_dtype{};
+  metrics::Histogram round_seconds;
+  std::atomic<uint64_t> busy_ns{0};
 };
 
 // A first-in first-out queue in a vector that keeps its capacity: it starts over at its front

@@ -7,6 +7,7 @@
 
 #include "common/env.h"
 #include "common/log.h"
+#include "metrics/endpoint.h"
 #include "common/naming.h"
 #include "control/join.h"
 #include "control/tuning.h"
@@ -71,9 +72,12 @@ Status WorkerImpl::Init() {
                                   std::move(fabric_)},
                                  &receiver_, &receiver_));
 
+  GL_ASSIGN_OR_RETURN(metrics_, metrics::Serve("0.0.0.0", opts_.metrics_port,
+                                               [this] { return CollectMetrics(); }));
   wire::RegisterMsg reg;
   reg.role = wire::Role::kWorker;
   reg.requested_rank = opts_.rank;
+  reg.metrics_port = metrics_ ? metrics_->port() : 0;
   reg.host = opts_.host_name.empty() ? LocalHostName() : opts_.host_name;
   reg.push_address = lanes_.push().address();
   reg.pull_address = lanes_.reply().address();
@@ -141,6 +145,13 @@ Status WorkerImpl::Init() {
                 << ", UCX:" << (ucx.empty() ? " its defaults" : ucx) << ", device memory "
                 << (device.empty() ? std::string("none (host only)") : device)
                 << (f.chosen.empty() ? "" : "; " + f.chosen);
+  metrics_ready_.store(true, std::memory_order_release);
+  if (metrics_) {
+    const auto channel = membership_->channel();
+    metrics::LogServing("worker " + std::to_string(rank_),
+                        channel ? transport::SocketHost(channel->fd(), false) : reg.host,
+                        metrics_->port());
+  }
   return Status::Ok();
 }
 

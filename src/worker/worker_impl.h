@@ -8,6 +8,7 @@
 //                     thread): kAssign, barriers, failover, rejoining, the job's failure
 //   local_binding.cc  the same-host path (local_reduce.h) bound to tensors and ops
 //   handles.cc        TensorHandle / PushPullHandle: waiting, polling, timings
+//   metrics.cc        /metrics (WorkerOptions::metrics_port), from Stats() and the counters
 //
 // Threads: the caller's (any number: Declare, PushPull*, Barrier, handles), the push lane's and
 // the pull lane's progress threads (PushDone; OnHeader/OnPayload), the control thread
@@ -66,6 +67,8 @@
 #include "control/topology.h"
 #include "control/tuning.h"
 #include "gradlink/worker.h"
+#include "metrics/exposition.h"
+#include "metrics/http_server.h"
 #include "transport/transport.h"
 #include "wire/messages.h"
 #include "worker/fusion_pool.h"
@@ -138,6 +141,8 @@ class WorkerImpl final : public Worker, private MembershipHandler {
                                const PushPullOptions& options) override;
 
   WorkerStats Stats() const override;
+  // /metrics (metrics.cc), on the metrics server's thread.
+  std::vector<metrics::Family> CollectMetrics() EXCLUDES(mu_);
 
   Status Barrier(Clock::time_point deadline) override;
   Result<uint32_t> Join(Clock::time_point deadline) override;
@@ -608,6 +613,7 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   uint64_t next_op_id_ GUARDED_BY(mu_) = 1;
   uint64_t next_seq_ GUARDED_BY(mu_) = 0;
   uint64_t bytes_in_flight_ GUARDED_BY(mu_) = 0;
+  Clock::time_point busy_since_ GUARDED_BY(mu_){};  // when ops_ last became non-empty
   // Fixed at Init: the options' values, or what tuning_ chose where they are unset.
   tuning::Choice tuning_;
   uint64_t max_bytes_in_flight_ = 0, max_bytes_ahead_ = 0;
@@ -640,6 +646,11 @@ class WorkerImpl final : public Worker, private MembershipHandler {
   Mutex plans_mu_ ACQUIRED_BEFORE(mu_);  // taken before mu_ (BuildPlan declares), never under it
   std::unordered_map<std::vector<const TensorState*>, std::shared_ptr<const GroupPlan>, LayoutHash>
       plans_ GUARDED_BY(plans_mu_);
+
+  // /metrics: set once Init() has set what CollectMetrics reads; the server, declared last so
+  // that it stops first as the worker goes.
+  std::atomic<bool> metrics_ready_{false};
+  std::unique_ptr<metrics::HttpServer> metrics_;
 };
 
 }  // namespace gradlink

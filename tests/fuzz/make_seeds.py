@@ -38,10 +38,10 @@ for name, data in frames.items():
 
 addr = b"\x01\x02\x03\x04"
 # Weight, memory budget, available memory.
-register = bytes([1]) + struct.pack("<i", -1) + s(b"host") + s(addr) + s(addr) + struct.pack("<dQQB", 1.0, 0, 0, 0)
+register = bytes([1]) + struct.pack("<i", -1) + s(b"host") + s(addr) + s(addr) + struct.pack("<dQQBH", 1.0, 0, 0, 0, 0)
 # A server with placement weight 0.25, and (refused) weights out of range: 0, -1, NaN, inf, 1e7.
-register_server = bytes([2]) + struct.pack("<i", -1) + s(b"srv") + s(addr) + s(addr) + struct.pack("<dQQB", 0.25, 64 << 20, 8 << 30, 1)
-register_bad_weights = [bytes([2]) + struct.pack("<i", -1) + s(b"srv") + s(addr) + s(addr) + struct.pack("<dQQB", w, 0, 0, 0)
+register_server = bytes([2]) + struct.pack("<i", -1) + s(b"srv") + s(addr) + s(addr) + struct.pack("<dQQBH", 0.25, 64 << 20, 8 << 30, 1, 9100)
+register_bad_weights = [bytes([2]) + struct.pack("<i", -1) + s(b"srv") + s(addr) + s(addr) + struct.pack("<dQQBH", w, 0, 0, 0, 0)
                         for w in (0.0, -1.0, float("nan"), float("inf"), 1e7)]
 welcome = struct.pack("<IIII", 0, 1, 1, 2) + bytes([1]) + struct.pack("<I", 0) + s(b"w") + s(addr) + s(addr) \
     + bytes([2]) + struct.pack("<I", 0) + s(b"s") + s(addr) + s(addr) + struct.pack("<Q", 0x1234)
@@ -60,12 +60,17 @@ for j, payload in enumerate(register_bad_weights):
 # Restart: a worker resuming (7 keys follow, 3 barriers entered and released, 3 server ids of
 # which 1 lost), and one tensor's resume (its declaration and plan; byte 6: 97 elements, 1 server).
 write("messages", "register_resume", bytes([0]) + bytes([1]) + struct.pack("<i", 0) + s(b"host") +
-      s(addr) + s(addr) + struct.pack("<dQQB", 1.0, 0, 0, 0) + bytes([1]) +
+      s(addr) + s(addr) + struct.pack("<dQQBH", 1.0, 0, 0, 0, 0) + bytes([1]) +
       struct.pack("<IQQIII", 7, 3, 3, 3, 1, 1))
 spec = struct.pack("<BBIII", 0, 0, 0, 0, 0)
 full_declare = s(b"t") + struct.pack("<QIB", 0, 0, 0) + spec
 full_assign = s(b"t") + struct.pack("<I", 1) + struct.pack("<QQI", 0, 97, 0) + bytes([0]) + spec
 write("messages", "resume_key", bytes([6]) + s(full_declare) + bytes([1]) + s(full_assign))
+# A stall report (byte 0: 7 + 8 * 3, 4 workers): key 5 partition 0 round 2, 61 s, rank 3
+# missing, ranks 0-2 pushed.
+write("messages", "stall_report", bytes([7 + 8 * 3]) + struct.pack("<I", 1) +
+      struct.pack("<QIQQ", 5, 0, 2, 61000) + struct.pack("<II", 1, 3) +
+      struct.pack("<IIII", 3, 0, 1, 2))
 
 # ---- handshake_fuzz: byte 0 mode, then steps [op][len][payload]. The target's fixed secret,
 # job hash, epoch and nonces (handshake_fuzz.cc) let honest transcripts be computed here.

@@ -21,7 +21,7 @@ void CheckRoundTrip(const gradlink::Result<Msg>& m, std::span<const std::byte> i
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const uint8_t which = data[0] % 7;
+  const uint8_t which = data[0] % 8;
   std::span<const std::byte> b(reinterpret_cast<const std::byte*>(data + 1), size - 1);
   namespace w = gradlink::wire;
   switch (which) {
@@ -57,6 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       CheckRoundTrip(w::DecodeResumeKey(b, total, 1 + data[0] / 28 % 8), b);
       break;
     }
+    case 7: CheckRoundTrip(w::DecodeStallReport(b, 1 + data[0] / 8 % 16), b); break;
   }
   return 0;
 }

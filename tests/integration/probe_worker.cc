@@ -28,9 +28,11 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <fstream>
 #include <thread>
 #include <vector>
 
+#include "gradlink/env.h"
 #include "gradlink/worker.h"
 
 namespace gl = gradlink;
@@ -54,6 +56,12 @@ struct Args {
   bool same_issue_order = false;
   bool corrupt = false;  // self-test of the checks: push one wrong element
   int wait_s = 60;
+  // stall mode: what rank 1 holds back ("declare": it declares the second tensor late; "push":
+  // it pushes it late), and for how long.
+  std::string stall = "push";
+  int delay_ms = 0;
+  // loop mode: push_pull rounds (checked) until this file exists.
+  std::string until_file;
 };
 
 Clock::time_point Deadline(int seconds) { return Clock::now() + std::chrono::seconds(seconds); }
@@ -147,6 +155,13 @@ uint64_t CountWrong(gl::DataType t, const std::vector<std::byte>& buf, uint64_t 
 
 std::unique_ptr<gl::Worker> Connect(const Args& a) {
   gl::WorkerOptions o;
+  // The environment first, as gradlink's own tools do: the harness turns the same-host path
+  // off (GRADLINK_LOCAL_ARENA_BYTES=0) so that these jobs go through the servers, and the
+  // metrics tests turn the worker's metrics on (GRADLINK_METRICS_PORT).
+  if (gl::Status env = gl::ApplyEnvironment(&o); !env.ok()) {
+    std::fprintf(stderr, "probe: %s\n", env.ToString().c_str());
+    return nullptr;
+  }
   o.scheduler = a.scheduler;
   o.job = a.job;
   o.rank = a.rank;
@@ -527,6 +542,91 @@ int RunTimeout(const Args& a, bool abandon) {
   return Finish(*w, 0);
 }
 
+// The stall inspector's scenarios: two tensors, 'grad.a' that both ranks push at once and
+// 'grad.b' that rank 1 declares (--stall declare) or pushes (--stall push) --delay-ms late.
+// Exit 0 when both sums are right, 4 when an operation failed naming the stall inspector (a
+// GRADLINK_STALL_SHUTDOWN_SECONDS test), else kExitFail.
+int RunStall(const Args& a) {
+  auto w = Connect(a);
+  if (!w) return kExitFail;
+  const uint32_t rank = w->rank(), n = w->size();
+  const uint64_t count = 1000;
+  const bool late = rank == 1;
+  std::vector<std::vector<std::byte>> bufs(2, std::vector<std::byte>(count * 4));
+  auto fail = [&](const char* what, const gl::Status& s) {
+    std::fprintf(stderr, "probe rank %u: %s: %s\n", rank, what, s.ToString().c_str());
+    const bool stalled = s.message().find("stall inspector") != std::string::npos;
+    return Finish(*w, stalled ? 4 : kExitFail);
+  };
+  auto ha = w->Declare("grad.a", gl::DataType::kFloat32, count);
+  if (!ha.ok()) return fail("declare grad.a", ha.status());
+  Fill(gl::DataType::kFloat32, bufs[0], count, rank, 0, 0);
+  Fill(gl::DataType::kFloat32, bufs[1], count, rank, 0, 1);
+  if (gl::Status s = w->PushPull(*ha, bufs[0]).Wait(Deadline(a.wait_s)); !s.ok()) {
+    return fail("push_pull grad.a", s);
+  }
+  const auto delay = std::chrono::milliseconds(a.delay_ms);
+  if (late && a.stall == "declare") std::this_thread::sleep_for(delay);
+  auto hb = w->Declare("grad.b", gl::DataType::kFloat32, count);
+  if (!hb.ok()) return fail("declare grad.b", hb.status());
+  if (late && a.stall == "push") std::this_thread::sleep_for(delay);
+  if (gl::Status s = w->PushPull(*hb, bufs[1]).Wait(Deadline(a.wait_s)); !s.ok()) {
+    return fail("push_pull grad.b", s);
+  }
+  uint64_t first = 0;
+  for (uint64_t t = 0; t < 2; ++t) {
+    if (CountWrong(gl::DataType::kFloat32, bufs[t], count, n, 0, t, false, &first) != 0) {
+      std::fprintf(stderr, "probe rank %u: wrong sum of tensor %llu\n", rank,
+                   static_cast<unsigned long long>(t));
+      return Finish(*w, kExitWrong);
+    }
+  }
+  std::printf("probe rank %u: both sums right\n", rank);
+  return Finish(*w, 0);
+}
+
+// A job that runs until told: 'loop.a' (--count floats) summed round after round, every sum
+// checked, until --until-file exists (the metrics tests scrape it meanwhile). Exit 0, or
+// kExitWrong / kExitFail.
+int RunLoop(const Args& a) {
+  auto w = Connect(a);
+  if (!w) return kExitFail;
+  const uint32_t rank = w->rank(), n = w->size();
+  auto h = w->Declare("loop.a", gl::DataType::kFloat32, a.count);
+  auto hs = w->Declare("loop.stop", gl::DataType::kInt32, 1);
+  if (!h.ok() || !hs.ok()) return Finish(*w, kExitFail);
+  std::vector<std::byte> buf(a.count * 4);
+  uint64_t round = 0;
+  for (;; ++round) {
+    // Every rank runs the same rounds: rank 0 decides when to stop, at a barrier.
+    if (round % 16 == 0) {
+      if (gl::Status s = w->Barrier(Deadline(a.wait_s)); !s.ok()) {
+        std::fprintf(stderr, "probe rank %u: barrier: %s\n", rank, s.ToString().c_str());
+        return Finish(*w, kExitFail);
+      }
+      std::vector<std::byte> stop(4);
+      stop[0] = std::byte{rank == 0 && std::ifstream(a.until_file).good() ? uint8_t{1} : uint8_t{0}};
+      if (!w->PushPull(*hs, stop).Wait(Deadline(a.wait_s)).ok()) {
+        return Finish(*w, kExitFail);
+      }
+      if (stop[0] != std::byte{0}) break;
+    }
+    Fill(gl::DataType::kFloat32, buf, a.count, rank, round % 8, 0);
+    if (gl::Status s = w->PushPull(*h, buf).Wait(Deadline(a.wait_s)); !s.ok()) {
+      std::fprintf(stderr, "probe rank %u: push_pull: %s\n", rank, s.ToString().c_str());
+      return Finish(*w, kExitFail);
+    }
+    uint64_t first = 0;
+    if (CountWrong(gl::DataType::kFloat32, buf, a.count, n, round % 8, 0, false, &first) != 0) {
+      std::fprintf(stderr, "probe rank %u: wrong sum in round %llu\n", rank,
+                   static_cast<unsigned long long>(round));
+      return Finish(*w, kExitWrong);
+    }
+  }
+  std::printf("probe rank %u: %llu rounds right\n", rank, static_cast<unsigned long long>(round));
+  return Finish(*w, 0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -542,6 +642,9 @@ int main(int argc, char** argv) {
   app.add_option("--partition-bytes", a.partition_bytes);
   app.add_option("--max-in-flight", a.max_in_flight);
   app.add_option("--wait-s", a.wait_s);
+  app.add_option("--stall", a.stall, "stall: what rank 1 does late, declare | push");
+  app.add_option("--delay-ms", a.delay_ms, "stall: how late");
+  app.add_option("--until-file", a.until_file, "loop: stop once this file exists");
   app.add_flag("--dtype-mismatch", a.dtype_mismatch);
   app.add_flag("--corrupt", a.corrupt, "many-keys: push one wrong element (checks the checks)");
   app.add_flag("--same-issue-order", a.same_issue_order,
@@ -553,6 +656,8 @@ int main(int argc, char** argv) {
   if (a.mode == "rank-order") return RunRankOrder(a);
   if (a.mode == "timeout") return RunTimeout(a, false);
   if (a.mode == "abandon") return RunTimeout(a, true);
+  if (a.mode == "stall") return RunStall(a);
+  if (a.mode == "loop") return RunLoop(a);
   std::fprintf(stderr, "probe: unknown mode '%s'\n", a.mode.c_str());
   return 2;
 }

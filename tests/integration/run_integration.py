@@ -317,11 +317,11 @@ def header(type_, job="default", payload=0, magic=MAGIC, version=VERSION, flags=
 
 
 def register_payload(role=1, rank=-1, host="intruder", push=b"", pull=b"", weight=1.0,
-                     standby=0):
+                     standby=0, metrics_port=0):
     def blob(b):
         return struct.pack("<I", len(b)) + b
     return (struct.pack("<Bi", role, rank) + blob(host.encode()) + blob(push) + blob(pull) +
-            struct.pack("<dQQB", weight, 0, 0, standby))
+            struct.pack("<dQQBH", weight, 0, 0, standby, metrics_port))
 
 
 def frame(type_, payload=b"", **kw):
@@ -1305,14 +1305,15 @@ CASES = {
 }
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__,
+def main(cases=None, doc=None):
+    cases = cases or CASES
+    ap = argparse.ArgumentParser(description=doc or __doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin-dir", required=True, help="where gradlink-scheduler/-server/-bench are")
     ap.add_argument("--probe", required=True, help="gl_probe_worker")
     ap.add_argument("--rogue", required=True, help="gl_rogue_worker")
     ap.add_argument("--budget", type=float, default=120, help="seconds for the whole case")
-    ap.add_argument("case", choices=sorted(CASES))
+    ap.add_argument("case", choices=sorted(cases))
     args = ap.parse_args()
     h = Harness(args)
 
@@ -1325,7 +1326,7 @@ def main():
     t0 = time.monotonic()
     rc = 0
     try:
-        CASES[args.case](h)
+        cases[args.case](h)
     except Failure as e:
         print("FAIL %s: %s" % (args.case, e))
         rc = 1

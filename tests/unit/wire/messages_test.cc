@@ -648,5 +648,49 @@ TEST(CodecTest, LittleEndianRoundTrip) {
   EXPECT_EQ(s, "hi");
 }
 
+TEST(MessagesTest, RegisterCarriesTheMetricsPort) {
+  RegisterMsg m = SampleRegister();
+  m.metrics_port = 9100;
+  auto d = DecodeRegister(Encode(m));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->metrics_port, 9100);
+  std::vector<std::byte> b = Encode(m);
+  b.pop_back();  // half a port
+  EXPECT_FALSE(DecodeRegister(b).ok());
+}
+
+TEST(MessagesTest, StallReportRoundTripAndRejects) {
+  std::vector<StalledRound> m = {{7, 2, 9, 61000, {1, 3}, {0, 2}}, {8, 0, 0, 5, {2}, {}}};
+  const std::vector<std::byte> b = Encode(m);
+  auto d = DecodeStallReport(b, 4);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_EQ(d->size(), 2u);
+  EXPECT_EQ((*d)[0].key, 7u);
+  EXPECT_EQ((*d)[0].partition, 2u);
+  EXPECT_EQ((*d)[0].round, 9u);
+  EXPECT_EQ((*d)[0].age_ms, 61000u);
+  EXPECT_EQ((*d)[0].missing, (std::vector<uint32_t>{1, 3}));
+  EXPECT_EQ((*d)[0].pushed, (std::vector<uint32_t>{0, 2}));
+  EXPECT_EQ((*d)[1].pushed.size(), 0u);
+  for (size_t n = 0; n < b.size(); ++n) {
+    EXPECT_FALSE(DecodeStallReport(std::span(b).first(n), 4).ok()) << "truncated to " << n;
+  }
+  std::vector<std::byte> trailing = b;
+  trailing.push_back(std::byte{0});
+  EXPECT_FALSE(DecodeStallReport(trailing, 4).ok());
+  // Ranks out of range, unsorted, repeated, or both missing and pushed.
+  EXPECT_FALSE(DecodeStallReport(b, 3).ok());
+  for (const auto& [missing, pushed] :
+       std::vector<std::pair<std::vector<uint32_t>, std::vector<uint32_t>>>{
+           {{3, 1}, {}}, {{1, 1}, {}}, {{1}, {1}}}) {
+    std::vector<StalledRound> bad = {{1, 0, 0, 0, missing, pushed}};
+    EXPECT_FALSE(DecodeStallReport(Encode(bad), 4).ok());
+  }
+  // A count past the bound is refused before anything is allocated.
+  Writer w;
+  w.U32(kMaxStalledRounds + 1);
+  EXPECT_FALSE(DecodeStallReport(w.Take(), 4).ok());
+}
+
 }  // namespace
 }  // namespace gradlink::wire
