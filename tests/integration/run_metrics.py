@@ -31,7 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run_integration as ri  # noqa: E402
 from run_integration import Failure  # noqa: E402
 
-TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+TOOLS = os.path.join(ROOT, "tools")
 INFO = {"GRADLINK_LOG_LEVEL": "info"}
 
 
@@ -99,6 +100,18 @@ def free_port():
     return port
 
 
+def documented_metrics():
+    """The metric names of docs/operations.md's table ("### The metrics")."""
+    text = open(os.path.join(ROOT, "docs", "operations.md")).read()
+    table = text.split("### The metrics", 1)[1].split("###", 1)[0]
+    return set(re.findall(r"^\| `(gradlink_[a-z_]+)` \|", table, re.M))
+
+
+def dashboard_queries():
+    board = json.load(open(os.path.join(ROOT, "docs", "grafana-dashboard.json")))
+    return [t["expr"] for p in board["panels"] for t in p["targets"]]
+
+
 def promtool_check(text, who):
     r = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
                        capture_output=True, timeout=30)
@@ -127,6 +140,16 @@ def case_metrics(h):
                 raise Failure("%s metrics lack the job and role labels:\n%s" % (role, text[:2000]))
             print("---- %s /metrics (first 30 lines)" % role)
             print("\n".join(text.splitlines()[:30]))
+        # docs/operations.md's table names exactly the families the three roles serve.
+        served = set()
+        for address in (sm, t["server"][0], t["worker"][0]):
+            served |= set(re.findall(r"^# TYPE (\S+) ", get("http://%s/metrics" % address)[1],
+                                     re.M))
+        documented = documented_metrics()
+        if served != documented:
+            raise Failure("docs/operations.md's metrics table and what the roles serve differ: "
+                          "served, not documented: %s; documented, not served: %s" % (
+                              sorted(served - documented), sorted(documented - served)))
         # Each member's log line names the address the scheduler lists.
         logged = sorted(filter(None, [metrics_address(p, "server %d" % i) for p in srv
                                       for i in range(2)]))
@@ -178,6 +201,16 @@ def case_metrics(h):
         if not up or int(up[0]["value"][1]) != 5:
             raise Failure("Prometheus should scrape 5 members (scheduler, 2 servers, 2 workers) "
                           "up, found %s" % up)
+        # The Grafana dashboard uses documented metrics only, in queries Prometheus accepts.
+        for expr in dashboard_queries():
+            names = set(re.findall(r"\b(gradlink_[a-z_]+?)(?:_bucket)?\b", expr))
+            if not names <= documented:
+                raise Failure("docs/grafana-dashboard.json uses %s, not in the metrics table" %
+                              sorted(names - documented))
+            status, body = get(api.replace("query?query=", "query?query=") +
+                               urllib.request.quote(expr.replace("$job", "it-metrics")))
+            if status != 200:
+                raise Failure("Prometheus refused the dashboard's query %r: %s" % (expr, body))
         rounds = query('sum(rate(gradlink_worker_round_seconds_count{job="it-metrics"}[10s]))')
         print("---- Prometheus: rounds/s over the workers: %s" % (
             rounds[0]["value"][1] if rounds else None))

@@ -254,7 +254,7 @@ TEST(FrameTest, RejectsBadVersion) {
 }
 
 TEST(FrameTest, RejectsUnknownTypes) {
-  for (uint8_t t : {0, 26, 31, 41, 255}) {
+  for (uint8_t t : {0, 28, 31, 41, 255}) {
     for (const Header& base : {SampleControl(), SamplePush()}) {
       HeaderBytes b = EncodeHeader(base);
       PutLe(b, kOffType, t, 1);

@@ -163,10 +163,10 @@ TEST(MessagesTest, RegisterCarriesTheServerWeight) {
     RegisterMsg m = SampleRegister();
     m.weight = w;
     const std::vector<std::byte> enc = Encode(m);
-    // The 8 bytes before the two memory fields and the standby flag: the weight's IEEE 754
-    // bits, little-endian.
+    // The 8 bytes before the two memory fields, the standby flag and the metrics port: the
+    // weight's IEEE 754 bits, little-endian.
     uint64_t bits = 0;
-    for (int i = 0; i < 8; ++i) bits |= uint64_t(enc[enc.size() - 25 + i]) << (8 * i);
+    for (int i = 0; i < 8; ++i) bits |= uint64_t(enc[enc.size() - 27 + i]) << (8 * i);
     EXPECT_EQ(bits, std::bit_cast<uint64_t>(w));
     Result<RegisterMsg> d = DecodeRegister(enc);
     ASSERT_TRUE(d.ok()) << w << ": " << d.status().ToString();
@@ -181,13 +181,14 @@ TEST(MessagesTest, RegisterCarriesTheStandbyFlag) {
   for (bool standby : {false, true}) {
     m.standby = standby;
     const std::vector<std::byte> enc = Encode(m);
-    EXPECT_EQ(std::to_integer<uint8_t>(enc.back()), standby ? 1 : 0);  // the last byte
+    // The byte before the metrics port (the last two).
+    EXPECT_EQ(std::to_integer<uint8_t>(enc[enc.size() - 3]), standby ? 1 : 0);
     Result<RegisterMsg> d = DecodeRegister(enc);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     EXPECT_EQ(d->standby, standby);
   }
   std::vector<std::byte> enc = Encode(m);
-  enc.back() = std::byte{2};
+  enc[enc.size() - 3] = std::byte{2};
   ExpectBad(DecodeRegister(enc), "standby flag 2");
   m.role = Role::kWorker;  // a worker cannot stand by
   ExpectBad(DecodeRegister(Encode(m)), "a worker's standby flag");
