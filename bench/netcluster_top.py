@@ -3,7 +3,7 @@
 namespaces of bench/netcluster.py, links shaped to --rate) runs gradlink-bench while
 gradlink-top --once, started in the scheduler's host, reads its metrics; prints the snapshot.
 
-    sudo bench/netcluster_top.py [--build build] [--rate 1G] [--size 16M]
+    sudo bench/netcluster_top.py [--build build] [--rate 1gbit] [--size 16M]
 """
 
 import argparse
@@ -22,7 +22,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--rate", default="1G")
+    ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--size", default="16M")
     a = ap.parse_args()
     try:
@@ -33,7 +33,6 @@ def main():
     nc.install_signal_handlers()
     bin_dir = os.path.join(a.build, "bin")
     with nc.Cluster(4, nc.parse_rate(a.rate)) as cl:
-        cl.up()
         env = nc.gradlink_env(secrets.token_hex(32))
         env["GRADLINK_METRICS_PORT"] = "0"  # the workers too
         sched = cl.spawn(0, "scheduler", [os.path.join(bin_dir, "gradlink-scheduler"), "--host",
