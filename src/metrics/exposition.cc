@@ -2,6 +2,7 @@
 #include "metrics/exposition.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <limits>
 
@@ -31,8 +32,12 @@ void Value(std::string& out, double v) {
   } else if (v == std::floor(v) && std::fabs(v) < 9.007199254740992e15) {
     out += std::to_string(static_cast<int64_t>(v));  // integers exactly, as counters mostly are
   } else {
+    // The shortest form that reads back as the same double (0.1, not 0.10000000000000001).
     char buf[32];
-    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    for (int digits = 6; digits <= 17; ++digits) {
+      std::snprintf(buf, sizeof(buf), "%.*g", digits, v);
+      if (std::strtod(buf, nullptr) == v) break;
+    }
     out += buf;
   }
 }

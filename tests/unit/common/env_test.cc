@@ -165,5 +165,68 @@ TEST(EnvTest, ByteCountsRefuseOverflow) {
   EXPECT_FALSE(env::Bytes("GRADLINK_Y_BYTES").ok());
 }
 
+TEST(EnvTest, MetricsPortDefaultsAndValues) {
+  EXPECT_EQ(SchedulerOptions{}.metrics_port, 0);  // on, a free port
+  EXPECT_EQ(ServerOptions{}.metrics_port, 0);
+  EXPECT_EQ(WorkerOptions{}.metrics_port, -1);  // off
+  {
+    ScopedEnv p("GRADLINK_METRICS_PORT", "9100");
+    WorkerOptions w;
+    ServerOptions s;
+    SchedulerOptions c;
+    ASSERT_TRUE(ApplyEnvironment(&w).ok() && ApplyEnvironment(&s).ok() &&
+                ApplyEnvironment(&c).ok());
+    EXPECT_EQ(w.metrics_port, 9100);
+    EXPECT_EQ(s.metrics_port, 9100);
+    EXPECT_EQ(c.metrics_port, 9100);
+  }
+  for (const char* off : {"off", "-1"}) {
+    ScopedEnv p("GRADLINK_METRICS_PORT", off);
+    ServerOptions s;
+    ASSERT_TRUE(ApplyEnvironment(&s).ok());
+    EXPECT_EQ(s.metrics_port, -1) << off;
+  }
+  for (const char* bad : {"65536", "-2", "http", "80x"}) {
+    ScopedEnv p("GRADLINK_METRICS_PORT", bad);
+    ServerOptions s;
+    const Status st = ApplyEnvironment(&s);
+    EXPECT_EQ(st.code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("GRADLINK_METRICS_PORT"), std::string::npos) << st.ToString();
+    EXPECT_EQ(s.metrics_port, 0) << bad;  // unchanged
+  }
+}
+
+TEST(EnvTest, StallInspectorTakesGradlinksAndHorovodsNames) {
+  EXPECT_EQ(SchedulerOptions{}.stall_check, std::chrono::seconds(60));  // Horovod's default
+  EXPECT_EQ(SchedulerOptions{}.stall_shutdown, std::chrono::seconds(0));
+  {
+    ScopedEnv h("HOROVOD_STALL_CHECK_TIME_SECONDS", "30"),
+        s("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "120");
+    SchedulerOptions o;
+    ServerOptions v;
+    ASSERT_TRUE(ApplyEnvironment(&o).ok() && ApplyEnvironment(&v).ok());
+    EXPECT_EQ(o.stall_check, std::chrono::seconds(30));
+    EXPECT_EQ(v.stall_check, std::chrono::seconds(30));
+    EXPECT_EQ(o.stall_shutdown, std::chrono::seconds(120));
+    // gradlink's names win over Horovod's.
+    ScopedEnv g("GRADLINK_STALL_CHECK_SECONDS", "2.5"), t("GRADLINK_STALL_SHUTDOWN_SECONDS", "9");
+    SchedulerOptions p;
+    ASSERT_TRUE(ApplyEnvironment(&p).ok());
+    EXPECT_EQ(p.stall_check, std::chrono::milliseconds(2500));
+    EXPECT_EQ(p.stall_shutdown, std::chrono::seconds(9));
+  }
+  {
+    ScopedEnv d("HOROVOD_STALL_CHECK_DISABLE", "1");
+    SchedulerOptions o;
+    ASSERT_TRUE(ApplyEnvironment(&o).ok());
+    EXPECT_EQ(o.stall_check.count(), 0);
+  }
+  ScopedEnv bad("GRADLINK_STALL_CHECK_SECONDS", "soon");
+  SchedulerOptions o;
+  const Status st = ApplyEnvironment(&o);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("GRADLINK_STALL_CHECK_SECONDS"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace gradlink

@@ -6,6 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <thread>
+#include <pthread.h>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +19,8 @@
 #include <vector>
 
 #include "metrics/exposition.h"
+#include "metrics/histogram.h"
+#include "metrics/process.h"
 #include "metrics/http_server.h"
 
 namespace gradlink::metrics {
@@ -208,6 +213,45 @@ TEST(HttpServerTest, APortTakenFailsAtStartNamingIt) {
       << second.status().ToString();
   EXPECT_NE(second.status().message().find("taken"), std::string::npos)
       << second.status().ToString();
+}
+
+TEST(HistogramTest, BucketsAreCumulativeAndTheSumIsKept) {
+  Histogram h;
+  for (double v : {30e-6, 50e-6, 0.002, 0.002, 5.0, 100.0}) h.Observe(v);
+  EXPECT_EQ(h.count(), 6u);
+  std::vector<Family> f;
+  h.AddTo(Add(f, "gradlink_round_seconds", "Rounds.", "histogram"), {{"job", "a"}});
+  const std::string text = Render(f);
+  // 50 us is in its own bucket (le is inclusive); 100 s only in +Inf.
+  EXPECT_NE(text.find("gradlink_round_seconds_bucket{job=\"a\",le=\"5e-05\"} 2"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("le=\"0.0025\"} 4"), std::string::npos) << text;
+  EXPECT_NE(text.find("le=\"10\"} 5"), std::string::npos) << text;
+  EXPECT_NE(text.find("le=\"60\"} 5"), std::string::npos) << text;
+  EXPECT_NE(text.find("le=\"+Inf\"} 6"), std::string::npos) << text;
+  EXPECT_NE(text.find("gradlink_round_seconds_count{job=\"a\"} 6"), std::string::npos) << text;
+  EXPECT_NE(text.find("gradlink_round_seconds_sum{job=\"a\"} 105.00408"), std::string::npos)
+      << text;
+}
+
+TEST(ProcessTest, ThreadsAreFoundByNameWithTheirCpu) {
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    pthread_setname_np(pthread_self(), "gl-test-busy");
+    const auto end = SteadyClock::now() + milliseconds(300);
+    volatile uint64_t x = 0;
+    while (SteadyClock::now() < end) x = x + 1;
+    while (!stop.load()) std::this_thread::sleep_for(milliseconds(1));
+  });
+  std::this_thread::sleep_for(milliseconds(400));
+  const std::vector<ThreadCpu> found = ThreadsCpu("gl-test-");
+  stop = true;
+  busy.join();
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].name, "gl-test-busy");
+  EXPECT_GT(found[0].seconds, 0.1);  // it spun for 0.3 s
+  EXPECT_GT(ProcessCpuSeconds(), found[0].seconds - 0.02);
+  EXPECT_GT(ResidentBytes(), 1e6);
 }
 
 }  // namespace
