@@ -318,3 +318,15 @@ def test_train_lm_check(run_job):
     assert any("check passed" in line for line in lines), job.explain()
     assert any("tok/s" in line and "loss" in line for line in lines), job.explain()
     assert "train_lm: check: rank 1 parameters identical to rank 0's" in job.lines("[worker 1]")
+
+
+def test_horovods_stall_variables_name_the_late_rank_and_tensor(run_job):
+    """HOROVOD_STALL_CHECK_TIME_SECONDS reaches the scheduler and the servers: a rank 3.5 s late
+    to a tensor is named, with the tensor, by the scheduler and by the rank that waits."""
+    job = run_job(2, 2, "hvd_stall.py", env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"})
+    assert job.rc == 0, job.explain()
+    assert len(job.lines("[worker 0] HVD STALL ok")) == 1, job.explain()
+    named = [l for l in job.text.splitlines() if "rank 1 has not" in l and "'grad.late'" in l]
+    assert any(l.startswith("[scheduler]") for l in named), job.explain()
+    assert any(l.startswith("[worker 0]") for l in named), job.explain()
+    assert not any(l.startswith("[worker 1]") for l in named), job.explain()
