@@ -56,6 +56,8 @@ class MemberLanes {
 
   // Protocol errors the lanes counted (frames refused before any receiver saw them).
   uint64_t protocol_errors() const;
+  // Both lanes' counters added up (zeros before Open).
+  transport::LaneStats stats() const;
 
   // Stops the pull lane, then the push lane (their progress threads end; pending sends
   // complete with kAborted). Idempotent.

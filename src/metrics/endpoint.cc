@@ -5,8 +5,7 @@
 
 namespace gradlink::metrics {
 
-Result<std::unique_ptr<HttpServer>> Serve(const std::string& host, int32_t port,
-                                          Collector collect,
+Result<std::unique_ptr<HttpServer>> Serve(const std::string& host, int32_t port, Collector collect,
                                           std::map<std::string, Route> routes) {
   if (port < 0) return std::unique_ptr<HttpServer>();
   if (port > 65535) {
@@ -14,8 +13,7 @@ Result<std::unique_ptr<HttpServer>> Serve(const std::string& host, int32_t port,
   }
   routes["/metrics"] = Route{std::string(kContentType),
                              [collect = std::move(collect)] { return Render(collect()); }};
-  return HttpServer::Start({.host = host, .port = static_cast<uint16_t>(port)},
-                           std::move(routes));
+  return HttpServer::Start({.host = host, .port = static_cast<uint16_t>(port)}, std::move(routes));
 }
 
 std::string HostPort(const std::string& host, uint16_t port) {
@@ -27,8 +25,7 @@ void LogServing(const std::string& who, const std::string& host, uint16_t port) 
   // An announcement, like the scheduler's "listening on": shown at the default level (warn),
   // tagged as information; GRADLINK_LOG_LEVEL=error hides it.
   if (!log::Enabled(log::Level::kWarn)) return;
-  log::Write(log::Level::kInfo,
-             who + ": metrics: http://" + HostPort(host, port) + "/metrics");
+  log::Write(log::Level::kInfo, who + ": metrics: http://" + HostPort(host, port) + "/metrics");
 }
 
 }  // namespace gradlink::metrics

@@ -25,8 +25,7 @@ using Collector = std::function<std::vector<Family>()>;
 
 // Serves `collect`'s families on /metrics at host:port, plus `routes`; port -1: nothing
 // (nullptr), 0: a free port.
-Result<std::unique_ptr<HttpServer>> Serve(const std::string& host, int32_t port,
-                                          Collector collect,
+Result<std::unique_ptr<HttpServer>> Serve(const std::string& host, int32_t port, Collector collect,
                                           std::map<std::string, Route> routes = {});
 
 // Logs "<who>: metrics: http://HOST:PORT/metrics", shown at the default log level (warn) as

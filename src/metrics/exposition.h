@@ -49,6 +49,16 @@ struct Family {
 // Appends a family and returns it (for its samples).
 Family& Add(std::vector<Family>& families, std::string name, std::string help, std::string type);
 
+// A family of one sample: the most common shape.
+inline void AddCounter(std::vector<Family>& families, std::string name, std::string help,
+                       const Labels& labels, double value) {
+  Add(families, std::move(name), std::move(help), "counter").Put(labels, value);
+}
+inline void AddGauge(std::vector<Family>& families, std::string name, std::string help,
+                     const Labels& labels, double value) {
+  Add(families, std::move(name), std::move(help), "gauge").Put(labels, value);
+}
+
 // A histogram's samples for `labels`: `bounds` ascending (upper bounds; +Inf is added), `counts`
 // one per bound plus one for +Inf (not cumulative: how many observations fell in each), and the
 // sum of the observations.

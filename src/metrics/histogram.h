@@ -22,8 +22,8 @@ namespace gradlink::metrics {
 
 // Upper bounds, in seconds, from 50 us (a 4 KiB push_pull on one host) to 60 s (a stall).
 inline constexpr std::array<double, 16> kLatencyBounds = {
-    50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
-    25e-3, 50e-3,  100e-3, 250e-3, 500e-3, 1.0,  10.0,  60.0};
+    50e-6, 100e-6, 250e-6, 500e-6, 1e-3,   2.5e-3, 5e-3, 10e-3,
+    25e-3, 50e-3,  100e-3, 250e-3, 500e-3, 1.0,    10.0, 60.0};
 
 class Histogram {
  public:
@@ -42,7 +42,8 @@ class Histogram {
 
   void AddTo(Family& family, const Labels& labels) const {
     std::vector<uint64_t> counts(counts_.size());
-    for (size_t i = 0; i < counts_.size(); ++i) counts[i] = counts_[i].load(std::memory_order_relaxed);
+    for (size_t i = 0; i < counts_.size(); ++i)
+      counts[i] = counts_[i].load(std::memory_order_relaxed);
     AddHistogram(family, labels, {kLatencyBounds.begin(), kLatencyBounds.end()}, counts,
                  static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) * 1e-9);
   }

@@ -75,11 +75,10 @@ std::vector<ThreadCpu> ThreadsCpu(const std::string& prefix) {
 
 void AddProcessFamilies(std::vector<Family>& f, const Labels& labels,
                         const std::string& thread_prefix) {
-  Add(f, "gradlink_process_cpu_seconds_total", "CPU time of this process, all its threads.",
-      "counter")
-      .Put(labels, ProcessCpuSeconds());
-  Add(f, "gradlink_process_resident_memory_bytes", "Resident memory of this process.", "gauge")
-      .Put(labels, ResidentBytes());
+  AddCounter(f, "gradlink_process_cpu_seconds_total", "CPU time of this process, all its threads.",
+             labels, ProcessCpuSeconds());
+  AddGauge(f, "gradlink_process_resident_memory_bytes", "Resident memory of this process.", labels,
+           ResidentBytes());
   Family& threads = Add(f, "gradlink_thread_cpu_seconds_total",
                         "CPU time of each of gradlink's own threads, by thread name.", "counter");
   for (const ThreadCpu& t : ThreadsCpu(thread_prefix)) {

@@ -100,9 +100,9 @@ std::vector<Family> SchedulerImpl::CollectMetrics() const {
   std::vector<Family> f;
   const metrics::Labels labels = {{"job", opts_.job}, {"role", "scheduler"}};
   metrics::AddProcessFamilies(f, labels, "gl-");
-  Add(f, "gradlink_scheduler_job_running",
-      "1 while the job runs (every expected member joined, not ended), else 0.", "gauge")
-      .Put(labels, v.started && !v.finished ? 1.0 : 0.0);
+  AddGauge(f, "gradlink_scheduler_job_running",
+           "1 while the job runs (every expected member joined, not ended), else 0.", labels,
+           v.started && !v.finished ? 1.0 : 0.0);
   Family& members = Add(f, "gradlink_scheduler_members",
                         "Members registered and not lost, by kind: workers, servers holding "
                         "partitions, standby servers.",
@@ -114,46 +114,46 @@ std::vector<Family> SchedulerImpl::CollectMetrics() const {
                          "Members the job was started for, by kind.", "gauge");
   expected.Put(With(labels, "kind", "worker"), static_cast<double>(opts_.num_workers));
   expected.Put(With(labels, "kind", "server"), static_cast<double>(opts_.num_servers));
-  Family& lost = Add(f, "gradlink_scheduler_members_lost_total",
-                     "Members lost mid-job (a lost server's partitions move: failover).", "counter");
+  Family& lost =
+      Add(f, "gradlink_scheduler_members_lost_total",
+          "Members lost mid-job (a lost server's partitions move: failover).", "counter");
   lost.Put(With(labels, "kind", "worker"), static_cast<double>(v.workers_lost));
   lost.Put(With(labels, "kind", "server"), static_cast<double>(v.servers_lost));
-  Add(f, "gradlink_scheduler_membership_epoch",
-      "Changes of the job's servers since it started: servers lost plus servers admitted.",
-      "gauge")
-      .Put(labels, static_cast<double>(v.servers_lost + v.servers_admitted));
-  const auto counter = [&](const char* name, const char* help, double value) {
-    Add(f, name, help, "counter").Put(labels, value);
-  };
-  counter("gradlink_scheduler_control_received_bytes_total",
-          "Bytes of control frames received from members.",
-          static_cast<double>(control_counters_.bytes_in.load(std::memory_order_relaxed)));
-  counter("gradlink_scheduler_control_received_messages_total",
-          "Control frames received from members.",
-          static_cast<double>(control_counters_.frames_in.load(std::memory_order_relaxed)));
-  counter("gradlink_scheduler_control_sent_bytes_total", "Bytes of control frames sent to members.",
-          static_cast<double>(control_counters_.bytes_out.load(std::memory_order_relaxed)));
-  counter("gradlink_scheduler_control_sent_messages_total", "Control frames sent to members.",
-          static_cast<double>(control_counters_.frames_out.load(std::memory_order_relaxed)));
-  Add(f, "gradlink_scheduler_keys", "Keys (tensors) declared and not retired.", "gauge")
-      .Put(labels, static_cast<double>(v.keys));
-  counter("gradlink_scheduler_keys_planned_total",
-          "Keys planned (partitions placed), or refused once every worker declared them.",
-          static_cast<double>(v.keys_planned));
-  Add(f, "gradlink_scheduler_keys_refused", "Keys refused (their declarations disagreed, or no "
-      "server had room).", "gauge")
-      .Put(labels, static_cast<double>(v.keys_refused));
-  counter("gradlink_scheduler_barriers_total", "Barriers released.",
-          static_cast<double>(v.barriers));
-  counter("gradlink_scheduler_stalls_total",
-          "Stalls the stall inspector reported (tensors submitted by some ranks, not others).",
-          static_cast<double>(v.stalls));
-  counter("gradlink_scheduler_protocol_errors_total",
-          "Control frames that failed validation (their connections closed).",
-          static_cast<double>(protocol_errors_.load()));
-  counter("gradlink_scheduler_auth_failures_total",
-          "Connections refused by authentication (the job secret).",
-          static_cast<double>(auth_failures_.load()));
+  AddGauge(f, "gradlink_scheduler_membership_epoch",
+           "Changes of the job's servers since it started: servers lost plus servers admitted.",
+           labels, static_cast<double>(v.servers_lost + v.servers_admitted));
+  AddCounter(f, "gradlink_scheduler_control_received_bytes_total",
+             "Bytes of control frames received from members.", labels,
+             static_cast<double>(control_counters_.bytes_in.load(std::memory_order_relaxed)));
+  AddCounter(f, "gradlink_scheduler_control_received_messages_total",
+             "Control frames received from members.", labels,
+             static_cast<double>(control_counters_.frames_in.load(std::memory_order_relaxed)));
+  AddCounter(f, "gradlink_scheduler_control_sent_bytes_total",
+             "Bytes of control frames sent to members.", labels,
+             static_cast<double>(control_counters_.bytes_out.load(std::memory_order_relaxed)));
+  AddCounter(f, "gradlink_scheduler_control_sent_messages_total", "Control frames sent to members.",
+             labels,
+             static_cast<double>(control_counters_.frames_out.load(std::memory_order_relaxed)));
+  AddGauge(f, "gradlink_scheduler_keys", "Keys (tensors) declared and not retired.", labels,
+           static_cast<double>(v.keys));
+  AddCounter(f, "gradlink_scheduler_keys_planned_total",
+             "Keys planned (partitions placed), or refused once every worker declared them.",
+             labels, static_cast<double>(v.keys_planned));
+  AddGauge(f, "gradlink_scheduler_keys_refused",
+           "Keys refused (their declarations disagreed, or no "
+           "server had room).",
+           labels, static_cast<double>(v.keys_refused));
+  AddCounter(f, "gradlink_scheduler_barriers_total", "Barriers released.", labels,
+             static_cast<double>(v.barriers));
+  AddCounter(f, "gradlink_scheduler_stalls_total",
+             "Stalls the stall inspector reported (tensors submitted by some ranks, not others).",
+             labels, static_cast<double>(v.stalls));
+  AddCounter(f, "gradlink_scheduler_protocol_errors_total",
+             "Control frames that failed validation (their connections closed).", labels,
+             static_cast<double>(protocol_errors_.load()));
+  AddCounter(f, "gradlink_scheduler_auth_failures_total",
+             "Connections refused by authentication (the job secret).", labels,
+             static_cast<double>(auth_failures_.load()));
   Family& budget = Add(f, "gradlink_scheduler_server_budget_bytes",
                        "Each server's memory budget for partition state.", "gauge");
   Family& held = Add(f, "gradlink_scheduler_server_planned_bytes",
@@ -161,10 +161,8 @@ std::vector<Family> SchedulerImpl::CollectMetrics() const {
                      "against its budget).",
                      "gauge");
   for (const auto& [id, mem] : v.server_memory) {
-    budget.Put(With(labels, "server", std::to_string(id)),
-                              static_cast<double>(mem.first));
-    held.Put(With(labels, "server", std::to_string(id)),
-                            static_cast<double>(mem.second));
+    budget.Put(With(labels, "server", std::to_string(id)), static_cast<double>(mem.first));
+    held.Put(With(labels, "server", std::to_string(id)), static_cast<double>(mem.second));
   }
   return f;
 }
@@ -228,9 +226,9 @@ void SchedulerImpl::CheckStalls(Clock::time_point now) {
     decl.stall_told = now;
     oldest = std::max(oldest, now - decl.first_declared);
     const std::string& name = decl.by_rank.begin()->second.second.name;
-    lines.push_back(Ranks(missing) + (missing.size() == 1 ? " has" : " have") +
-                    " not declared '" + name + "' (key " + KeyHex(key) + "), which " +
-                    Ranks(declared) + " declared " + Seconds(now - decl.first_declared) + " ago");
+    lines.push_back(Ranks(missing) + (missing.size() == 1 ? " has" : " have") + " not declared '" +
+                    name + "' (key " + KeyHex(key) + "), which " + Ranks(declared) + " declared " +
+                    Seconds(now - decl.first_declared) + " ago");
     told.insert(declared.begin(), declared.end());
   }
   if (!lines.empty()) ReportStall(lines, told, oldest);
@@ -265,17 +263,19 @@ Status SchedulerImpl::OnStallReport(Connection& c, const Frame& f) {
 void SchedulerImpl::ReportStall(const std::vector<std::string>& lines,
                                 const std::set<uint32_t>& told, Clock::duration age) {
   ++stalls_;
-  std::string text = "stall inspector: tensors were submitted by some ranks and not by the "
-                     "others for over " + Seconds(opts_.stall_check) +
-                     " (ranks submitting different tensors, or only some of them submitting, "
-                     "deadlock the job):";
+  std::string text =
+      "stall inspector: tensors were submitted by some ranks and not by the "
+      "others for over " +
+      Seconds(opts_.stall_check) +
+      " (ranks submitting different tensors, or only some of them submitting, "
+      "deadlock the job):";
   for (const std::string& l : lines) text += "\n  " + l;
   const bool shutdown = opts_.stall_shutdown.count() > 0 && age >= opts_.stall_shutdown;
   if (shutdown) {
     text += "\nthe job ends: a stall lasted " + Seconds(age) +
             " (GRADLINK_STALL_SHUTDOWN_SECONDS=" +
-            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(opts_.stall_shutdown)
-                               .count()) +
+            std::to_string(
+                std::chrono::duration_cast<std::chrono::seconds>(opts_.stall_shutdown).count()) +
             ")";
   }
   GL_LOG(kWarn) << "scheduler: " << text;

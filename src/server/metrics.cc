@@ -24,73 +24,61 @@ std::vector<Family> ServerImpl::CollectMetrics() const {
       .Put(With(With(labels, "engine_threads", std::to_string(s.engine_threads)), "threads",
                 s.threads),
            1);
-  Add(f, "gradlink_server_workers", "Workers of the job this server serves.", "gauge")
-      .Put(labels, static_cast<double>(num_workers_.load()));
-  uint64_t received = 0, sent = 0;
-  for (const transport::Lane* lane : {&lanes_.push(), lanes_.pull()}) {
-    if (lane == nullptr) continue;
-    const transport::LaneStats ls = lane->stats();
-    received += ls.bytes_received;
-    sent += ls.bytes_sent;
-  }
-  Add(f, "gradlink_server_received_bytes_total",
-      "Bytes the server's lanes received: pushes (and the workers' failover reports).", "counter")
-      .Put(labels, static_cast<double>(received));
-  Add(f, "gradlink_server_sent_bytes_total",
-      "Bytes the server's lanes sent: the sums the workers pull.", "counter")
-      .Put(labels, static_cast<double>(sent));
+  AddGauge(f, "gradlink_server_workers", "Workers of the job this server serves.", labels,
+           static_cast<double>(num_workers_.load()));
+  const transport::LaneStats lanes = lanes_.stats();
+  AddCounter(f, "gradlink_server_received_bytes_total",
+             "Bytes the server's lanes received: pushes (and the workers' failover reports).",
+             labels, static_cast<double>(lanes.bytes_received));
+  AddCounter(f, "gradlink_server_sent_bytes_total",
+             "Bytes the server's lanes sent: the sums the workers pull.", labels,
+             static_cast<double>(lanes.bytes_sent));
   Family& summed = Add(f, "gradlink_server_summed_bytes_total",
                        "Bytes of pushes summed, by the dtype they came in.", "counter");
   for (size_t t = 0; t < summed_by_dtype_.size(); ++t) {
     if (!IsValidDataType(static_cast<uint8_t>(t))) continue;
     summed.Put(With(labels, "dtype", std::string(DataTypeName(static_cast<DataType>(t)))),
-         static_cast<double>(summed_by_dtype_[t].load(std::memory_order_relaxed)));
+               static_cast<double>(summed_by_dtype_[t].load(std::memory_order_relaxed)));
   }
-  Add(f, "gradlink_server_rounds_total", "Rounds of (key, partition) summed and sent.", "counter")
-      .Put(labels, static_cast<double>(s.rounds_completed));
-  Add(f, "gradlink_server_partitions", "(key, partition) slots this server sums now.", "gauge")
-      .Put(labels, static_cast<double>(s.partitions));
-  Add(f, "gradlink_server_keys_retired_total",
-      "Keys forgotten because every worker declared their names again.", "counter")
-      .Put(labels, static_cast<double>(s.keys_retired));
-  Add(f, "gradlink_server_state_bytes",
-      "Round buffers held now: those of rounds in flight and those kept free for the next "
-      "(the scheduler admits keys against gradlink_scheduler_server_budget_bytes).",
-      "gauge")
-      .Put(labels, static_cast<double>(s.bytes_held));
-  Add(f, "gradlink_server_state_in_rounds_bytes", "Round buffers held by rounds in flight.",
-      "gauge")
-      .Put(labels, static_cast<double>(s.bytes_in_rounds));
-  Add(f, "gradlink_server_state_peak_bytes", "The most round-buffer bytes held so far.", "gauge")
-      .Put(labels, static_cast<double>(s.peak_bytes_held));
-  Add(f, "gradlink_server_buffer_allocations_total", "Round buffers allocated (not reused).",
-      "counter")
-      .Put(labels, static_cast<double>(s.buffer_allocations));
-  Add(f, "gradlink_server_cpu_seconds_per_gigabyte",
-      "CPU seconds of the server per GB of pushes summed, since it started (0 before any).",
-      "gauge")
-      .Put(labels, s.cpu_seconds_per_gb);
-  Add(f, "gradlink_server_engine_threads", "Threads that sum pushes.", "gauge")
-      .Put(labels, static_cast<double>(s.engine_threads));
-  Add(f, "gradlink_server_protocol_errors_total",
-      "Bad frames (connection closed) and bad pushes (refused).", "counter")
-      .Put(labels, static_cast<double>(s.protocol_errors));
-  Add(f, "gradlink_server_mismatches_total",
-      "Pushes that disagreed with their declaration or with each other.", "counter")
-      .Put(labels, static_cast<double>(s.mismatches));
-  Add(f, "gradlink_server_peers_lost_total", "Workers' endpoints that failed.", "counter")
-      .Put(labels, static_cast<double>(peers_lost_.load()));
-  Add(f, "gradlink_server_partitions_adopted_total",
-      "Partitions taken over from lost servers (failover).", "counter")
-      .Put(labels, static_cast<double>(partitions_adopted_.load()));
-  Add(f, "gradlink_server_stalled_rounds_total",
-      "Rounds reported to the scheduler as stalled (pushed by some workers, not others).",
-      "counter")
-      .Put(labels, static_cast<double>(stalls_reported_.load()));
-  Add(f, "gradlink_membership_generation",
-      "Control connections this member has had to its scheduler (1, plus one per rejoin).",
-      "gauge")
-      .Put(labels, membership_ ? static_cast<double>(membership_->generation()) : 0);
+  AddCounter(f, "gradlink_server_rounds_total", "Rounds of (key, partition) summed and sent.",
+             labels, static_cast<double>(s.rounds_completed));
+  AddGauge(f, "gradlink_server_partitions", "(key, partition) slots this server sums now.", labels,
+           static_cast<double>(s.partitions));
+  AddCounter(f, "gradlink_server_keys_retired_total",
+             "Keys forgotten because every worker declared their names again.", labels,
+             static_cast<double>(s.keys_retired));
+  AddGauge(f, "gradlink_server_state_bytes",
+           "Round buffers held now: those of rounds in flight and those kept free for the next "
+           "(the scheduler admits keys against gradlink_scheduler_server_budget_bytes).",
+           labels, static_cast<double>(s.bytes_held));
+  AddGauge(f, "gradlink_server_state_in_rounds_bytes", "Round buffers held by rounds in flight.",
+           labels, static_cast<double>(s.bytes_in_rounds));
+  AddGauge(f, "gradlink_server_state_peak_bytes", "The most round-buffer bytes held so far.",
+           labels, static_cast<double>(s.peak_bytes_held));
+  AddCounter(f, "gradlink_server_buffer_allocations_total", "Round buffers allocated (not reused).",
+             labels, static_cast<double>(s.buffer_allocations));
+  AddGauge(f, "gradlink_server_cpu_seconds_per_gigabyte",
+           "CPU seconds of the server per GB of pushes summed, since it started (0 before any).",
+           labels, s.cpu_seconds_per_gb);
+  AddGauge(f, "gradlink_server_engine_threads", "Threads that sum pushes.", labels,
+           static_cast<double>(s.engine_threads));
+  AddCounter(f, "gradlink_server_protocol_errors_total",
+             "Bad frames (connection closed) and bad pushes (refused).", labels,
+             static_cast<double>(s.protocol_errors));
+  AddCounter(f, "gradlink_server_mismatches_total",
+             "Pushes that disagreed with their declaration or with each other.", labels,
+             static_cast<double>(s.mismatches));
+  AddCounter(f, "gradlink_server_peers_lost_total", "Workers' endpoints that failed.", labels,
+             static_cast<double>(peers_lost_.load()));
+  AddCounter(f, "gradlink_server_partitions_adopted_total",
+             "Partitions taken over from lost servers (failover).", labels,
+             static_cast<double>(partitions_adopted_.load()));
+  AddCounter(f, "gradlink_server_stalled_rounds_total",
+             "Rounds reported to the scheduler as stalled (pushed by some workers, not others).",
+             labels, static_cast<double>(stalls_reported_.load()));
+  AddGauge(f, "gradlink_membership_generation",
+           "Control connections this member has had to its scheduler (1, plus one per rejoin).",
+           labels, membership_ ? static_cast<double>(membership_->generation()) : 0);
   return f;
 }
 
@@ -118,11 +106,10 @@ void ServerImpl::CheckStalls() {
       }
       told[id] = {w->round, now};
       if (report.size() == wire::kMaxStalledRounds) continue;
-      report.push_back(
-          {id.first, id.second, w->round,
-           static_cast<uint64_t>(
-               std::chrono::duration_cast<std::chrono::milliseconds>(w->age).count()),
-           std::move(w->missing), std::move(w->pushed)});
+      report.push_back({id.first, id.second, w->round,
+                        static_cast<uint64_t>(
+                            std::chrono::duration_cast<std::chrono::milliseconds>(w->age).count()),
+                        std::move(w->missing), std::move(w->pushed)});
     }
   }
   stalls_told_ = std::move(told);  // rounds that moved on are forgotten

@@ -21,12 +21,6 @@ std::vector<Family> WorkerImpl::CollectMetrics() {
   labels.emplace_back("rank", std::to_string(rank_));
   metrics::AddProcessFamilies(f, labels, "gl-");
   const WorkerStats s = Stats();
-  const auto counter = [&](const char* name, const char* help, double value) {
-    Add(f, name, help, "counter").Put(labels, value);
-  };
-  const auto gauge = [&](const char* name, const char* help, double value) {
-    Add(f, name, help, "gauge").Put(labels, value);
-  };
   const WorkerStats::InForce& in = s.in_force;
   metrics::Labels tuning = labels;
   tuning.emplace_back("partition_bytes", std::to_string(in.partition_bytes));
@@ -40,31 +34,26 @@ std::vector<Family> WorkerImpl::CollectMetrics() {
       "(max_bytes_ahead; 0: none), the same-host path and hierarchy, and which gradlink chose.",
       "gauge")
       .Put(tuning, 1);
-  counter("gradlink_worker_operations_total",
-          "Operations (push_pull and collectives; each member of a group) completed OK.",
-          static_cast<double>(s.push_pulls));
+  AddCounter(f, "gradlink_worker_operations_total",
+             "Operations (push_pull and collectives; each member of a group) completed OK.", labels,
+             static_cast<double>(s.push_pulls));
   Family& reduced = Add(f, "gradlink_worker_reduced_bytes_total",
                         "Bytes of operations that ended OK, by dtype (a fused group counts its "
                         "fusion buffer).",
                         "counter");
   for (size_t t = 0; t < counters_->reduced_by_dtype.size(); ++t) {
     if (!IsValidDataType(static_cast<uint8_t>(t))) continue;
-    reduced.Put(With(labels, "dtype", std::string(DataTypeName(static_cast<DataType>(t)))),
-         static_cast<double>(counters_->reduced_by_dtype[t].load(std::memory_order_relaxed)));
+    reduced.Put(
+        With(labels, "dtype", std::string(DataTypeName(static_cast<DataType>(t)))),
+        static_cast<double>(counters_->reduced_by_dtype[t].load(std::memory_order_relaxed)));
   }
-  uint64_t pushed = 0, pulled = 0;
-  for (const transport::Lane* lane : {&lanes_.push(), lanes_.pull()}) {
-    if (lane == nullptr) continue;
-    const transport::LaneStats ls = lane->stats();
-    pushed += ls.bytes_sent;
-    pulled += ls.bytes_received;
-  }
-  counter("gradlink_worker_pushed_bytes_total",
-          "Bytes the worker's lanes sent: pushes to servers (and point-to-point messages).",
-          static_cast<double>(pushed));
-  counter("gradlink_worker_pulled_bytes_total",
-          "Bytes the worker's lanes received: the servers' sums (and point-to-point messages).",
-          static_cast<double>(pulled));
+  const transport::LaneStats lanes = lanes_.stats();
+  AddCounter(f, "gradlink_worker_pushed_bytes_total",
+             "Bytes the worker's lanes sent: pushes to servers (and point-to-point messages).",
+             labels, static_cast<double>(lanes.bytes_sent));
+  AddCounter(f, "gradlink_worker_pulled_bytes_total",
+             "Bytes the worker's lanes received: the servers' sums (and point-to-point messages).",
+             labels, static_cast<double>(lanes.bytes_received));
   Family& rounds = Add(f, "gradlink_worker_round_seconds",
                        "Each operation that ended OK: from its first push to its end (the last "
                        "pull written).",
@@ -78,43 +67,44 @@ std::vector<Family> WorkerImpl::CollectMetrics() {
     ops = ops_.size();
     partitions_waiting = pending_.size() + to_issue_.size();
     if (!ops_.empty()) {  // the busy stretch in progress
-      busy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - busy_since_)
-                     .count();
+      busy_ns +=
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - busy_since_).count();
     }
   }
-  counter("gradlink_worker_communication_seconds_total",
-          "Time with at least one operation in flight (its rate: the share of a step spent "
-          "communicating, overlapped or not).",
-          static_cast<double>(busy_ns) * 1e-9);
-  gauge("gradlink_worker_in_flight_bytes", "Bytes pushed and not yet answered.",
-        static_cast<double>(in_flight_bytes));
-  gauge("gradlink_worker_operations_in_flight", "Operations started and not ended.",
-        static_cast<double>(ops));
-  gauge("gradlink_worker_partitions_queued",
-        "Partitions waiting to be pushed (the window full, or the lead reached).",
-        static_cast<double>(partitions_waiting));
-  counter("gradlink_worker_fused_operations_total", "Fusion buffers pushed.",
-          static_cast<double>(s.fused_ops));
-  counter("gradlink_worker_local_copied_bytes_total",
-          "Bytes copied by the same-host path and hierarchical aggregation's host stage.",
-          static_cast<double>(s.bytes_copied_local));
-  counter("gradlink_worker_local_busy_seconds_total",
-          "Time this worker's threads spent copying and summing in the host's shared segment.",
-          static_cast<double>(s.local_busy_ns) * 1e-9);
-  counter("gradlink_worker_protocol_errors_total", "Bad frames received by this worker's lanes.",
-          static_cast<double>(s.protocol_errors));
-  counter("gradlink_worker_servers_lost_total",
-          "Servers the scheduler declared lost (failover: their partitions moved).",
-          static_cast<double>(s.servers_lost));
-  counter("gradlink_worker_partitions_recovered_total",
-          "Partitions this worker reported to the servers that took them over.",
-          static_cast<double>(s.partitions_recovered));
-  counter("gradlink_worker_partitions_held_total",
-          "Partitions that waited for their operation's sums (the lead, max_bytes_ahead).",
-          static_cast<double>(s.partitions_held));
-  gauge("gradlink_membership_generation",
-        "Control connections this member has had to its scheduler (1, plus one per rejoin).",
-        membership_ ? static_cast<double>(membership_->generation()) : 0);
+  AddCounter(f, "gradlink_worker_communication_seconds_total",
+             "Time with at least one operation in flight (its rate: the share of a step spent "
+             "communicating, overlapped or not).",
+             labels, static_cast<double>(busy_ns) * 1e-9);
+  AddGauge(f, "gradlink_worker_in_flight_bytes", "Bytes pushed and not yet answered.", labels,
+           static_cast<double>(in_flight_bytes));
+  AddGauge(f, "gradlink_worker_operations_in_flight", "Operations started and not ended.", labels,
+           static_cast<double>(ops));
+  AddGauge(f, "gradlink_worker_partitions_queued",
+           "Partitions waiting to be pushed (the window full, or the lead reached).", labels,
+           static_cast<double>(partitions_waiting));
+  AddCounter(f, "gradlink_worker_fused_operations_total", "Fusion buffers pushed.", labels,
+             static_cast<double>(s.fused_ops));
+  AddCounter(f, "gradlink_worker_local_copied_bytes_total",
+             "Bytes copied by the same-host path and hierarchical aggregation's host stage.",
+             labels, static_cast<double>(s.bytes_copied_local));
+  AddCounter(f, "gradlink_worker_local_busy_seconds_total",
+             "Time this worker's threads spent copying and summing in the host's shared segment.",
+             labels, static_cast<double>(s.local_busy_ns) * 1e-9);
+  AddCounter(f, "gradlink_worker_protocol_errors_total",
+             "Bad frames received by this worker's lanes.", labels,
+             static_cast<double>(s.protocol_errors));
+  AddCounter(f, "gradlink_worker_servers_lost_total",
+             "Servers the scheduler declared lost (failover: their partitions moved).", labels,
+             static_cast<double>(s.servers_lost));
+  AddCounter(f, "gradlink_worker_partitions_recovered_total",
+             "Partitions this worker reported to the servers that took them over.", labels,
+             static_cast<double>(s.partitions_recovered));
+  AddCounter(f, "gradlink_worker_partitions_held_total",
+             "Partitions that waited for their operation's sums (the lead, max_bytes_ahead).",
+             labels, static_cast<double>(s.partitions_held));
+  AddGauge(f, "gradlink_membership_generation",
+           "Control connections this member has had to its scheduler (1, plus one per rejoin).",
+           labels, membership_ ? static_cast<double>(membership_->generation()) : 0);
   return f;
 }
 

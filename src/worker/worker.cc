@@ -414,14 +414,10 @@ WorkerStats WorkerImpl::Stats() const {
     s.bytes_copied_local = local_->bytes_copied();
     s.local_busy_ns = local_->busy_ns();
   }
-  const MemberLanes& lanes = lanes_;
-  for (const Lane* lane : {&lanes.push(), lanes.pull()}) {
-    if (lane == nullptr) continue;
-    const transport::LaneStats ls = lane->stats();
-    s.bytes_copied_eager += ls.bytes_copied_eager;
-    s.bytes_copied_bounce += ls.bytes_copied_bounce;
-    s.protocol_errors += ls.protocol_errors;
-  }
+  const transport::LaneStats ls = lanes_.stats();
+  s.bytes_copied_eager = ls.bytes_copied_eager;
+  s.bytes_copied_bounce = ls.bytes_copied_bounce;
+  s.protocol_errors += ls.protocol_errors;
   return s;
 }
 
