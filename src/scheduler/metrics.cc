@@ -57,14 +57,30 @@ std::string Json(const std::string& s) {
 
 }  // namespace
 
+Status SchedulerImpl::ServeMetrics() {
+  std::map<std::string, metrics::Route> routes = {
+      {"/targets", {"application/json", [this] { return RenderTargets(); }}}};
+  GL_ASSIGN_OR_RETURN(metrics_, metrics::Serve(opts_.host, opts_.metrics_port,
+                                               [this] { return CollectMetrics(); },
+                                               std::move(routes)));
+  if (metrics_) {
+    metrics_port_.store(metrics_->port());
+    metrics::LogServing("scheduler", opts_.host, metrics_->port());
+  }
+  return Status::Ok();
+}
+
 void SchedulerImpl::RefreshView(Clock::time_point now, bool now_too) {
   if (!now_too && now - view_refreshed_ < std::chrono::milliseconds(200)) return;
   view_refreshed_ = now;
   MetricsView v;
   v.started = started_;
   v.finished = finished();
+  const bool wildcard = opts_.host.empty() || opts_.host == "0.0.0.0" || opts_.host == "::";
+  v.self_host = wildcard ? std::string() : opts_.host;
   for (const auto& c : conns_) {
     if (!c->registered || c->left) continue;
+    if (v.self_host.empty()) v.self_host = transport::SocketHost(c->link.fd(), false);
     if (c->role == Role::kServer && lost_servers_.count(c->id) != 0) continue;
     v.members.push_back({c->role, c->id, c->metrics_address});
     if (c->role == Role::kWorker) {
@@ -169,12 +185,15 @@ std::vector<Family> SchedulerImpl::CollectMetrics() const {
 
 std::string SchedulerImpl::RenderTargets() const {
   std::vector<MetricsView::Member> members;
+  std::string self_host;
   {
     MutexLock lock(view_mu_);
     members = view_.members;
+    self_host = view_.self_host;
   }
-  // Prometheus' HTTP service discovery: one group per role. The scheduler's own address is the
-  // one it listens on (a wildcard listener is named by the address the request came to).
+  // Prometheus' HTTP service discovery: one group per role. The scheduler is named by its
+  // --host, or on every interface by the address its members reached it at (none yet: left
+  // out until one has registered).
   std::string out = "[";
   const auto group = [&](const std::string& role, const std::vector<std::string>& targets) {
     if (targets.empty()) return;
@@ -184,8 +203,8 @@ std::string SchedulerImpl::RenderTargets() const {
     out += "],\"labels\":{\"gradlink_job\":" + Json(opts_.job) +
            ",\"gradlink_role\":" + Json(role) + "}}";
   };
-  if (const uint16_t port = metrics_port_.load(); port != 0) {
-    group("scheduler", {metrics::HostPort(opts_.host, port)});
+  if (const uint16_t port = metrics_port_.load(); port != 0 && !self_host.empty()) {
+    group("scheduler", {metrics::HostPort(self_host, port)});
   }
   for (Role role : {Role::kServer, Role::kWorker}) {
     std::vector<std::pair<uint32_t, std::string>> listed;
@@ -205,6 +224,7 @@ void SchedulerImpl::CheckStalls(Clock::time_point now) {
   if (!started_ || period.count() <= 0) return;
   if (now - stalls_checked_ < std::min<Clock::duration>(period, std::chrono::seconds(1))) return;
   stalls_checked_ = now;
+  std::erase_if(rounds_told_, [&](const auto& e) { return now - e.second > 2 * period; });
   std::vector<std::string> lines;
   std::set<uint32_t> told;
   Clock::duration oldest{};
@@ -236,15 +256,29 @@ void SchedulerImpl::CheckStalls(Clock::time_point now) {
 
 Status SchedulerImpl::OnStallReport(Connection& c, const Frame& f) {
   if (c.role != Role::kServer || !started_) return ProtocolError("unexpected kStallReport");
-  GL_ASSIGN_OR_RETURN(std::vector<wire::StalledRound> rounds,
-                      wire::DecodeStallReport(f.payload, opts_.num_workers));
-  // One line per key and round (its partitions stall alike), naming the tensor.
+  Result<std::vector<wire::StalledRound>> rounds =
+      wire::DecodeStallReport(f.payload, opts_.num_workers);
+  if (!rounds.ok()) {
+    // What only informs is not worth failing a server over: counted, logged, dropped.
+    protocol_errors_++;
+    GL_LOG(kWarn) << "scheduler: " << MemberName(c) << ": stall report dropped: "
+                  << rounds.status().ToString();
+    return Status::Ok();
+  }
+  // One line per key and round (its partitions stall alike; other servers may report it
+  // too), once a period, naming the tensor.
+  const Clock::time_point now = Clock::now();
   std::vector<std::string> lines;
   std::set<uint32_t> told;
-  std::set<std::pair<uint64_t, uint64_t>> named;
   Clock::duration oldest{};
-  for (const wire::StalledRound& r : rounds) {
-    if (r.missing.empty() || !named.insert({r.key, r.round}).second) continue;
+  for (const wire::StalledRound& r : *rounds) {
+    if (r.missing.empty()) continue;
+    auto [when, fresh] = rounds_told_.try_emplace({r.key, r.round}, now);
+    if (!fresh) {
+      // Another server's report of the same round (each reports once a period).
+      if (now - when->second < opts_.stall_check / 2) continue;
+      when->second = now;
+    }
     const auto it = decls_.find(r.key);
     const std::string name = it == decls_.end() ? std::string("?") : it->second.name;
     const auto age = std::chrono::milliseconds(r.age_ms);

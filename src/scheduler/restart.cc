@@ -94,6 +94,9 @@ Status SchedulerImpl::OnResumeKey(Connection& c, const Frame& f) {
   }
   Declaration& decl = decls_[h.key];
   if (decl.by_rank.count(c.id) != 0) return ProtocolError("key resumed twice by one worker");
+  // The stall inspector counts a declaration's age from the restart: when the others declared
+  // it before, this scheduler cannot know.
+  if (decl.by_rank.empty()) decl.first_declared = Clock::now();
   wire::Header declared = h;
   declared.type = MsgType::kDeclare;
   decl.by_rank[c.id] = {declared, m.declare};

@@ -528,16 +528,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Start(const SchedulerOptions& opti
   const int wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd < 0) return Internal(std::string("scheduler: eventfd: ") + std::strerror(errno));
   auto s = std::make_unique<scheduler::SchedulerImpl>(options, std::move(listener), wake_fd);
-  scheduler::SchedulerImpl* impl = s.get();
-  std::map<std::string, metrics::Route> targets = {
-      {"/targets", {"application/json", [impl] { return impl->RenderTargets(); }}}};
-  GL_ASSIGN_OR_RETURN(s->metrics_,
-                      metrics::Serve(options.host, options.metrics_port,
-                                     [impl] { return impl->CollectMetrics(); }, std::move(targets)));
-  if (s->metrics_) {
-    s->metrics_port_.store(s->metrics_->port());
-    metrics::LogServing("scheduler", options.host, s->metrics_->port());
-  }
+  GL_RETURN_IF_ERROR(s->ServeMetrics());
   return std::unique_ptr<Scheduler>(std::move(s));
 }
 

@@ -151,6 +151,9 @@ struct MetricsView {
   uint64_t keys = 0, keys_planned = 0, keys_refused = 0, barriers = 0;
   uint64_t servers_lost = 0, servers_admitted = 0, workers_lost = 0, stalls = 0;
   std::vector<std::pair<uint32_t, std::pair<uint64_t, uint64_t>>> server_memory;  // id: budget, held
+  // The address /targets names the scheduler by: its --host, or where it listens on every
+  // interface, the address its members reached it at.
+  std::string self_host;
 };
 
 class SchedulerImpl final : public Scheduler {
@@ -165,9 +168,9 @@ class SchedulerImpl final : public Scheduler {
   uint64_t auth_failures() const override { return auth_failures_.load(); }
   Status Wait(Clock::time_point deadline) override;
   void Stop() override;
-  // /metrics and /targets (metrics.cc; the metrics server's thread).
-  std::vector<metrics::Family> CollectMetrics() const EXCLUDES(view_mu_);
-  std::string RenderTargets() const EXCLUDES(view_mu_);
+  // Starts the metrics server (opts_.metrics_port; Scheduler::Start, once the loop runs):
+  // kInvalidArgument naming the port when it is taken.
+  Status ServeMetrics();
 
  private:
   // ---- scheduler_loop.cc: the loop and the connections' lifecycle ----
@@ -214,6 +217,9 @@ class SchedulerImpl final : public Scheduler {
   std::map<uint64_t, std::set<uint32_t>> resume_planned_by_;
 
   // ---- metrics.cc: what a scrape reads, and the stall inspector ----
+  // /metrics and /targets (the metrics server's thread).
+  std::vector<metrics::Family> CollectMetrics() const EXCLUDES(view_mu_);
+  std::string RenderTargets() const EXCLUDES(view_mu_);
   // Copies the loop's state into view_ (at most every 200 ms unless `now_too`).
   void RefreshView(Clock::time_point now, bool now_too = false) EXCLUDES(view_mu_);
   Clock::time_point view_refreshed_{};
@@ -221,8 +227,11 @@ class SchedulerImpl final : public Scheduler {
   // the workers that declared, and (opts_.stall_shutdown) the job's end.
   void CheckStalls(Clock::time_point now);
   Clock::time_point stalls_checked_{};
-  // kStallReport from a server: its stalled rounds, named, logged and told likewise.
+  // kStallReport from a server: its stalled rounds, named, logged and told likewise. A key's
+  // round is reported once a period, whichever servers report it (rounds_told_). A report
+  // that does not decode is counted and dropped: the server is not failed for it.
   Status OnStallReport(Connection& c, const transport::Frame& f);
+  std::map<std::pair<uint64_t, uint64_t>, Clock::time_point> rounds_told_;
   // Logs `lines` as one stall, tells `told` (worker ranks) and ends the job when `age` reached
   // opts_.stall_shutdown.
   void ReportStall(const std::vector<std::string>& lines, const std::set<uint32_t>& told,
@@ -396,11 +405,10 @@ class SchedulerImpl final : public Scheduler {
   // Started last, once every field above is set.
   std::thread loop_;
 
- public:
-  // Serves CollectMetrics/RenderTargets (Scheduler::Start, once the loop runs); stopped first
-  // as the object goes. Its port, for /targets (set once it serves: 0 until then).
-  std::unique_ptr<metrics::HttpServer> metrics_;
+  // The metrics server's port, for /targets (0 until it serves), and the server (ServeMetrics),
+  // stopped first as the object goes.
   std::atomic<uint16_t> metrics_port_{0};
+  std::unique_ptr<metrics::HttpServer> metrics_;
 };
 
 }  // namespace gradlink::scheduler

@@ -91,6 +91,7 @@ void ServerImpl::CheckStalls() {
   if (now - last_stall_scan_ < every) return;
   last_stall_scan_ = now;
   std::vector<wire::StalledRound> report;
+  size_t bytes = 4;
   std::map<std::pair<uint64_t, uint32_t>, std::pair<uint64_t, transport::Clock::time_point>> told;
   {
     ReaderLock lock(parts_mu_);
@@ -104,8 +105,17 @@ void ServerImpl::CheckStalls() {
         told[id] = it->second;
         continue;
       }
+      // A key's partitions stall alike: its first stalled partition speaks for the round.
+      const bool key_in = !report.empty() && report.back().key == id.first &&
+                          report.back().round == w->round;
+      const size_t size = 36 + 4 * (w->missing.size() + w->pushed.size());
+      if (!key_in && (report.size() == wire::kMaxStalledRounds ||
+                      bytes + size > wire::kMaxStallReportBytes)) {
+        continue;  // not told: it goes in a later report
+      }
       told[id] = {w->round, now};
-      if (report.size() == wire::kMaxStalledRounds) continue;
+      if (key_in) continue;
+      bytes += size;
       report.push_back({id.first, id.second, w->round,
                         static_cast<uint64_t>(
                             std::chrono::duration_cast<std::chrono::milliseconds>(w->age).count()),

@@ -393,13 +393,17 @@ std::optional<Completion> PartitionState::FinishAdoptionLocked() {
     }
   }
   round_ = base;
-  first_push_ = {};
   next_ = 0;
   const bool failed = !failure_.empty();
   // A failover that went wrong fails the round after it too, for every worker: none waits.
   for (uint32_t i = 0; i < num_part_ && failed; ++i) {
     if (stage_[i] == Stage::kFree) stage_[i] = Stage::kFailed;
   }
+  // Pushes that came while adopting are this round's: the stall inspector counts from now.
+  first_push_ = std::any_of(stage_.begin(), stage_.end(),
+                            [](Stage st) { return st == Stage::kReceiving || st == Stage::kStaged; })
+                    ? Clock::now()
+                    : Clock::time_point{};
   const bool keep = answered > 0 && !failed;
   for (uint32_t i = 0; i < num_part_; ++i) {
     if (!(keep && i == *holder)) Give(reported_result_[i]);

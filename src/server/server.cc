@@ -113,6 +113,9 @@ Status ServerImpl::Wait(std::chrono::steady_clock::time_point deadline) {
 
 void ServerImpl::Stop() {
   if (stopped_.exchange(true)) return;
+  // No scrape from here on: what stats() reads is being taken apart (and, after abandoned
+  // receives, released).
+  metrics_.reset();
   if (membership_) {
     membership_->StartLeaving();  // a lost scheduler from here on is not a failure
     membership_->CancelRejoin();

@@ -368,7 +368,8 @@ Result<std::vector<StalledRound>> DecodeStallReport(std::span<const std::byte> b
   if (!r.U32(&n) || n > kMaxStalledRounds) return Bad("stall report");
   std::vector<StalledRound> out(n);
   for (StalledRound& s : out) {
-    if (!r.U64(&s.key) || !r.U32(&s.partition) || !r.U64(&s.round) || !r.U64(&s.age_ms)) {
+    if (!r.U64(&s.key) || !r.U32(&s.partition) || !r.U64(&s.round) || !r.U64(&s.age_ms) ||
+        s.age_ms > kMaxStallAgeMs) {
       return Bad("stall report");
     }
     std::vector<bool> seen(num_workers, false);

@@ -163,6 +163,10 @@ struct StalledRound {
   std::vector<uint32_t> pushed;   // ranks that have, ascending
 };
 inline constexpr uint32_t kMaxStalledRounds = 1024;  // per report
+// A report's bytes, at most (far below a control frame's bound, whatever the job's size: the
+// rounds that do not fit go in the next report), and the most age a round may claim (a year).
+inline constexpr size_t kMaxStallReportBytes = 64 << 10;
+inline constexpr uint64_t kMaxStallAgeMs = uint64_t{366} * 24 * 3600 * 1000;
 
 // Keys one kJoin can carry (16 bytes each in one control frame).
 inline constexpr uint32_t kMaxJoinKeys = 60000;

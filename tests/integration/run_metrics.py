@@ -245,6 +245,11 @@ def case_metrics(h):
         if prom is not None:
             h.kill(prom)
         end_loop_job(h, "metrics job", sched, srv, wk, stop)
+    # The job is over: gradlink-top says it cannot read it, and exits 2 (no traceback).
+    r = subprocess.run([os.path.join(TOOLS, "gradlink-top"), "--once", sm], capture_output=True,
+                       timeout=30, text=True)
+    if r.returncode != 2 or "cannot read" not in r.stderr or "Traceback" in r.stderr:
+        raise Failure("gradlink-top on an ended job: rc %d, %r" % (r.returncode, r.stderr))
     print("ok   metrics: Prometheus scraped 5 members, promtool passed, gradlink-top ran")
 
 

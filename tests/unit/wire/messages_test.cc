@@ -687,6 +687,9 @@ TEST(MessagesTest, StallReportRoundTripAndRejects) {
     std::vector<StalledRound> bad = {{1, 0, 0, 0, missing, pushed}};
     EXPECT_FALSE(DecodeStallReport(Encode(bad), 4).ok());
   }
+  // An age past a year (a peer's number that would overflow a duration) is refused.
+  std::vector<StalledRound> old = {{1, 0, 0, kMaxStallAgeMs + 1, {1}, {}}};
+  EXPECT_FALSE(DecodeStallReport(Encode(old), 4).ok());
   // A count past the bound is refused before anything is allocated.
   Writer w;
   w.U32(kMaxStalledRounds + 1);
