@@ -73,7 +73,8 @@ std::optional<PartitionState::Waiting> PartitionState::Stalled(Clock::time_point
   w.round = round_;
   w.age = now - first_push_;
   for (uint32_t i = 0; i < num_part_; ++i) {
-    if (stage_[i] == Stage::kAbsent || gone_[i]) continue;
+    // Sitting out (joined), left, or failed (a joined rank of another collective): neither.
+    if (stage_[i] == Stage::kAbsent || stage_[i] == Stage::kFailed || gone_[i]) continue;
     (stage_[i] == Stage::kFree ? w.missing : w.pushed).push_back(participants_[i]);
   }
   if (w.missing.empty()) return std::nullopt;  // all in: summing or sending, not stalled
