@@ -26,6 +26,12 @@ class WorkQueue {
     return true;
   }
 
+  // Closures posted and not yet taken by the thread (a batch being run is not counted).
+  size_t depth() {
+    MutexLock lock(mu_);
+    return queue_.size();
+  }
+
   // Runs what is queued, then joins. Idempotent.
   void Stop() {
     {

@@ -62,6 +62,12 @@ std::vector<Family> ServerImpl::CollectMetrics() const {
            labels, s.cpu_seconds_per_gb);
   AddGauge(f, "gradlink_server_engine_threads", "Threads that sum pushes.", labels,
            static_cast<double>(s.engine_threads));
+  Family& depth = Add(f, "gradlink_server_engine_queue_depth",
+                      "Partitions posted to each engine thread and not yet taken up.", "gauge");
+  for (size_t e = 0; e < engines_.size(); ++e) {
+    depth.Put(With(labels, "engine", std::to_string(e)),
+              static_cast<double>(engines_[e]->depth()));
+  }
   AddCounter(f, "gradlink_server_protocol_errors_total",
              "Bad frames (connection closed) and bad pushes (refused).", labels,
              static_cast<double>(s.protocol_errors));
