@@ -156,9 +156,8 @@ std::vector<Family> SchedulerImpl::CollectMetrics() const {
              "Keys planned (partitions placed), or refused once every worker declared them.",
              labels, static_cast<double>(v.keys_planned));
   AddGauge(f, "gradlink_scheduler_keys_refused",
-           "Keys refused (their declarations disagreed, or no "
-           "server had room).",
-           labels, static_cast<double>(v.keys_refused));
+           "Keys refused (their declarations disagreed, or no server had room).", labels,
+           static_cast<double>(v.keys_refused));
   AddCounter(f, "gradlink_scheduler_barriers_total", "Barriers released.", labels,
              static_cast<double>(v.barriers));
   AddCounter(f, "gradlink_scheduler_stalls_total",
@@ -297,20 +296,23 @@ Status SchedulerImpl::OnStallReport(Connection& c, const Frame& f) {
 void SchedulerImpl::ReportStall(const std::vector<std::string>& lines,
                                 const std::set<uint32_t>& told, Clock::duration age) {
   ++stalls_;
-  std::string text =
-      "stall inspector: tensors were submitted by some ranks and not by the "
-      "others for over " +
-      Seconds(opts_.stall_check) +
-      " (ranks submitting different tensors, or only some of them submitting, "
-      "deadlock the job):";
-  for (const std::string& l : lines) text += "\n  " + l;
   const bool shutdown = opts_.stall_shutdown.count() > 0 && age >= opts_.stall_shutdown;
+  // The verdict first: a message cut short (a kAbort's text is bounded) keeps it.
+  std::string text;
   if (shutdown) {
-    text += "\nthe job ends: a stall lasted " + Seconds(age) +
-            " (GRADLINK_STALL_SHUTDOWN_SECONDS=" +
-            std::to_string(
-                std::chrono::duration_cast<std::chrono::seconds>(opts_.stall_shutdown).count()) +
-            ")";
+    text = "the job ends: a stall lasted " + Seconds(age) + " (GRADLINK_STALL_SHUTDOWN_SECONDS=" +
+           std::to_string(
+               std::chrono::duration_cast<std::chrono::seconds>(opts_.stall_shutdown).count()) +
+           "); ";
+  }
+  text += "stall inspector: tensors were submitted by some ranks and not by the others for over " +
+          Seconds(opts_.stall_check) +
+          " (ranks submitting different tensors, or only some of them submitting, deadlock the "
+          "job):";
+  constexpr size_t kMostLines = 20;
+  for (size_t i = 0; i < lines.size() && i < kMostLines; ++i) text += "\n  " + lines[i];
+  if (lines.size() > kMostLines) {
+    text += "\n  ... and " + std::to_string(lines.size() - kMostLines) + " more";
   }
   GL_LOG(kWarn) << "scheduler: " << text;
   wire::Header h = MakeHeader(MsgType::kStallNotice);
