@@ -35,11 +35,23 @@ int main(int argc, char** argv) {
                  "end the job when such a stall lasts this long; 0: never "
                  "(default: $GRADLINK_STALL_SHUTDOWN_SECONDS, else 0)")
       ->check(CLI::Range(0.0, 1e9));
+  std::string quota;
+  app.add_option("--memory-quota", quota,
+                 "most bytes of partition state the job's keys may hold on all its servers, "
+                 "e.g. 4G; keys past it are refused (default: $GRADLINK_JOB_MEMORY, else none)");
   bool no_failover = false;
   app.add_flag("--no-failover", no_failover,
                "a lost server fails the job (default: its partitions move to the others)");
   CLI11_PARSE(app, argc, argv);
   o.server_failover = !no_failover;
+  if (!quota.empty()) {
+    gradlink::Result<uint64_t> q = gradlink::ParseByteCount("--memory-quota", quota);
+    if (!q.ok()) {
+      std::fprintf(stderr, "gradlink-scheduler: %s\n", q.status().ToString().c_str());
+      return 2;
+    }
+    o.memory_quota_bytes = *q;
+  }
   o.stall_check = std::chrono::milliseconds(static_cast<int64_t>(stall_check * 1000));
   o.stall_shutdown = std::chrono::milliseconds(static_cast<int64_t>(stall_shutdown * 1000));
   // One socket per member (thousands of them) plus strangers' connections: the soft limit of

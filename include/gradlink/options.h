@@ -25,6 +25,11 @@ struct SchedulerOptions {
   // A lost server's partitions move to the servers left, and training goes on (docs/
   // operations.md, "Server failover"); false: a lost server fails the job.
   bool server_failover = true;
+  // The most bytes of partition state the job's keys may hold on all its servers together (a
+  // tenant's memory quota: docs/operations.md, "Server memory"), besides each server's own
+  // budget. A key past it fails on every worker with kResourceExhausted naming the quota and
+  // what the job holds, before any data moves. 0: no quota. GRADLINK_JOB_MEMORY (K/M/G).
+  uint64_t memory_quota_bytes = 0;
   // Metrics (docs/operations.md, "Watching a job"): the port /metrics and /targets (every
   // member's metrics address, for Prometheus' HTTP service discovery) are served on, at `host`;
   // 0 picks a free one, logged as "metrics: http://HOST:PORT/metrics"; -1: not served.

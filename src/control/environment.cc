@@ -92,6 +92,7 @@ Status ApplyEnvironment(SchedulerOptions* o) {
   GL_RETURN_IF_ERROR(TakeString("GRADLINK_JOB", &n.job));
   GL_RETURN_IF_ERROR(TakeSecret(&n.secret));
   GL_RETURN_IF_ERROR(TakeMetricsPort(&n.metrics_port));
+  GL_RETURN_IF_ERROR(Take("GRADLINK_JOB_MEMORY", env::Bytes, &n.memory_quota_bytes));
   GL_RETURN_IF_ERROR(TakeStallCheck(&n.stall_check));
   GL_RETURN_IF_ERROR(
       Take("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", env::Seconds, &n.stall_shutdown));

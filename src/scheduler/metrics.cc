@@ -102,6 +102,7 @@ void SchedulerImpl::RefreshView(Clock::time_point now, bool now_too) {
   for (uint32_t id = 0; id < budget_.size() && id < held_.size(); ++id) {
     if (lost_servers_.count(id) != 0) continue;
     v.server_memory.push_back({id, {budget_[id], held_[id]}});
+    v.planned_bytes += held_[id];
   }
   MutexLock lock(view_mu_);
   view_ = std::move(v);
@@ -169,6 +170,13 @@ std::vector<Family> SchedulerImpl::CollectMetrics() const {
   AddCounter(f, "gradlink_scheduler_auth_failures_total",
              "Connections refused by authentication (the job secret).", labels,
              static_cast<double>(auth_failures_.load()));
+  AddGauge(f, "gradlink_scheduler_memory_quota_bytes",
+           "The job's memory quota over all its servers (0: none, each server's budget only).",
+           labels, static_cast<double>(opts_.memory_quota_bytes));
+  AddGauge(f, "gradlink_scheduler_memory_planned_bytes",
+           "Partition state the job's planned keys may hold, over all its servers (what the "
+           "quota is checked against).",
+           labels, static_cast<double>(v.planned_bytes));
   Family& budget = Add(f, "gradlink_scheduler_server_budget_bytes",
                        "Each server's memory budget for partition state.", "gauge");
   Family& held = Add(f, "gradlink_scheduler_server_planned_bytes",

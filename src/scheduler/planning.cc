@@ -319,6 +319,23 @@ std::vector<uint64_t> SchedulerImpl::HeldBy(const Declaration& decl,
 Status SchedulerImpl::Admit(const std::string& keyhex, const Declaration& decl,
                             const std::vector<wire::PartitionPlan>& plan) {
   const std::vector<uint64_t> need = HeldBy(decl, plan);
+  if (const uint64_t quota = opts_.memory_quota_bytes; quota != 0) {
+    uint64_t needed = 0, held = 0;
+    for (uint32_t s = 0; s < need.size(); ++s) {
+      needed += need[s];
+      held += held_[s];
+    }
+    if (needed > quota || held > quota - needed) {
+      const uint64_t tensor_bytes = decl.count * DataTypeSize(decl.dtype);
+      return ResourceExhausted(
+          "key " + keyhex + " '" + decl.name + "': " + std::string(DataTypeName(decl.dtype)) +
+          "[" + std::to_string(decl.count) + "] (" + std::to_string(tensor_bytes) +
+          " bytes) needs " + std::to_string(needed) + " bytes of server memory, and job '" +
+          opts_.job + "' holds " + std::to_string(held) + " bytes of its " +
+          std::to_string(quota) + "-byte memory quota (GRADLINK_JOB_MEMORY, " +
+          "gradlink-scheduler --memory-quota)");
+    }
+  }
   for (uint32_t s = 0; s < need.size(); ++s) {
     if (need[s] > budget_[s] || held_[s] > budget_[s] - need[s]) {
       const Connection& server = *servers_.at(s);

@@ -151,6 +151,7 @@ struct MetricsView {
   uint64_t keys = 0, keys_planned = 0, keys_refused = 0, barriers = 0;
   uint64_t servers_lost = 0, servers_admitted = 0, workers_lost = 0, stalls = 0;
   std::vector<std::pair<uint32_t, std::pair<uint64_t, uint64_t>>> server_memory;  // id: budget, held
+  uint64_t planned_bytes = 0;  // held_ summed over every server
   // The address /targets names the scheduler by: its --host, or where it listens on every
   // interface, the address its members reached it at.
   std::string self_host;

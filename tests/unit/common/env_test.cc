@@ -196,6 +196,19 @@ TEST(EnvTest, MetricsPortDefaultsAndValues) {
   }
 }
 
+TEST(EnvTest, TheJobsMemoryQuota) {
+  EXPECT_EQ(SchedulerOptions{}.memory_quota_bytes, 0u);  // none
+  ScopedEnv q("GRADLINK_JOB_MEMORY", "3G");
+  SchedulerOptions o;
+  ASSERT_TRUE(ApplyEnvironment(&o).ok());
+  EXPECT_EQ(o.memory_quota_bytes, uint64_t{3} << 30);
+  ScopedEnv bad("GRADLINK_JOB_MEMORY", "lots");
+  SchedulerOptions b;
+  const Status st = ApplyEnvironment(&b);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("GRADLINK_JOB_MEMORY"), std::string::npos) << st.ToString();
+}
+
 TEST(EnvTest, StallInspectorTakesGradlinksAndHorovodsNames) {
   EXPECT_EQ(SchedulerOptions{}.stall_check, std::chrono::seconds(60));  // Horovod's default
   EXPECT_EQ(SchedulerOptions{}.stall_shutdown, std::chrono::seconds(0));

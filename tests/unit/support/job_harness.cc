@@ -56,6 +56,7 @@ void Job::Start(const JobConfig& config) {
   so.job = config.job;
   so.join_timeout = kConnectTimeout;
   so.server_failover = config.server_failover;
+  so.memory_quota_bytes = config.job_memory_quota;
   Result<std::unique_ptr<Scheduler>> sched = Scheduler::Start(so);
   ASSERT_TRUE(sched.ok()) << sched.status().ToString();
   scheduler_ = std::move(sched).value();

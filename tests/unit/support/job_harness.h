@@ -59,6 +59,7 @@ struct JobConfig {
   // Placement weight of each server (by index); empty: every server has the default weight.
   std::vector<double> server_weights;
   uint64_t server_memory_budget = 0;  // ServerOptions::memory_budget_bytes of every server
+  uint64_t job_memory_quota = 0;      // SchedulerOptions::memory_quota_bytes
   // The id each server (by index) claims (ServerOptions::id); empty: none claims one.
   std::vector<int32_t> server_ids;
   // The order the servers start in (indices), each `server_start_gap` after the one before, so

@@ -210,6 +210,49 @@ TEST(JobTest, LocalDeclarationErrors) {
   job.FinishCleanly();
 }
 
+// The job's memory quota (SchedulerOptions::memory_quota_bytes) holds over all its servers:
+// keys spread over 2 servers are admitted until their total would pass it, then one is refused
+// on every worker with kResourceExhausted naming the quota and the use, before any data moves;
+// the keys admitted go on, exact, and each server alone had room for the refused one.
+TEST(JobTest, TheJobsMemoryQuotaHoldsOverAllItsServers) {
+  constexpr uint64_t kElements = 10000;  // fp32, 2 workers: 16 bytes per element held
+  JobConfig config;
+  config.servers = 2;
+  config.partition_bytes = 8192;
+  config.job_memory_quota = 2 * kElements * 16 + 1000;  // two such tensors, not three
+  Job job;
+  ASSERT_NO_FATAL_FAILURE(job.Start(config));
+  auto sum = [&](const std::string& name, uint64_t step) -> Status {
+    std::vector<Status> st(2);
+    OnEveryWorker(2, [&](uint32_t rank) {
+      auto h = job.worker(rank).Declare(name, DataType::kFloat32, kElements);
+      ASSERT_TRUE(h.ok()) << h.status().ToString();
+      std::vector<std::byte>& buf = job.Buffer(kElements * 4);
+      FillTensor(DataType::kFloat32, 0, rank, step, buf);
+      st[rank] = job.worker(rank).PushPull(*h, buf).Wait(In(kOpTimeout));
+      if (st[rank].ok()) {
+        EXPECT_TRUE(CheckTensor(DataType::kFloat32, 0, 2, step, false, buf));
+      }
+    });
+    EXPECT_EQ(st[0].code(), st[1].code()) << st[0].ToString() << " / " << st[1].ToString();
+    return st[0];
+  };
+  ASSERT_TRUE(sum("a", 0).ok());
+  ASSERT_TRUE(sum("b", 1).ok());
+  const Status refused = sum("c", 2);
+  EXPECT_EQ(refused.code(), Code::kResourceExhausted) << refused.ToString();
+  EXPECT_NE(refused.message().find("memory quota"), std::string::npos) << refused.ToString();
+  EXPECT_NE(refused.message().find("holds " + std::to_string(2 * kElements * 16)),
+            std::string::npos)
+      << refused.ToString();
+  // Nothing of "c" reached the servers; "a" and "b" go on.
+  EXPECT_EQ(job.server(0).stats().bytes_reduced + job.server(1).stats().bytes_reduced,
+            2 * 2 * kElements * 4);
+  EXPECT_TRUE(sum("a", 3).ok());
+  EXPECT_TRUE(sum("b", 4).ok());
+  job.FinishCleanly();
+}
+
 // Names are labels matched per call (as Horovod's are): a name back with another count or dtype
 // retires its earlier key and plans a new one. The scheduler frees the earlier plan's budget (a
 // budget that holds only one of them admits the second), the server forgets the retired key's
