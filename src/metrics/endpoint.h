@@ -21,7 +21,7 @@
 
 namespace gradlink::metrics {
 
-using Collector = std::function<std::vector<Family>()>;
+using Collector = std::function<Families()>;
 
 // Serves `collect`'s families on /metrics at host:port, plus `routes`; port -1: nothing
 // (nullptr), 0: a free port.

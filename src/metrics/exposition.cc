@@ -44,7 +44,7 @@ void Value(std::string& out, double v) {
 
 }  // namespace
 
-Family& Add(std::vector<Family>& families, std::string name, std::string help, std::string type) {
+Family& Add(Families& families, std::string name, std::string help, std::string type) {
   families.push_back({std::move(name), std::move(help), std::move(type), {}});
   return families.back();
 }
@@ -80,7 +80,7 @@ bool CheckName(std::string_view name, bool label) {
   return true;
 }
 
-std::string Render(const std::vector<Family>& families) {
+std::string Render(const Families& families) {
   std::string out;
   for (const Family& f : families) {
     bool ok = CheckName(f.name) && (f.type == "counter" || f.type == "gauge" ||

@@ -1,7 +1,7 @@
 // Metrics in Prometheus' text exposition format (version 0.0.4): what a process serves on
 // /metrics (metrics/http_server.h).
 //
-//   std::vector<metrics::Family> f;
+//   metrics::Families f;
 //   metrics::Family& pushed = metrics::Add(f, "gradlink_pushed_bytes_total",
 //                                          "Bytes this worker pushed to servers.", "counter");
 //   pushed.samples.push_back({{{"job", "lm"}, {"role", "worker"}}, 1.5e9});
@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -46,15 +47,19 @@ struct Family {
   }
 };
 
+// A process's families, in the order they are rendered. A deque: the reference Add returns
+// stays valid while more families are added (a vector's would not).
+using Families = std::deque<Family>;
+
 // Appends a family and returns it (for its samples).
-Family& Add(std::vector<Family>& families, std::string name, std::string help, std::string type);
+Family& Add(Families& families, std::string name, std::string help, std::string type);
 
 // A family of one sample: the most common shape.
-inline void AddCounter(std::vector<Family>& families, std::string name, std::string help,
+inline void AddCounter(Families& families, std::string name, std::string help,
                        const Labels& labels, double value) {
   Add(families, std::move(name), std::move(help), "counter").Put(labels, value);
 }
-inline void AddGauge(std::vector<Family>& families, std::string name, std::string help,
+inline void AddGauge(Families& families, std::string name, std::string help,
                      const Labels& labels, double value) {
   Add(families, std::move(name), std::move(help), "gauge").Put(labels, value);
 }
@@ -70,7 +75,7 @@ void AddHistogram(Family& family, const Labels& labels, const std::vector<double
 bool CheckName(std::string_view name, bool label = false);
 
 // The exposition text of `families`, in their order.
-std::string Render(const std::vector<Family>& families);
+std::string Render(const Families& families);
 
 // The content type Render's text is served with.
 inline constexpr std::string_view kContentType = "text/plain; version=0.0.4; charset=utf-8";

@@ -73,7 +73,7 @@ std::vector<ThreadCpu> ThreadsCpu(const std::string& prefix) {
   return out;
 }
 
-void AddProcessFamilies(std::vector<Family>& f, const Labels& labels,
+void AddProcessFamilies(Families& f, const Labels& labels,
                         const std::string& thread_prefix) {
   AddCounter(f, "gradlink_process_cpu_seconds_total", "CPU time of this process, all its threads.",
              labels, ProcessCpuSeconds());

@@ -26,7 +26,7 @@ std::vector<ThreadCpu> ThreadsCpu(const std::string& prefix);
 
 // gradlink_process_cpu_seconds_total, gradlink_process_resident_memory_bytes and, per thread
 // named `prefix`*, gradlink_thread_cpu_seconds_total{thread=...}, each with `labels`.
-void AddProcessFamilies(std::vector<Family>& families, const Labels& labels,
+void AddProcessFamilies(Families& families, const Labels& labels,
                         const std::string& thread_prefix);
 
 // `labels` with one more.

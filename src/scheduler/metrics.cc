@@ -108,13 +108,13 @@ void SchedulerImpl::RefreshView(Clock::time_point now, bool now_too) {
   view_ = std::move(v);
 }
 
-std::vector<Family> SchedulerImpl::CollectMetrics() const {
+metrics::Families SchedulerImpl::CollectMetrics() const {
   MetricsView v;
   {
     MutexLock lock(view_mu_);
     v = view_;
   }
-  std::vector<Family> f;
+  metrics::Families f;
   const metrics::Labels labels = {{"job", opts_.job}, {"role", "scheduler"}};
   metrics::AddProcessFamilies(f, labels, "gl-");
   AddGauge(f, "gradlink_scheduler_job_running",

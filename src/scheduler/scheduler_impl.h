@@ -219,7 +219,7 @@ class SchedulerImpl final : public Scheduler {
 
   // ---- metrics.cc: what a scrape reads, and the stall inspector ----
   // /metrics and /targets (the metrics server's thread).
-  std::vector<metrics::Family> CollectMetrics() const EXCLUDES(view_mu_);
+  metrics::Families CollectMetrics() const EXCLUDES(view_mu_);
   std::string RenderTargets() const EXCLUDES(view_mu_);
   // Copies the loop's state into view_ (at most every 200 ms unless `now_too`).
   void RefreshView(Clock::time_point now, bool now_too = false) EXCLUDES(view_mu_);

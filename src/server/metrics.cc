@@ -12,8 +12,8 @@ using metrics::Add;
 using metrics::Family;
 using metrics::With;
 
-std::vector<Family> ServerImpl::CollectMetrics() const {
-  std::vector<Family> f;
+metrics::Families ServerImpl::CollectMetrics() const {
+  metrics::Families f;
   const metrics::Labels labels = {
       {"job", opts_.job}, {"role", "server"}, {"server", std::to_string(id_.load())}};
   metrics::AddProcessFamilies(f, labels, "gl-");
@@ -35,10 +35,15 @@ std::vector<Family> ServerImpl::CollectMetrics() const {
              static_cast<double>(lanes.bytes_sent));
   Family& summed = Add(f, "gradlink_server_summed_bytes_total",
                        "Bytes of pushes summed, by the dtype they came in.", "counter");
+  Family& results = Add(f, "gradlink_server_results_sent_bytes_total",
+                        "Bytes of results sent to the workers, by the dtype they went in.",
+                        "counter");
   for (size_t t = 0; t < summed_by_dtype_.size(); ++t) {
     if (!IsValidDataType(static_cast<uint8_t>(t))) continue;
-    summed.Put(With(labels, "dtype", std::string(DataTypeName(static_cast<DataType>(t)))),
-               static_cast<double>(summed_by_dtype_[t].load(std::memory_order_relaxed)));
+    const metrics::Labels dtype =
+        With(labels, "dtype", std::string(DataTypeName(static_cast<DataType>(t))));
+    summed.Put(dtype, static_cast<double>(summed_by_dtype_[t].load(std::memory_order_relaxed)));
+    results.Put(dtype, static_cast<double>(sent_by_dtype_[t].load(std::memory_order_relaxed)));
   }
   AddCounter(f, "gradlink_server_rounds_total", "Rounds of (key, partition) summed and sent.",
              labels, static_cast<double>(s.rounds_completed));

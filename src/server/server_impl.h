@@ -96,7 +96,7 @@ class ServerImpl final : public Server, private MembershipHandler {
   void LogSummary() const;
 
   // ---- metrics.cc: what a scrape reads (the HTTP server's thread), and stalls --------------
-  std::vector<metrics::Family> CollectMetrics() const;
+  metrics::Families CollectMetrics() const;
   // On the control thread's tick: the rounds some workers have pushed and others not for
   // opts_.stall_check go to the scheduler (kStallReport), each once and then every period.
   void CheckStalls();
@@ -234,9 +234,10 @@ class ServerImpl final : public Server, private MembershipHandler {
 
   std::atomic<uint64_t> rounds_completed_{0}, bytes_reduced_{0}, protocol_errors_{0},
       mismatches_{0};
-  // Summed bytes by dtype (indexed by DataType's value), workers' endpoints that failed,
-  // partitions taken over from lost servers, stalled rounds reported.
-  std::array<std::atomic<uint64_t>, 8> summed_by_dtype_{};
+  // Bytes of pushes summed and of results sent, by the wire dtype (indexed by DataType's
+  // value); workers' endpoints that failed, partitions taken over from lost servers, stalled
+  // rounds reported.
+  std::array<std::atomic<uint64_t>, 8> summed_by_dtype_{}, sent_by_dtype_{};
   std::atomic<uint64_t> peers_lost_{0}, partitions_adopted_{0}, stalls_reported_{0};
 
   // The control thread's (CheckStalls): when it last scanned, and per partition the stalled

@@ -10,8 +10,8 @@ using metrics::Add;
 using metrics::Family;
 using metrics::With;
 
-std::vector<Family> WorkerImpl::CollectMetrics() {
-  std::vector<Family> f;
+metrics::Families WorkerImpl::CollectMetrics() {
+  metrics::Families f;
   metrics::Labels labels = {{"job", opts_.job}, {"role", "worker"}};
   // Until Init() is done (metrics_ready_), the process alone: Stats() reads what it sets.
   if (!metrics_ready_.load(std::memory_order_acquire)) {
@@ -48,11 +48,26 @@ std::vector<Family> WorkerImpl::CollectMetrics() {
         static_cast<double>(counters_->reduced_by_dtype[t].load(std::memory_order_relaxed)));
   }
   const transport::LaneStats lanes = lanes_.stats();
-  AddCounter(f, "gradlink_worker_pushed_bytes_total",
-             "Bytes the worker's lanes sent: pushes to servers (and point-to-point messages).",
-             labels, static_cast<double>(lanes.bytes_sent));
-  AddCounter(f, "gradlink_worker_pulled_bytes_total",
-             "Bytes the worker's lanes received: the servers' sums (and point-to-point messages).",
+  Family& pushed = Add(f, "gradlink_worker_pushed_bytes_total",
+                       "Payload bytes of pushes to the servers, by the dtype they went in.",
+                       "counter");
+  Family& pulled = Add(f, "gradlink_worker_pulled_bytes_total",
+                       "Payload bytes of results from the servers, by the dtype they came in.",
+                       "counter");
+  for (size_t t = 0; t < counters_->pushed_by_dtype.size(); ++t) {
+    if (!IsValidDataType(static_cast<uint8_t>(t))) continue;
+    const metrics::Labels dtype =
+        With(labels, "dtype", std::string(DataTypeName(static_cast<DataType>(t))));
+    pushed.Put(dtype, static_cast<double>(
+                          counters_->pushed_by_dtype[t].load(std::memory_order_relaxed)));
+    pulled.Put(dtype, static_cast<double>(
+                          counters_->pulled_by_dtype[t].load(std::memory_order_relaxed)));
+  }
+  AddCounter(f, "gradlink_worker_lane_sent_bytes_total",
+             "Bytes the worker's lanes sent: pushes, point-to-point messages, headers.", labels,
+             static_cast<double>(lanes.bytes_sent));
+  AddCounter(f, "gradlink_worker_lane_received_bytes_total",
+             "Bytes the worker's lanes received: results, point-to-point messages, headers.",
              labels, static_cast<double>(lanes.bytes_received));
   Family& rounds = Add(f, "gradlink_worker_round_seconds",
                        "Each operation that ended OK: from its first push to its end (the last "

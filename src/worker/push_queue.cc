@@ -304,6 +304,8 @@ void WorkerImpl::Issue(IssueBatch batch) {
                          [owned = std::move(o.owned)](const Status&) {});
         continue;
       }
+      counters_->pushed_by_dtype[o.header.dtype & 7].fetch_add(o.header.payload_bytes,
+                                                               std::memory_order_relaxed);
       auto done = [this, sent = o.sent](const Status& s) { PushDone(sent, s); };
       // What std::function keeps inline (libstdc++: two words, trivially copyable): a push
       // allocates no callback, on whichever thread issues it.

@@ -40,6 +40,8 @@ struct Counters {
   // op counts its fusion buffer), each such op's time from its first push to its end, and the
   // time with at least one op in flight (nanoseconds).
   std::array<std::atomic<uint64_t>, 8> reduced_by_dtype{};
+  // Payload bytes of pushes handed to the push lane and of results received, by wire dtype.
+  std::array<std::atomic<uint64_t>, 8> pushed_by_dtype{}, pulled_by_dtype{};
   metrics::Histogram round_seconds;
   std::atomic<uint64_t> busy_ns{0};
 };

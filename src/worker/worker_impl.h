@@ -142,7 +142,7 @@ class WorkerImpl final : public Worker, private MembershipHandler {
 
   WorkerStats Stats() const override;
   // /metrics (metrics.cc), on the metrics server's thread.
-  std::vector<metrics::Family> CollectMetrics() EXCLUDES(mu_);
+  metrics::Families CollectMetrics() EXCLUDES(mu_);
 
   Status Barrier(Clock::time_point deadline) override;
   Result<uint32_t> Join(Clock::time_point deadline) override;

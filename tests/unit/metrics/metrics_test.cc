@@ -29,8 +29,8 @@ namespace {
 using std::chrono::milliseconds;
 using SteadyClock = std::chrono::steady_clock;
 
-std::vector<Family> Sample() {
-  std::vector<Family> f;
+Families Sample() {
+  Families f;
   Family& c = Add(f, "gradlink_pushed_bytes_total", "Bytes pushed.\nTo servers \\ all.", "counter");
   c.samples.push_back({{{"job", "a\"b\\c\nd"}, {"role", "worker"}}, 1234567890123.0, ""});
   Family& g = Add(f, "gradlink_in_flight_bytes", "Bytes in flight.", "gauge");
@@ -68,7 +68,7 @@ TEST(ExpositionTest, WritesHelpTypeEscapesAndValuesAsPrometheusReadsThem) {
 }
 
 TEST(ExpositionTest, ABadNameIsLeftOutNotABrokenScrape) {
-  std::vector<Family> f;
+  Families f;
   Add(f, "9starts_with_a_digit", "x", "counter").samples.push_back({{}, 1, ""});
   Add(f, "good", "x", "counter").samples.push_back({{{"__reserved", "v"}}, 1, ""});
   Add(f, "bad_type", "x", "summary-ish").samples.push_back({{}, 1, ""});
@@ -215,11 +215,24 @@ TEST(HttpServerTest, APortTakenFailsAtStartNamingIt) {
       << second.status().ToString();
 }
 
+// A family's reference stays good while more are added: the roles fill two families in one
+// loop (summed and sent bytes by dtype). Over a vector the first one's samples went to freed
+// memory and vanished from the scrape.
+TEST(ExpositionTest, AFamilyTakesSamplesAfterOthersWereAdded) {
+  Families f;
+  Family& first = Add(f, "gradlink_first_bytes_total", "First.", "counter");
+  for (int i = 0; i < 1000; ++i) {
+    Add(f, "gradlink_other_" + std::to_string(i) + "_total", "Other.", "counter");
+  }
+  first.Put({{"dtype", "fp32"}}, 42);
+  EXPECT_NE(Render(f).find("gradlink_first_bytes_total{dtype=\"fp32\"} 42"), std::string::npos);
+}
+
 TEST(HistogramTest, BucketsAreCumulativeAndTheSumIsKept) {
   Histogram h;
   for (double v : {30e-6, 50e-6, 0.002, 0.002, 5.0, 100.0}) h.Observe(v);
   EXPECT_EQ(h.count(), 6u);
-  std::vector<Family> f;
+  Families f;
   h.AddTo(Add(f, "gradlink_round_seconds", "Rounds.", "histogram"), {{"job", "a"}});
   const std::string text = Render(f);
   // 50 us is in its own bucket (le is inclusive); 100 s only in +Inf.
