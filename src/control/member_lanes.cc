@@ -26,23 +26,9 @@ Status MemberLanes::Open(const LaneConfig& config, transport::Receiver* push_rec
 transport::LaneStats MemberLanes::stats() const {
   transport::LaneStats sum;
   for (const transport::Lane* lane : {push_.get(), pull_.get()}) {
-    if (lane == nullptr) continue;
-    const transport::LaneStats s = lane->stats();
-    sum.frames_sent += s.frames_sent;
-    sum.frames_received += s.frames_received;
-    sum.bytes_sent += s.bytes_sent;
-    sum.bytes_received += s.bytes_received;
-    sum.protocol_errors += s.protocol_errors;
-    sum.bytes_copied_eager += s.bytes_copied_eager;
-    sum.bytes_copied_bounce += s.bytes_copied_bounce;
-    sum.receives_abandoned += s.receives_abandoned;
+    if (lane != nullptr) sum += lane->stats();
   }
   return sum;
-}
-
-uint64_t MemberLanes::protocol_errors() const {
-  return (push_ ? push_->stats().protocol_errors : 0) +
-         (pull_ ? pull_->stats().protocol_errors : 0);
 }
 
 void MemberLanes::Stop() {

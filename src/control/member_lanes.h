@@ -54,9 +54,8 @@ class MemberLanes {
   bool open() const { return push_ != nullptr; }
   transport::Fabric& fabric() { return *fabric_; }
 
-  // Protocol errors the lanes counted (frames refused before any receiver saw them).
-  uint64_t protocol_errors() const;
-  // Both lanes' counters added up (zeros before Open).
+  // Both lanes' counters added up (zeros before Open); protocol_errors among them: frames the
+  // lanes refused before any receiver saw them.
   transport::LaneStats stats() const;
 
   // Stops the pull lane, then the push lane (their progress threads end; pending sends

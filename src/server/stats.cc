@@ -10,7 +10,7 @@ ServerStats ServerImpl::stats() const {
   ServerStats s;
   s.rounds_completed = rounds_completed_.load();
   s.bytes_reduced = bytes_reduced_.load();
-  s.protocol_errors = protocol_errors_.load() + lanes_.protocol_errors();
+  s.protocol_errors = protocol_errors_.load() + lanes_.stats().protocol_errors;
   s.mismatches = mismatches_.load();
   {
     ReaderLock lock(parts_mu_);

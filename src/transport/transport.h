@@ -103,6 +103,19 @@ struct LaneStats {
   // Receives that Stop() could neither finish nor cancel (a hung peer): the fabric may still
   // write their payloads, so their memory is leaked (see Receiver::KeepsBuffersIfAbandoned).
   uint64_t receives_abandoned = 0;
+
+  // Another lane's counters added in (a member's two lanes, MemberLanes::stats).
+  LaneStats& operator+=(const LaneStats& o) {
+    frames_sent += o.frames_sent;
+    frames_received += o.frames_received;
+    bytes_sent += o.bytes_sent;
+    bytes_received += o.bytes_received;
+    protocol_errors += o.protocol_errors;
+    bytes_copied_eager += o.bytes_copied_eager;
+    bytes_copied_bounce += o.bytes_copied_bounce;
+    receives_abandoned += o.receives_abandoned;
+    return *this;
+  }
 };
 
 class Lane {
