@@ -28,6 +28,12 @@ namespace gradlink::metrics {
 
 using Labels = std::vector<std::pair<std::string, std::string>>;
 
+// `labels` with one more.
+inline Labels With(Labels labels, std::string name, std::string value) {
+  labels.emplace_back(std::move(name), std::move(value));
+  return labels;
+}
+
 struct Sample {
   Labels labels;
   double value = 0;

@@ -29,10 +29,4 @@ std::vector<ThreadCpu> ThreadsCpu(const std::string& prefix);
 void AddProcessFamilies(Families& families, const Labels& labels,
                         const std::string& thread_prefix);
 
-// `labels` with one more.
-inline Labels With(Labels labels, std::string name, std::string value) {
-  labels.emplace_back(std::move(name), std::move(value));
-  return labels;
-}
-
 }  // namespace gradlink::metrics

@@ -132,8 +132,7 @@ void ServerImpl::OnPushPayload(PartitionState* p, const wire::Header& h, bool ok
   const bool runnable = recover ? p->EndRecover(h.sender, ok) : p->EndPush(h.sender, ok);
   if (ok && !recover) {
     bytes_reduced_ += h.payload_bytes;
-    summed_by_dtype_[static_cast<size_t>(p->dtype())].fetch_add(h.payload_bytes,
-                                                                 std::memory_order_relaxed);
+    summed_by_dtype_.Add(p->dtype(), h.payload_bytes);
   }
   // Each engine wake-up is a context switch; on small partitions those are most of a round.
   if (!runnable) return;
@@ -191,7 +190,7 @@ void ServerImpl::RunEngine(PartitionState* p) {
         // Two words of capture (the slot in the pointer's low bit): std::function keeps
         // them inline, so a reply allocates no callback.
         const uintptr_t tagged = reinterpret_cast<uintptr_t>(p) | slot;
-        sent_by_dtype_[h.dtype & 7].fetch_add(body.size(), std::memory_order_relaxed);
+        sent_by_dtype_.Add(h.dtype, body.size());
         SendToWorker(to[i], h, body, [this, tagged](const Status& s) {
           ReplySent(reinterpret_cast<PartitionState*>(tagged & ~uintptr_t{1}),
                     static_cast<uint32_t>(tagged & 1), s);

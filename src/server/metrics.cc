@@ -33,18 +33,13 @@ metrics::Families ServerImpl::CollectMetrics() const {
   AddCounter(f, "gradlink_server_sent_bytes_total",
              "Bytes the server's lanes sent: the sums the workers pull.", labels,
              static_cast<double>(lanes.bytes_sent));
-  Family& summed = Add(f, "gradlink_server_summed_bytes_total",
-                       "Bytes of pushes summed, by the dtype they came in.", "counter");
-  Family& results = Add(f, "gradlink_server_results_sent_bytes_total",
-                        "Bytes of results sent to the workers, by the dtype they went in.",
-                        "counter");
-  for (size_t t = 0; t < summed_by_dtype_.size(); ++t) {
-    if (!IsValidDataType(static_cast<uint8_t>(t))) continue;
-    const metrics::Labels dtype =
-        With(labels, "dtype", std::string(DataTypeName(static_cast<DataType>(t))));
-    summed.Put(dtype, static_cast<double>(summed_by_dtype_[t].load(std::memory_order_relaxed)));
-    results.Put(dtype, static_cast<double>(sent_by_dtype_[t].load(std::memory_order_relaxed)));
-  }
+  summed_by_dtype_.AddTo(Add(f, "gradlink_server_summed_bytes_total",
+                             "Bytes of pushes summed, by the dtype they came in.", "counter"),
+                         labels);
+  sent_by_dtype_.AddTo(Add(f, "gradlink_server_results_sent_bytes_total",
+                           "Bytes of results sent to the workers, by the dtype they went in.",
+                           "counter"),
+                       labels);
   AddCounter(f, "gradlink_server_rounds_total", "Rounds of (key, partition) summed and sent.",
              labels, static_cast<double>(s.rounds_completed));
   AddGauge(f, "gradlink_server_partitions", "(key, partition) slots this server sums now.", labels,

@@ -26,7 +26,6 @@
 //   - counters: atomics.
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <map>
@@ -45,6 +44,7 @@
 #include "control/membership.h"
 #include "control/topology.h"
 #include "gradlink/server.h"
+#include "metrics/by_dtype.h"
 #include "metrics/exposition.h"
 #include "metrics/http_server.h"
 #include "server/buffer_pool.h"
@@ -237,7 +237,7 @@ class ServerImpl final : public Server, private MembershipHandler {
   // Bytes of pushes summed and of results sent, by the wire dtype (indexed by DataType's
   // value); workers' endpoints that failed, partitions taken over from lost servers, stalled
   // rounds reported.
-  std::array<std::atomic<uint64_t>, 8> summed_by_dtype_{}, sent_by_dtype_{};
+  metrics::ByDtype summed_by_dtype_, sent_by_dtype_;
   std::atomic<uint64_t> peers_lost_{0}, partitions_adopted_{0}, stalls_reported_{0};
 
   // The control thread's (CheckStalls): when it last scanned, and per partition the stalled

@@ -37,32 +37,20 @@ metrics::Families WorkerImpl::CollectMetrics() {
   AddCounter(f, "gradlink_worker_operations_total",
              "Operations (push_pull and collectives; each member of a group) completed OK.", labels,
              static_cast<double>(s.push_pulls));
-  Family& reduced = Add(f, "gradlink_worker_reduced_bytes_total",
-                        "Bytes of operations that ended OK, by dtype (a fused group counts its "
-                        "fusion buffer).",
-                        "counter");
-  for (size_t t = 0; t < counters_->reduced_by_dtype.size(); ++t) {
-    if (!IsValidDataType(static_cast<uint8_t>(t))) continue;
-    reduced.Put(
-        With(labels, "dtype", std::string(DataTypeName(static_cast<DataType>(t)))),
-        static_cast<double>(counters_->reduced_by_dtype[t].load(std::memory_order_relaxed)));
-  }
+  counters_->reduced_by_dtype.AddTo(
+      Add(f, "gradlink_worker_reduced_bytes_total",
+          "Bytes of operations that ended OK, by dtype (a fused group counts its fusion buffer).",
+          "counter"),
+      labels);
   const transport::LaneStats lanes = lanes_.stats();
-  Family& pushed = Add(f, "gradlink_worker_pushed_bytes_total",
-                       "Payload bytes of pushes to the servers, by the dtype they went in.",
-                       "counter");
-  Family& pulled = Add(f, "gradlink_worker_pulled_bytes_total",
-                       "Payload bytes of results from the servers, by the dtype they came in.",
-                       "counter");
-  for (size_t t = 0; t < counters_->pushed_by_dtype.size(); ++t) {
-    if (!IsValidDataType(static_cast<uint8_t>(t))) continue;
-    const metrics::Labels dtype =
-        With(labels, "dtype", std::string(DataTypeName(static_cast<DataType>(t))));
-    pushed.Put(dtype, static_cast<double>(
-                          counters_->pushed_by_dtype[t].load(std::memory_order_relaxed)));
-    pulled.Put(dtype, static_cast<double>(
-                          counters_->pulled_by_dtype[t].load(std::memory_order_relaxed)));
-  }
+  counters_->pushed_by_dtype.AddTo(
+      Add(f, "gradlink_worker_pushed_bytes_total",
+          "Payload bytes of pushes to the servers, by the dtype they went in.", "counter"),
+      labels);
+  counters_->pulled_by_dtype.AddTo(
+      Add(f, "gradlink_worker_pulled_bytes_total",
+          "Payload bytes of results from the servers, by the dtype they came in.", "counter"),
+      labels);
   AddCounter(f, "gradlink_worker_lane_sent_bytes_total",
              "Bytes the worker's lanes sent: pushes, point-to-point messages, headers.", labels,
              static_cast<double>(lanes.bytes_sent));

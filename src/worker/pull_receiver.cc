@@ -163,8 +163,7 @@ void WorkerImpl::OnPayloadLocked(const wire::Header& h, bool ok, const Status& w
   if (from_lost && h.type != MsgType::kDataError) return;
   op->receiving--;
   if (ok && h.type == MsgType::kPullResponse) {
-    counters_->pulled_by_dtype[h.dtype & 7].fetch_add(h.payload_bytes,
-                                                      std::memory_order_relaxed);
+    counters_->pulled_by_dtype.Add(h.dtype, h.payload_bytes);
   }
   if (from_lost) {
     error_text_.erase({h.cookie, h.partition});

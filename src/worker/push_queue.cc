@@ -304,8 +304,7 @@ void WorkerImpl::Issue(IssueBatch batch) {
                          [owned = std::move(o.owned)](const Status&) {});
         continue;
       }
-      counters_->pushed_by_dtype[o.header.dtype & 7].fetch_add(o.header.payload_bytes,
-                                                               std::memory_order_relaxed);
+      counters_->pushed_by_dtype.Add(o.header.dtype, o.header.payload_bytes);
       auto done = [this, sent = o.sent](const Status& s) { PushDone(sent, s); };
       // What std::function keeps inline (libstdc++: two words, trivially copyable): a push
       // allocates no callback, on whichever thread issues it.
@@ -436,8 +435,7 @@ void WorkerImpl::FinishLocked(Op& op, const Status& s) {
     counters_->bytes_reduced.fetch_add(op.data.size(), std::memory_order_relaxed);
   }
   if (s.ok() && !op.sits_out && op.tensor) {
-    counters_->reduced_by_dtype[static_cast<size_t>(op.tensor->dtype) & 7].fetch_add(
-        op.data.size(), std::memory_order_relaxed);
+    counters_->reduced_by_dtype.Add(op.tensor->dtype, op.data.size());
     const Clock::time_point began =
         op.t_first_issue != Clock::time_point{} ? op.t_first_issue : op.t_call;
     counters_->round_seconds.Observe(std::chrono::duration<double>(op.t_done - began).count());

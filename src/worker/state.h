@@ -9,7 +9,6 @@
 // mu_, and a Group::Part's under its group's mu, cannot name their lock from here and are not.
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstddef>
@@ -23,6 +22,7 @@
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "control/layout.h"
+#include "metrics/by_dtype.h"
 #include "metrics/histogram.h"
 #include "control/topology.h"
 #include "gradlink/worker.h"
@@ -39,9 +39,9 @@ struct Counters {
   // For /metrics: bytes of ops that ended OK by dtype (indexed by DataType's value; a fused
   // op counts its fusion buffer), each such op's time from its first push to its end, and the
   // time with at least one op in flight (nanoseconds).
-  std::array<std::atomic<uint64_t>, 8> reduced_by_dtype{};
+  metrics::ByDtype reduced_by_dtype;
   // Payload bytes of pushes handed to the push lane and of results received, by wire dtype.
-  std::array<std::atomic<uint64_t>, 8> pushed_by_dtype{}, pulled_by_dtype{};
+  metrics::ByDtype pushed_by_dtype, pulled_by_dtype;
   metrics::Histogram round_seconds;
   std::atomic<uint64_t> busy_ns{0};
 };
