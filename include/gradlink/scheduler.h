@@ -21,7 +21,8 @@ namespace gradlink {
 
 class GRADLINK_EXPORT Scheduler {
  public:
-  // Binds the port and starts accepting. kUnavailable naming the port when it is in use.
+  // Binds the port and starts accepting. kUnavailable naming the port when it is in use;
+  // kInvalidArgument naming the metrics port (options.metrics_port) when that one is taken.
   static Result<std::unique_ptr<Scheduler>> Start(const SchedulerOptions& options);
   virtual ~Scheduler() = default;
 

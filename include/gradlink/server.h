@@ -54,6 +54,7 @@ struct ServerStats {
 class GRADLINK_EXPORT Server {
  public:
   // Joins the job through the scheduler; returns once the address book has arrived.
+  // kInvalidArgument naming the metrics port (options.metrics_port) when it is taken.
   static Result<std::unique_ptr<Server>> Start(const ServerOptions& options);
   virtual ~Server() = default;
 
